@@ -1,0 +1,10 @@
+// Package jsend is the transport edge shared by guestd and hostproxy: it
+// writes JSend envelopes, maps fault kinds to HTTP statuses (the one place
+// in strata that does), and decodes request bodies under the API's rules.
+//
+// Success is 200 with {"status":"success","data":…}. A client error (4xx)
+// is {"status":"fail","data":{"code","message",…fields}}. A server error
+// (5xx) is {"status":"error","message","code":<http status>}; its cause is
+// logged with the request id and never sent. Internal errors carry no
+// detail at all: the client sees "internal error" and the X-Request-Id.
+package jsend
