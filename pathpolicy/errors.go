@@ -1,0 +1,69 @@
+package pathpolicy
+
+import (
+	"strata/internal/fault"
+)
+
+// Stable codes of the errors this package returns. Every path-rule violation
+// is fault.Unprocessable (422); a malformed path is fault.Invalid (400); a
+// busy directory is fault.Conflict (409).
+const (
+	CodePathNotAbsolute  = "path_not_absolute"
+	CodePathNotClean     = "path_not_clean"
+	CodePathNotFound     = "path_not_found"
+	CodePathNotDirectory = "path_not_directory"
+	CodePathProtected    = "path_protected"
+	CodePathSymlink      = "path_symlink"
+	CodePathMount        = "path_mount"
+	CodePathNested       = "path_nested"
+	CodePathHardlink     = "path_hardlink"
+	CodePathSpecialFile  = "path_special_file"
+
+	CodeInvalidField  = "invalid_field"
+	CodeDirectoryBusy = "directory_busy"
+)
+
+// ViolationCodes lists every code a path-rule violation can carry.
+var ViolationCodes = []string{
+	CodePathNotAbsolute, CodePathNotClean, CodePathNotFound, CodePathNotDirectory,
+	CodePathProtected, CodePathSymlink, CodePathMount, CodePathNested,
+	CodePathHardlink, CodePathSpecialFile,
+}
+
+// MaxPathLen is the longest path accepted, in bytes (Linux PATH_MAX).
+const MaxPathLen = 4096
+
+// violation builds the 422 error for a broken path rule. offending is the
+// absolute path of the component, file or mount that broke the rule, or ""
+// when the rule concerns the path string itself.
+func violation(code, path, offending, message string) *fault.Error {
+	fields := map[string]any{"path": path}
+	if offending != "" {
+		fields["offending"] = offending
+	}
+	return &fault.Error{Kind: fault.Unprocessable, Code: code, Message: message, Fields: fields}
+}
+
+// invalidPath is the 400 error for a path that is not a path at all. The
+// value is not echoed back: it may be 4 KiB of garbage or hold a NUL byte.
+func invalidPath(message string) *fault.Error {
+	return &fault.Error{
+		Kind: fault.Invalid, Code: CodeInvalidField, Message: message,
+		Fields: map[string]any{"field": "path"},
+	}
+}
+
+// BusyError returns the directory_busy error (409) for path and the holders
+// found by Scanner.Holders. holders is never nil in the error, so it
+// marshals as [] rather than null.
+func BusyError(path string, holders []Holder) error {
+	if holders == nil {
+		holders = []Holder{}
+	}
+	return &fault.Error{
+		Kind:    fault.Conflict,
+		Code:    CodeDirectoryBusy,
+		Message: "Processes are using the directory; stop them and retry.",
+		Fields:  map[string]any{"path": path, "holders": holders},
+	}
+}
