@@ -1,0 +1,115 @@
+package layers
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Report is what Check found in a store that no guestd has open.
+type Report struct {
+	Roots       []string // managed root paths
+	Checkpoints int
+	Layers      int // layer records
+	Spans       int // span records
+	Dirs        int // layer dirs on disk
+	Problems    []string
+}
+
+// Check inspects the store at dir read-only (guestd must not be running:
+// the metadata is locked while it is) and lists every inconsistency: a
+// layer dir the metadata does not know, a record without its dir, a chain
+// that does not end, a root still enrolling, leftovers in tmp/ or trash/.
+func Check(dir string) (*Report, error) {
+	db, err := bolt.Open(filepath.Join(dir, "meta.db"), 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open metadata (is guestd still running?): %w", err)
+	}
+	defer db.Close()
+	rep := &Report{}
+	known := map[uint64]string{}
+	err = db.View(func(btx *bolt.Tx) error {
+		t := tx{btx}
+		rs, err := t.roots()
+		if err != nil {
+			return err
+		}
+		ls, err := t.layers()
+		if err != nil {
+			return err
+		}
+		sps, err := t.spans()
+		if err != nil {
+			return err
+		}
+		cps, err := t.checkpoints()
+		if err != nil {
+			return err
+		}
+		rep.Layers, rep.Spans, rep.Checkpoints = len(ls), len(sps), len(cps)
+		for id := range ls {
+			known[id] = "layer"
+		}
+		for _, sp := range sps {
+			known[sp.ID] = "span"
+			if ls[sp.Top] == nil || ls[sp.Bottom] == nil {
+				rep.Problems = append(rep.Problems, fmt.Sprintf("span %d covers missing layers", sp.ID))
+			}
+		}
+		for _, r := range rs {
+			rep.Roots = append(rep.Roots, r.Path)
+			if r.State != rootReady {
+				rep.Problems = append(rep.Problems, fmt.Sprintf("root %s is %s", r.Path, r.State))
+			}
+			if _, err := t.chain(r.Active); err != nil {
+				rep.Problems = append(rep.Problems, fmt.Sprintf("root %s: %v", r.Path, err))
+			}
+			for _, d := range r.Mounted.Dirs() {
+				if known[d] == "" {
+					known[d] = "mounted"
+				}
+			}
+		}
+		for _, c := range cps {
+			if _, err := t.chain(c.Layer); err != nil {
+				rep.Problems = append(rep.Problems, fmt.Sprintf("checkpoint %s: %v", c.ID, err))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(rep.Roots)
+	ents, err := os.ReadDir(filepath.Join(dir, "layers"))
+	if err != nil {
+		return nil, err
+	}
+	onDisk := map[uint64]bool{}
+	for _, e := range ents {
+		id, err := strconv.ParseUint(e.Name(), 10, 64)
+		if err != nil || known[id] == "" {
+			rep.Problems = append(rep.Problems, "orphan layer dir "+e.Name())
+			continue
+		}
+		onDisk[id] = true
+	}
+	rep.Dirs = len(onDisk)
+	for id, kind := range known {
+		if !onDisk[id] {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("%s %d has no dir", kind, id))
+		}
+	}
+	for _, sub := range []string{"tmp", "trash"} {
+		if ents, err := os.ReadDir(filepath.Join(dir, sub)); err == nil && len(ents) > 0 {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("%d leftovers in %s/", len(ents), sub))
+		}
+	}
+	slices.Sort(rep.Problems)
+	return rep, nil
+}

@@ -1,0 +1,267 @@
+package layers
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Compaction keeps mount stacks short however many checkpoints a chain
+// has. A chain is served as segments: single layers, or spans (merged
+// runs of layers). Like a binary counter, whenever the top segment of a
+// chain is at least as large as the one under it, the two are merged into
+// one span; segment sizes then grow strictly downwards, so a chain of n
+// sealed layers is served by at most log2(n)+1 segments plus its base.
+// Every layer was once the top of its chain, so every checkpoint's own
+// chain is as short, and restoring any of them mounts a short stack.
+//
+// The base layer (the directory's contents at enrollment) is never merged:
+// a span holds only changes, so compaction costs grow with what was
+// changed, never with the size of the directory.
+
+// segment is one lower layer of a mount stack.
+type segment struct {
+	dir    uint64 // the layer or span directory
+	top    uint64 // newest layer covered
+	bottom uint64 // oldest layer covered
+	count  int    // layers covered
+	base   bool   // the root's base layer
+}
+
+// decompose returns the segments that serve the chain of top, topmost
+// first, using the largest span available at each step.
+func (t tx) decompose(top uint64) ([]segment, error) {
+	var out []segment
+	for cur := top; cur != 0; {
+		spans, err := t.spansOf(cur)
+		if err != nil {
+			return nil, err
+		}
+		var best *spanRecord
+		for _, sp := range spans {
+			if best == nil || sp.Count > best.Count {
+				best = sp
+			}
+		}
+		seg := segment{dir: cur, top: cur, bottom: cur, count: 1}
+		if best != nil {
+			seg = segment{dir: best.ID, top: cur, bottom: best.Bottom, count: best.Count}
+		}
+		l, err := t.layer(seg.bottom)
+		if err != nil {
+			return nil, err
+		}
+		seg.base = l.Parent == 0 && seg.count == 1
+		out = append(out, seg)
+		cur = l.Parent
+		if len(out) > maxChain {
+			return nil, fmt.Errorf("chain of layer %d does not end: %w", top, errMissingRecord)
+		}
+	}
+	return out, nil
+}
+
+// nextMerge returns the index i of the first pair (segs[i], segs[i+1])
+// the binary-counter rule merges, or -1.
+func nextMerge(segs []segment) int {
+	for i := 0; i+1 < len(segs); i++ {
+		if segs[i+1].base || segs[i].base {
+			return -1
+		}
+		if segs[i].count >= segs[i+1].count {
+			return i
+		}
+	}
+	return -1
+}
+
+// compactChain merges segments of the chain of top until the rule holds.
+// It reads only sealed layers, which never change, so it runs beside the
+// operations on the root; each span is committed only if the layers it
+// covers are still there.
+func (s *Store) compactChain(ctx context.Context, rootID, top uint64) error {
+	for {
+		var segs []segment
+		if err := s.db.View(func(btx *bolt.Tx) (err error) {
+			t := tx{btx}
+			if l, err := t.layer(top); err != nil || !l.Sealed {
+				segs = nil
+				return nil
+			}
+			segs, err = t.decompose(top)
+			return err
+		}); err != nil {
+			return err
+		}
+		i := nextMerge(segs)
+		if i < 0 {
+			return nil
+		}
+		upper, lower := segs[i], segs[i+1]
+		var below []uint64
+		for _, sg := range segs[i+2:] {
+			below = append(below, sg.dir)
+		}
+		if err := s.buildSpan(ctx, rootID, upper, lower, below); err != nil {
+			return err
+		}
+	}
+}
+
+// buildSpan merges two adjacent segments into a new span. Crash
+// ordering: built in tmp/, renamed into layers/ (an orphan until the
+// commit, swept at startup), then recorded.
+func (s *Store) buildSpan(ctx context.Context, rootID uint64, upper, lower segment, below []uint64) error {
+	id := s.newLayerID()
+	defer s.unpin(id)
+	unpin := s.pin(append([]uint64{upper.dir, lower.dir}, below...)...)
+	defer unpin()
+	belowDirs := make([]string, len(below))
+	for i, b := range below {
+		belowDirs[i] = s.fsDir(b)
+	}
+	o := s.newOp(ctx, "compact", "")
+	stage := filepath.Join(s.tmp, layerName(id))
+	err := o.step("merge", func() error {
+		if err := os.MkdirAll(filepath.Join(stage, "fs"), 0o755); err != nil {
+			return err
+		}
+		return merge(ctx, filepath.Join(stage, "fs"), []string{s.fsDir(lower.dir), s.fsDir(upper.dir)}, belowDirs)
+	})
+	if err == nil {
+		err = o.step("sync", func() error {
+			if err := syncFS(stage); err != nil {
+				return err
+			}
+			return os.Rename(stage, filepath.Join(s.layers, layerName(id)))
+		})
+	}
+	if err != nil {
+		os.RemoveAll(stage)
+		o.done(err)
+		return err
+	}
+	sp := &spanRecord{ID: id, Root: rootID, Top: upper.top, Bottom: lower.bottom, Count: upper.count + lower.count}
+	err = o.step("commit", func() error {
+		return s.db.Update(func(btx *bolt.Tx) error {
+			t := tx{btx}
+			// The covered run must be intact: walk it again.
+			cur := sp.Top
+			for n := 1; n < sp.Count; n++ {
+				l, err := t.layer(cur)
+				if err != nil {
+					return errStale
+				}
+				cur = l.Parent
+			}
+			if _, err := t.layer(cur); err != nil || cur != sp.Bottom {
+				return errStale
+			}
+			return t.putSpan(sp)
+		})
+	})
+	if err != nil {
+		s.removeLayerDir(id)
+		if err == errStale {
+			err = nil
+		}
+	}
+	o.done(err)
+	return err
+}
+
+var errStale = fmt.Errorf("the layers under compaction changed")
+
+// compactRoot compacts the live chain of a root: its newest sealed layer.
+// The caller holds compactMu.
+func (s *Store) compactRoot(ctx context.Context, rootID uint64) error {
+	var top uint64
+	err := s.db.View(func(btx *bolt.Tx) error {
+		t := tx{btx}
+		r, err := t.root(rootID)
+		if err != nil || r == nil || r.State != rootReady {
+			return err
+		}
+		l, err := t.layer(r.Active)
+		if err != nil {
+			return err
+		}
+		top = l.Parent
+		return nil
+	})
+	if err != nil || top == 0 {
+		return err
+	}
+	return s.compactChain(ctx, rootID, top)
+}
+
+// kick asks the background worker to compact a root.
+func (s *Store) kick(rootID uint64) {
+	if s.cfg.NoCompaction {
+		return
+	}
+	s.mu.Lock()
+	s.pending[rootID] = true
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// worker compacts roots in the background until ctx is done.
+func (s *Store) worker(ctx context.Context) {
+	defer close(s.workerDone)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+		}
+		for {
+			s.mu.Lock()
+			var id uint64
+			for r := range s.pending {
+				id = r
+				break
+			}
+			delete(s.pending, id)
+			s.mu.Unlock()
+			if id == 0 {
+				break
+			}
+			s.compactMu.Lock()
+			err := s.compactRoot(ctx, id)
+			s.compactMu.Unlock()
+			if err != nil && ctx.Err() == nil {
+				s.log.Error("compaction", "root", id, "err", err)
+			}
+		}
+	}
+}
+
+// Settle waits until background compaction has caught up (tests, tools).
+func (s *Store) Settle(ctx context.Context) error {
+	s.compactMu.Lock()
+	defer s.compactMu.Unlock()
+	for {
+		s.mu.Lock()
+		ids := make([]uint64, 0, len(s.pending))
+		for id := range s.pending {
+			ids = append(ids, id)
+		}
+		s.pending = map[uint64]bool{}
+		s.mu.Unlock()
+		if len(ids) == 0 {
+			return nil
+		}
+		for _, id := range ids {
+			if err := s.compactRoot(ctx, id); err != nil {
+				return err
+			}
+		}
+	}
+}

@@ -1,0 +1,278 @@
+package layers
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	bolt "go.etcd.io/bbolt"
+
+	"strata/pathpolicy"
+)
+
+// sweepRecords deletes the records of layers that no checkpoint and no
+// live directory needs: mark every chain from a checkpoint's layer and
+// from each root's active layer, sweep the rest. Their dirs go in collect.
+func (s *Store) sweepRecords(t tx) error {
+	all, err := t.layers()
+	if err != nil {
+		return err
+	}
+	needed := make(map[uint64]bool, len(all))
+	mark := func(id uint64) {
+		for id != 0 && !needed[id] {
+			needed[id] = true
+			l := all[id]
+			if l == nil {
+				return
+			}
+			id = l.Parent
+		}
+	}
+	cps, err := t.checkpoints()
+	if err != nil {
+		return err
+	}
+	for _, c := range cps {
+		mark(c.Layer)
+	}
+	roots, err := t.roots()
+	if err != nil {
+		return err
+	}
+	for _, r := range roots {
+		mark(r.Active)
+		if r.Enroll != nil {
+			mark(r.Enroll.Base)
+		}
+	}
+	for id := range all {
+		if !needed[id] {
+			if err := t.deleteLayer(id); err != nil {
+				return err
+			}
+		}
+	}
+	spans, err := t.spans()
+	if err != nil {
+		return err
+	}
+	for _, sp := range spans {
+		// Every layer under a needed one is needed, so a span is needed
+		// exactly when its top is.
+		if !needed[sp.Top] {
+			if err := t.deleteSpan(sp); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// collect deletes layer dirs that nothing needs: not a layer record, not
+// in a root's mounted stack, not used by a lazily detached stack that
+// still has users, not pinned by an operation in flight.
+func (s *Store) collect(ctx context.Context) {
+	zombies := s.liveZombies(ctx)
+	s.mu.Lock()
+	keep := map[uint64]bool{}
+	for id := range s.pins {
+		keep[id] = true
+	}
+	err := s.db.View(func(btx *bolt.Tx) error {
+		t := tx{btx}
+		ls, err := t.layers()
+		if err != nil {
+			return err
+		}
+		for id := range ls {
+			keep[id] = true
+		}
+		sps, err := t.spans()
+		if err != nil {
+			return err
+		}
+		for _, sp := range sps {
+			keep[sp.ID] = true
+		}
+		rs, err := t.roots()
+		if err != nil {
+			return err
+		}
+		for _, r := range rs {
+			for _, id := range r.Mounted.Dirs() {
+				keep[id] = true
+			}
+		}
+		return nil
+	})
+	for _, z := range zombies {
+		for _, id := range z.Layers {
+			keep[id] = true
+		}
+	}
+	var doomed []uint64
+	if err == nil {
+		ents, rerr := os.ReadDir(s.layers)
+		err = rerr
+		for _, e := range ents {
+			id, perr := strconv.ParseUint(e.Name(), 10, 64)
+			if perr != nil || !keep[id] {
+				doomed = append(doomed, id)
+				if perr != nil {
+					s.log.Warn("unknown entry in layers dir", "name", e.Name())
+				}
+			}
+		}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.log.Error("collect layers", "err", err)
+		return
+	}
+	for _, id := range doomed {
+		if id == 0 {
+			continue
+		}
+		if err := s.removeLayerDir(id); err != nil {
+			s.log.Error("remove layer", "layer", id, "err", err)
+		} else {
+			s.log.Debug("layer freed", "layer", id)
+		}
+	}
+	_ = clearDir(s.trash)
+}
+
+// liveZombies drops the records of lazily detached stacks that nothing
+// uses any more (or that belong to an earlier boot) and returns the rest.
+func (s *Store) liveZombies(ctx context.Context) []*zombieRecord {
+	var zs []*zombieRecord
+	if err := s.db.View(func(btx *bolt.Tx) (err error) {
+		zs, err = tx{btx}.zombies()
+		return err
+	}); err != nil {
+		s.log.Error("read zombies", "err", err)
+		return nil
+	}
+	var live, dead []*zombieRecord
+	for _, z := range zs {
+		if z.Boot == s.boot {
+			holders, err := s.cfg.Scanner.Holders(ctx, pathpolicy.Target{Dev: z.Dev, WholeDev: true})
+			if err != nil || s.busyFrom("", holders) != nil {
+				live = append(live, z)
+				continue
+			}
+		}
+		dead = append(dead, z)
+	}
+	if len(dead) > 0 {
+		err := s.db.Update(func(btx *bolt.Tx) error {
+			for _, z := range dead {
+				if err := (tx{btx}).deleteZombie(z.ID); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			s.log.Error("drop zombies", "err", err)
+		}
+	}
+	return live
+}
+
+// recover runs at Open, before anything is served: it finishes or undoes
+// interrupted enrollments, forgets layers nothing needs, deletes every
+// layer dir the metadata does not know, and mounts every managed root.
+func (s *Store) recover(ctx context.Context) error {
+	if err := clearDir(s.trash); err != nil {
+		return err
+	}
+	var roots []*rootRecord
+	err := s.db.Update(func(btx *bolt.Tx) error {
+		t := tx{btx}
+		var err error
+		if roots, err = t.roots(); err != nil {
+			return err
+		}
+		ls, err := t.layers()
+		if err != nil {
+			return err
+		}
+		zs, err := t.zombies()
+		if err != nil {
+			return err
+		}
+		for id := range ls {
+			s.nextID = max(s.nextID, id)
+		}
+		for _, r := range roots {
+			s.nextID = max(s.nextID, r.ID)
+		}
+		for _, z := range zs {
+			s.nextID = max(s.nextID, z.ID)
+		}
+		sps, err := t.spans()
+		for _, sp := range sps {
+			s.nextID = max(s.nextID, sp.ID)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(s.layers)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if id, err := strconv.ParseUint(e.Name(), 10, 64); err == nil {
+			s.nextID = max(s.nextID, id)
+		}
+	}
+	for _, r := range roots {
+		if r.State != rootEnrolling {
+			continue
+		}
+		if err := s.resolveEnroll(ctx, r); err != nil {
+			return err
+		}
+	}
+	if err := s.db.Update(func(btx *bolt.Tx) error { return s.sweepRecords(tx{btx}) }); err != nil {
+		return err
+	}
+	s.collect(ctx)
+	if err := s.db.View(func(btx *bolt.Tx) (err error) {
+		roots, err = tx{btx}.roots()
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, r := range roots {
+		if err := s.ensureMounted(ctx, r); err != nil {
+			// One broken root must not keep the others from being served;
+			// operations on it retry and report the failure.
+			s.log.Error("remount managed root", "path", r.Path, "err", err)
+		} else {
+			s.log.Info("managed root mounted", "path", r.Path, "layers", len(r.Mounted.Dirs()))
+		}
+	}
+	return nil
+}
+
+// resolveEnroll finishes an enrollment whose exchange happened (the
+// user's directory is in the store) and undoes one whose did not.
+func (s *Store) resolveEnroll(ctx context.Context, r *rootRecord) error {
+	in := r.Enroll
+	ino, err := lstatIno(filepath.Join(s.layers, relFS(in.Base)))
+	if err == nil && ino == in.OrigIno {
+		s.log.Info("finishing interrupted enrollment", "path", r.Path)
+		o := s.newOp(ctx, "recover.enroll", r.Path)
+		_, err := s.finishEnroll(o, r)
+		o.done(err)
+		return err
+	}
+	s.log.Info("undoing interrupted enrollment", "path", r.Path)
+	return s.abandonEnroll(r)
+}

@@ -1,0 +1,194 @@
+package layers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/moby/sys/mountinfo"
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+
+	"strata/pathpolicy"
+)
+
+// topMount returns the mount on top of path, or nil when nothing is
+// mounted exactly there. Mounts stacked on one mountpoint are chained by
+// parent id; a mount moved beneath sits between the old top and its parent.
+func topMount(path string) (*mountinfo.Info, error) {
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
+	if err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	if len(ms) == 0 {
+		return nil, nil
+	}
+	parents := map[int]bool{}
+	for _, m := range ms {
+		parents[m.Parent] = true
+	}
+	for _, m := range ms {
+		if !parents[m.ID] {
+			return m, nil
+		}
+	}
+	return ms[len(ms)-1], nil
+}
+
+func superReadOnly(vfsOpts string) bool {
+	return vfsOpts == "ro" || strings.HasPrefix(vfsOpts, "ro,")
+}
+
+// ours reports whether a mount is an overlay whose upper layer lives in
+// this store: only those may be frozen, replaced or unmounted by us.
+func (s *Store) ours(m *mountinfo.Info) bool {
+	if m.FSType != "overlay" {
+		return false
+	}
+	upper, _ := parseOverlayOptions(m.VFSOptions, s.layers)
+	return strings.HasPrefix(upper, s.layers+"/")
+}
+
+// ensureMounted makes the live mount at root.Path the one the metadata
+// says: kept when it already is (a guestd restart must not disturb the
+// directory's users), thawed if a crash left it frozen, mounted when
+// missing (cold boot), swapped when another of our stacks is on top.
+func (s *Store) ensureMounted(ctx context.Context, root *rootRecord) error {
+	m, err := topMount(root.Path)
+	if err != nil {
+		return err
+	}
+	if m == nil {
+		if err := setImmutable(root.Path, true); err != nil {
+			return err
+		}
+		return s.mounter.Mount(ctx, root.Path, root.Mounted)
+	}
+	if !s.ours(m) {
+		return fmt.Errorf("managed root %s is covered by a %s mount that is not strata's", root.Path, m.FSType)
+	}
+	if root.Mounted.Matches(m.VFSOptions) {
+		if superReadOnly(m.VFSOptions) {
+			return thaw(root.Path)
+		}
+		return nil
+	}
+	// A stack from before a crash: freeze it (it may share its upper with
+	// the stack we want) and swap.
+	if !superReadOnly(m.VFSOptions) {
+		if err := s.freezeOrBusy(ctx, root); err != nil {
+			return err
+		}
+	}
+	old := *root
+	upper, lowers := parseOverlayOptions(m.VFSOptions, s.layers)
+	old.Mounted = Stack{Layers: s.layers}
+	for _, d := range append([]string{upper}, lowers...) {
+		if id, ok := layerIDOf(s.layers, d); ok {
+			old.Mounted.Lowers = append(old.Mounted.Lowers, id)
+		}
+	}
+	return s.swap(ctx, &old, root)
+}
+
+// layerIDOf parses "<layers>/<id>/fs".
+func layerIDOf(layers, dir string) (uint64, bool) {
+	rest, ok := strings.CutPrefix(dir, layers+"/")
+	if !ok {
+		return 0, false
+	}
+	name, ok := strings.CutSuffix(rest, "/fs")
+	if !ok {
+		return 0, false
+	}
+	var id uint64
+	if _, err := fmt.Sscanf(name, "%d", &id); err != nil {
+		return 0, false
+	}
+	return id, true
+}
+
+// swap replaces the (frozen) stack of old with newRoot's. An old stack
+// still in use is detached lazily and recorded as a zombie, so that its
+// layer dirs outlive it.
+func (s *Store) swap(ctx context.Context, old, newRoot *rootRecord) error {
+	dev, err := statDev(old.Path)
+	if err != nil {
+		return err
+	}
+	lazy, err := s.mounter.Replace(ctx, old.Path, newRoot.Mounted)
+	if lazy {
+		z := &zombieRecord{ID: s.newLayerID(), Boot: s.boot, Dev: dev, Layers: old.Mounted.Dirs()}
+		s.unpin(z.ID)
+		s.log.Warn("old stack still in use, detached lazily", "path", old.Path, "dev", dev)
+		if zerr := s.db.Update(func(btx *bolt.Tx) error { return tx{btx}.putZombie(z) }); zerr != nil {
+			s.log.Error("record detached stack", "path", old.Path, "err", zerr)
+		}
+	}
+	return err
+}
+
+// freezeOrBusy freezes the live mount, turning the kernel's EBUSY (a
+// writer the advisory scan did not see) into 409 directory_busy.
+func (s *Store) freezeOrBusy(ctx context.Context, root *rootRecord) error {
+	err := freeze(root.Path)
+	if err == nil || !errors.Is(err, unix.EBUSY) {
+		return err
+	}
+	holders, _ := s.holdersMounted(ctx, root)
+	if err := s.busyFrom(root.Path, holders); err != nil {
+		return err
+	}
+	return pathpolicy.BusyError(root.Path, nil)
+}
+
+func (s *Store) holdersMounted(ctx context.Context, root *rootRecord) ([]pathpolicy.Holder, error) {
+	dev, err := statDev(root.Path)
+	if err != nil {
+		return nil, err
+	}
+	t := pathpolicy.Target{Path: root.Path, Dev: dev, WholeDev: true}
+	for _, id := range root.Mounted.Dirs() {
+		t.BackingDirs = append(t.BackingDirs, s.fsDir(id))
+	}
+	return s.cfg.Scanner.Holders(ctx, t)
+}
+
+// busyCheckMounted is the advisory scan of a managed root.
+func (s *Store) busyCheckMounted(ctx context.Context, root *rootRecord) error {
+	holders, err := s.holdersMounted(ctx, root)
+	if err != nil {
+		return err
+	}
+	return s.busyFrom(root.Path, holders)
+}
+
+// busyError scans for holders of t and returns directory_busy if any.
+func (s *Store) busyError(ctx context.Context, t pathpolicy.Target) error {
+	holders, err := s.cfg.Scanner.Holders(ctx, t)
+	if err != nil {
+		return err
+	}
+	return s.busyFrom(t.Path, holders)
+}
+
+// busyFrom turns a scan into directory_busy. Processes whose /proc entries
+// cannot be read (inside a sandbox: the platform's own init) are logged,
+// not reported: nothing can be said of them, nothing they do can be
+// stopped by the user, and the kernel's gates (EBUSY on freeze and
+// umount) still catch them where it matters.
+func (s *Store) busyFrom(path string, holders []pathpolicy.Holder) error {
+	known := holders[:0:0]
+	for _, h := range holders {
+		if h.Kind == pathpolicy.KindUnknown {
+			s.log.Debug("process could not be inspected", "path", path, "pid", h.PID)
+			continue
+		}
+		known = append(known, h)
+	}
+	if len(known) > 0 {
+		return pathpolicy.BusyError(path, known)
+	}
+	return nil
+}

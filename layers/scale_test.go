@@ -1,0 +1,153 @@
+package layers
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+
+	"strata/internal/fstree"
+)
+
+// mutate applies one random change to dir, of every kind a user makes:
+// new, rewritten, deleted and renamed files, new and removed directories,
+// modes, xattrs, symlinks.
+func mutate(t *testing.T, rng *rand.Rand, dir string, step int) {
+	t.Helper()
+	pick := func(pattern string) string {
+		var all []string
+		filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+			if err == nil && p != dir && strings.Contains(filepath.Base(p), pattern) {
+				all = append(all, p)
+			}
+			return nil
+		})
+		if len(all) == 0 {
+			return ""
+		}
+		return all[rng.IntN(len(all))]
+	}
+	switch rng.IntN(9) {
+	case 0, 1:
+		sub := []string{"", "d1", "d2", "d1/e"}[rng.IntN(4)]
+		write(t, filepath.Join(dir, sub, fmt.Sprintf("f%d", step)), fmt.Sprintf("content %d", step))
+	case 2:
+		if f := pick("f"); f != "" {
+			if fi, err := os.Lstat(f); err == nil && fi.Mode().IsRegular() {
+				os.WriteFile(f, []byte(fmt.Sprintf("rewritten at %d", step)), 0o644)
+			}
+		}
+	case 3:
+		if f := pick("f"); f != "" {
+			os.RemoveAll(f)
+		}
+	case 4:
+		if d := pick("d"); d != "" && rng.IntN(3) == 0 {
+			os.RemoveAll(d)
+		} else {
+			os.MkdirAll(filepath.Join(dir, fmt.Sprintf("d%d", rng.IntN(3)), "e"), 0o755)
+		}
+	case 5:
+		if d := pick("d"); d != "" {
+			// A directory rename: with redirect_dir=off overlayfs copies it.
+			os.Rename(d, filepath.Join(dir, fmt.Sprintf("d%d", 10+step)))
+		}
+	case 6:
+		if f := pick(""); f != "" {
+			if fi, err := os.Lstat(f); err == nil && fi.Mode()&os.ModeSymlink == 0 {
+				os.Chmod(f, os.FileMode(0o600+rng.IntN(0o177)))
+			}
+		}
+	case 7:
+		if f := pick("f"); f != "" {
+			unix.Lsetxattr(f, "user.step", []byte(fmt.Sprint(step)), 0)
+		}
+	case 8:
+		os.Symlink(fmt.Sprintf("target-%d", step), filepath.Join(dir, fmt.Sprintf("l%d", step)))
+	}
+}
+
+// TestManyCheckpoints captures n checkpoints of one directory, each after
+// a random change, keeps them all, and restores every one: the content is
+// exact, and no mount stack is deeper than the compaction bound.
+func TestManyCheckpoints(t *testing.T) {
+	n := 1000
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		if h.legacy {
+			n = 150 // the same code but the mount call; keep CI time down
+		}
+		rng := rand.New(rand.NewPCG(1, uint64(n)))
+		dir := h.mkdir("project", func(d string) {
+			for i := 0; i < 50; i++ {
+				write(t, filepath.Join(d, fmt.Sprintf("d%d/base%d", i%3, i)), fmt.Sprint(i))
+			}
+		})
+		ctx := context.Background()
+		type saved struct {
+			id   string
+			tree fstree.Tree
+		}
+		var cps []saved
+		maxDepth := 0
+		for i := 0; i < n; i++ {
+			cp := h.capture(dir, "")
+			tr, err := fstree.Snapshot(dir)
+			if err != nil {
+				t.Fatalf("step %d: %v", i, err)
+			}
+			cps = append(cps, saved{cp.ID, tr})
+			// The worker normally keeps up; settle so the bound is exact.
+			if err := h.store.Settle(ctx); err != nil {
+				t.Fatal(err)
+			}
+			mutate(t, rng, dir, i)
+			r := h.rootOf(dir)
+			maxDepth = max(maxDepth, len(r.Mounted.Lowers))
+		}
+		bound := depthBound(n)
+		if maxDepth > bound {
+			t.Fatalf("live stack reached %d lower layers over %d checkpoints, bound %d", maxDepth, n, bound)
+		}
+		t.Logf("%d checkpoints: deepest live stack %d lower layers (bound %d)", n, maxDepth, bound)
+		for i := len(cps) - 1; i >= 0; i-- {
+			if i%7 != 0 && i > 20 && i < len(cps)-20 && n > 200 {
+				continue // every 7th, and all at both ends
+			}
+			h.restore(cps[i].id)
+			if d := fstree.Diff(cps[i].tree, fstree.MustSnapshot(t, dir)); len(d) > 0 {
+				t.Fatalf("checkpoint %d of %d restored wrong:\n%s", i, n, strings.Join(d, "\n"))
+			}
+			if depth := len(h.rootOf(dir).Mounted.Lowers); depth > bound {
+				t.Fatalf("restoring checkpoint %d mounts %d lower layers, bound %d", i, depth, bound)
+			}
+		}
+		list, err := h.store.List(ctx)
+		if err != nil || len(list) != n {
+			t.Fatalf("List: %d checkpoints, %v", len(list), err)
+		}
+		h.assertNoOrphans()
+	})
+}
+
+// depthBound is the documented bound on lower layers for n checkpoints on
+// one chain: the binary counter's log2(n)+1 segments, plus the base.
+func depthBound(n int) int { return bits.Len(uint(n)) + 2 }
+
+func (h *harness) rootOf(path string) *rootRecord {
+	h.t.Helper()
+	var r *rootRecord
+	if err := h.store.db.View(func(btx *bolt.Tx) (err error) {
+		r, err = tx{btx}.rootByPath(path)
+		return err
+	}); err != nil || r == nil {
+		h.t.Fatalf("root %s: %v", path, err)
+	}
+	return r
+}

@@ -1,0 +1,145 @@
+package layers
+
+import (
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// overlayOptions are set on every mount, whatever the distribution's
+// defaults: no index (we enforce one mount per upper ourselves), no
+// redirects (a renamed directory is copied, never redirected into a lower
+// layer), no metacopy (a copied-up file is whole in its layer).
+var overlayOptions = [][2]string{{"index", "off"}, {"redirect_dir", "off"}, {"metacopy", "off"}}
+
+// Stack is an overlay mount described as a value: which layer directories,
+// in which order. Everything about a mount except the final syscalls is
+// computed as a Stack and can be tested without root.
+type Stack struct {
+	// Layers is the store's layers directory; the other fields name
+	// directories under it by layer id.
+	Layers string
+	// Upper is the active layer (read-write); 0 for a read-only stack.
+	Upper uint64
+	// Lowers are the read-only layers, topmost first.
+	Lowers []uint64
+}
+
+// Dirs returns every layer id the stack uses, upper first.
+func (s Stack) Dirs() []uint64 {
+	out := make([]uint64, 0, len(s.Lowers)+1)
+	if s.Upper != 0 {
+		out = append(out, s.Upper)
+	}
+	return append(out, s.Lowers...)
+}
+
+// Equal reports whether two stacks use the same layers in the same order.
+func (s Stack) Equal(o Stack) bool {
+	if s.Upper != o.Upper || len(s.Lowers) != len(o.Lowers) {
+		return false
+	}
+	for i := range s.Lowers {
+		if s.Lowers[i] != o.Lowers[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func layerName(id uint64) string { return strconv.FormatUint(id, 10) }
+
+// relFS and relWork are a layer's directories relative to the layers dir.
+func relFS(id uint64) string   { return layerName(id) + "/fs" }
+func relWork(id uint64) string { return layerName(id) + "/work" }
+
+// FSDir is the absolute path of layer id's content directory.
+func (s Stack) FSDir(id uint64) string { return filepath.Join(s.Layers, relFS(id)) }
+
+// WorkDir is the absolute path of layer id's overlay work directory.
+func (s Stack) WorkDir(id uint64) string { return filepath.Join(s.Layers, relWork(id)) }
+
+// Config is the stack as fsconfig key/value pairs with absolute paths, one
+// "lowerdir+" per layer (kernel 6.8+), in the order they must be applied.
+func (s Stack) Config() [][2]string {
+	kv := make([][2]string, 0, len(s.Lowers)+5)
+	for _, l := range s.Lowers {
+		kv = append(kv, [2]string{"lowerdir+", s.FSDir(l)})
+	}
+	if s.Upper != 0 {
+		kv = append(kv, [2]string{"upperdir", s.FSDir(s.Upper)}, [2]string{"workdir", s.WorkDir(s.Upper)})
+	}
+	return append(kv, overlayOptions...)
+}
+
+// LegacyData is the stack as a mount(2) option string with paths relative
+// to the layers directory: the caller mounts from a thread whose working
+// directory is Layers, so that deep stacks fit in one page.
+func (s Stack) LegacyData() string {
+	var b strings.Builder
+	b.WriteString("lowerdir=")
+	for i, l := range s.Lowers {
+		if i > 0 {
+			b.WriteByte(':')
+		}
+		b.WriteString(relFS(l))
+	}
+	if s.Upper != 0 {
+		b.WriteString(",upperdir=" + relFS(s.Upper) + ",workdir=" + relWork(s.Upper))
+	}
+	for _, o := range overlayOptions {
+		b.WriteString("," + o[0] + "=" + o[1])
+	}
+	return b.String()
+}
+
+// parseOverlayOptions extracts the layer directories of a mounted overlay
+// from its super options as mountinfo shows them: "lowerdir+=" entries (new
+// mount API), or one colon-joined "lowerdir=" (mount(2), possibly relative
+// to the layers dir), and "upperdir=". Escaped colons and commas do not
+// occur in our own layer paths, so they are not unescaped.
+func parseOverlayOptions(opts, layersDir string) (upper string, lowers []string) {
+	abs := func(p string) string {
+		if filepath.IsAbs(p) {
+			return p
+		}
+		return filepath.Join(layersDir, p)
+	}
+	for _, o := range strings.Split(opts, ",") {
+		k, v, ok := strings.Cut(o, "=")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "lowerdir+":
+			lowers = append(lowers, abs(v))
+		case "lowerdir":
+			for _, l := range strings.Split(v, ":") {
+				if l != "" {
+					lowers = append(lowers, abs(l))
+				}
+			}
+		case "upperdir":
+			upper = abs(v)
+		}
+	}
+	return upper, lowers
+}
+
+// Matches reports whether a mounted overlay's options describe s.
+func (s Stack) Matches(opts string) bool {
+	upper, lowers := parseOverlayOptions(opts, s.Layers)
+	want := ""
+	if s.Upper != 0 {
+		want = s.FSDir(s.Upper)
+	}
+	if upper != want || len(lowers) != len(s.Lowers) {
+		return false
+	}
+	for i, l := range s.Lowers {
+		if lowers[i] != s.FSDir(l) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,346 @@
+package layers
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"strata/internal/fault"
+	"strata/pathpolicy"
+)
+
+// Config configures a Store.
+type Config struct {
+	// Dir is the store directory. It must be on the same mount as every
+	// directory the store will manage: enrollment is a rename.
+	Dir string
+	// Policy decides which directories may be enrolled. Its
+	// ExtraProtected gains Dir.
+	Policy *pathpolicy.Policy
+	// Scanner finds processes that hold a directory busy.
+	Scanner *pathpolicy.Scanner
+	// Logger receives one line per step of each operation.
+	Logger *slog.Logger
+	// LegacyMount forces mount(2) instead of the new mount API.
+	LegacyMount bool
+	// MinFree is the free space a capture or restore needs on the store's
+	// filesystem (507 insufficient_storage below it). 0 means 64 MiB.
+	MinFree uint64
+	// NoCompaction turns background compaction off (tests that need a
+	// fixed layout). Captures still compact in line past syncCompactDepth.
+	NoCompaction bool
+	// StepHook, when set, is called after every step of every operation
+	// (metrics).
+	StepHook func(op, step string, d time.Duration, err error)
+}
+
+// Checkpoint is the public view of a checkpoint.
+type Checkpoint struct {
+	ID        string
+	Path      string
+	Name      string
+	CreatedAt time.Time
+	ParentID  string
+}
+
+// Store is one filesystem's layer store: layer directories, the metadata
+// database, and the managed roots whose layers live there.
+type Store struct {
+	cfg     Config
+	dir     string
+	layers  string
+	tmp     string
+	trash   string
+	db      *bolt.DB
+	mounter Mounter
+	log     *slog.Logger
+	boot    string
+
+	// compaction in the background
+	compactMu  sync.Mutex
+	pending    map[uint64]bool // roots to compact
+	wake       chan struct{}
+	stop       context.CancelFunc
+	workerDone chan struct{}
+
+	mu     sync.Mutex
+	nextID uint64
+	busy   map[string]bool // paths with an operation under way
+	pins   map[uint64]int  // layer dirs an operation is using
+}
+
+// Errors of the store's operations.
+var (
+	ErrCheckpointNotFound = fault.New(fault.NotFound, "checkpoint_not_found", "no checkpoint has this id")
+	ErrInProgress         = fault.New(fault.Conflict, "operation_in_progress", "another operation on this directory is under way")
+	ErrNoSpace            = fault.New(fault.InsufficientStorage, "insufficient_storage", "not enough free space to proceed safely")
+)
+
+// Open opens (creating if needed) the store at cfg.Dir, sweeps half-done
+// work and remounts every managed root from the metadata. When Open
+// returns, every managed directory shows its live content.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) {
+		return nil, fmt.Errorf("store directory %q must be an absolute path", cfg.Dir)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Policy == nil {
+		cfg.Policy = &pathpolicy.Policy{}
+	}
+	if cfg.Scanner == nil {
+		cfg.Scanner = pathpolicy.NewScanner("/proc")
+	}
+	if cfg.MinFree == 0 {
+		cfg.MinFree = 64 << 20
+	}
+	s := &Store{
+		cfg:     cfg,
+		dir:     filepath.Clean(cfg.Dir),
+		log:     cfg.Logger.With("store", cfg.Dir),
+		boot:    bootID(),
+		busy:    map[string]bool{},
+		pins:    map[uint64]int{},
+		pending: map[uint64]bool{},
+		wake:    make(chan struct{}, 1),
+	}
+	s.layers = filepath.Join(s.dir, "layers")
+	s.tmp = filepath.Join(s.dir, "tmp")
+	s.trash = filepath.Join(s.dir, "trash")
+	if !slices.Contains(s.cfg.Policy.ExtraProtected, s.dir) {
+		p := *s.cfg.Policy
+		p.ExtraProtected = append(slices.Clone(p.ExtraProtected), s.dir)
+		s.cfg.Policy = &p
+	}
+	for _, d := range []string{s.dir, s.layers, s.tmp, s.trash} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("create store: %w", err)
+		}
+	}
+	// Half-done staging from a previous run is never needed.
+	if err := clearDir(s.tmp); err != nil {
+		return nil, err
+	}
+	m, err := ProbeMounter(ctx, filepath.Join(s.tmp, "probe"), cfg.LegacyMount)
+	if err != nil {
+		return nil, fmt.Errorf("overlayfs is not usable on %s (need overlay support, xattrs and d_type on the store's filesystem, and root): %w", s.dir, err)
+	}
+	s.mounter = m
+	db, err := openDB(filepath.Join(s.dir, "meta.db"))
+	if err != nil {
+		return nil, err
+	}
+	s.db = db
+	if err := s.recover(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	s.stop, s.workerDone = stop, make(chan struct{})
+	go s.worker(wctx)
+	s.log.Info("store open", "mounter", m.Name())
+	return s, nil
+}
+
+// Close stops background compaction and closes the metadata database.
+// Mounts stay: they belong to the live directories, not to this process.
+func (s *Store) Close() error {
+	s.stop()
+	<-s.workerDone
+	return s.db.Close()
+}
+
+// Mounter returns the mount implementation in use.
+func (s *Store) Mounter() string { return s.mounter.Name() }
+
+// Dir returns the store directory.
+func (s *Store) Dir() string { return s.dir }
+
+func (s *Store) view(t tx, c *checkpointRecord) (Checkpoint, error) {
+	r, err := t.root(c.Root)
+	if err != nil {
+		return Checkpoint{}, err
+	}
+	if r == nil {
+		return Checkpoint{}, fmt.Errorf("checkpoint %s: root %d: %w", c.ID, c.Root, errMissingRecord)
+	}
+	return Checkpoint{ID: c.ID, Path: r.Path, Name: c.Name, CreatedAt: c.Created, ParentID: c.Parent}, nil
+}
+
+// List returns every checkpoint of every managed root, oldest first.
+func (s *Store) List(ctx context.Context) ([]Checkpoint, error) {
+	var out []Checkpoint
+	err := s.db.View(func(btx *bolt.Tx) error {
+		t := tx{btx}
+		cs, err := t.checkpoints()
+		if err != nil {
+			return err
+		}
+		out = make([]Checkpoint, 0, len(cs))
+		for _, c := range cs {
+			v, err := s.view(t, c)
+			if err != nil {
+				return err
+			}
+			out = append(out, v)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Roots returns the paths of the managed roots.
+func (s *Store) Roots() ([]string, error) {
+	var out []string
+	err := s.db.View(func(btx *bolt.Tx) error {
+		rs, err := tx{btx}.roots()
+		for _, r := range rs {
+			out = append(out, r.Path)
+		}
+		return err
+	})
+	return out, err
+}
+
+// HasCheckpoint reports whether id is a checkpoint of this store.
+func (s *Store) HasCheckpoint(id string) (bool, error) {
+	var ok bool
+	err := s.db.View(func(btx *bolt.Tx) error {
+		c, err := tx{btx}.checkpoint(id)
+		ok = c != nil
+		return err
+	})
+	return ok, err
+}
+
+// begin claims path for one operation; a second concurrent operation on
+// the same directory fails at once rather than queueing.
+func (s *Store) begin(path string) (func(), error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.busy[path] {
+		return nil, ErrInProgress.With("path", path)
+	}
+	s.busy[path] = true
+	return func() {
+		s.mu.Lock()
+		delete(s.busy, path)
+		s.mu.Unlock()
+	}, nil
+}
+
+// newLayerID allocates a layer id and pins it until unpin.
+func (s *Store) newLayerID() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextID++
+	s.pins[s.nextID]++
+	return s.nextID
+}
+
+// pin keeps the layer dirs of ids on disk while an operation uses them.
+func (s *Store) pin(ids ...uint64) func() {
+	s.mu.Lock()
+	for _, id := range ids {
+		s.pins[id]++
+	}
+	s.mu.Unlock()
+	return func() { s.unpin(ids...) }
+}
+
+func (s *Store) unpin(ids ...uint64) {
+	s.mu.Lock()
+	for _, id := range ids {
+		if s.pins[id]--; s.pins[id] <= 0 {
+			delete(s.pins, id)
+		}
+	}
+	s.mu.Unlock()
+}
+
+func (s *Store) checkSpace(path string) error {
+	free, err := freeBytes(s.dir)
+	if err != nil {
+		return err
+	}
+	if free < s.cfg.MinFree {
+		return ErrNoSpace.With("path", path).With("free_bytes", free).With("required_bytes", s.cfg.MinFree)
+	}
+	return nil
+}
+
+// newCheckpointID returns "cp_" and 16 random bytes in unpadded base64url.
+func newCheckpointID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return "cp_" + base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// makeLayerDir creates layers/<id>/{fs,work} via tmp/, fs taking the
+// attributes of attrSrc (a directory) when it is not empty.
+func (s *Store) makeLayerDir(id uint64, work bool, attrSrc string) error {
+	stage := filepath.Join(s.tmp, layerName(id))
+	if err := os.MkdirAll(filepath.Join(stage, "fs"), 0o755); err != nil {
+		return err
+	}
+	if work {
+		if err := os.Mkdir(filepath.Join(stage, "work"), 0o700); err != nil {
+			return err
+		}
+	}
+	if attrSrc != "" {
+		if err := copyDirAttrs(attrSrc, filepath.Join(stage, "fs")); err != nil {
+			os.RemoveAll(stage)
+			return err
+		}
+	}
+	if err := os.Rename(stage, filepath.Join(s.layers, layerName(id))); err != nil {
+		os.RemoveAll(stage)
+		return err
+	}
+	return nil
+}
+
+// fsDir is layer id's content directory.
+func (s *Store) fsDir(id uint64) string { return filepath.Join(s.layers, relFS(id)) }
+
+// removeLayerDir moves a layer dir to trash and deletes it.
+func (s *Store) removeLayerDir(id uint64) error {
+	src := filepath.Join(s.layers, layerName(id))
+	dst := filepath.Join(s.trash, layerName(id)+"."+strconv.FormatInt(time.Now().UnixNano(), 36))
+	if err := os.Rename(src, dst); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	return os.RemoveAll(dst)
+}
+
+// clearDir removes everything inside dir.
+func clearDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,468 @@
+package layers
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
+
+	"strata/internal/fault"
+	"strata/internal/fstree"
+	"strata/internal/testenv"
+	"strata/pathpolicy"
+)
+
+// mounters are the implementations every store test runs against.
+var mounters = []struct {
+	name   string
+	legacy bool
+}{{"fsmount", false}, {"mount2", true}}
+
+// forEachMounter runs fn once per Mounter implementation: the conformance
+// suite of the store.
+func forEachMounter(t *testing.T, fn func(t *testing.T, h *harness)) {
+	for _, m := range mounters {
+		t.Run(m.name, func(t *testing.T) {
+			testenv.RequiresRootMounts(t)
+			fn(t, newHarness(t, m.legacy))
+		})
+	}
+}
+
+type harness struct {
+	t      *testing.T
+	legacy bool
+	dir    string // store dir
+	work   string // where managed directories live
+	store  *Store
+	cfg    Config
+}
+
+func newHarness(t *testing.T, legacy bool) *harness {
+	t.Helper()
+	base := t.TempDir()
+	h := &harness{t: t, legacy: legacy, dir: filepath.Join(base, "store"), work: filepath.Join(base, "work")}
+	if err := os.MkdirAll(h.work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h.cfg = Config{Dir: h.dir, LegacyMount: legacy, Policy: &pathpolicy.Policy{}, Scanner: pathpolicy.NewScanner("/proc")}
+	t.Cleanup(h.teardown)
+	h.open()
+	return h
+}
+
+func (h *harness) open() {
+	h.t.Helper()
+	s, err := Open(context.Background(), h.cfg)
+	if err != nil {
+		h.t.Fatalf("Open: %v", err)
+	}
+	h.store = s
+}
+
+// reopen closes the store and opens it again, as a guestd restart does.
+func (h *harness) reopen() {
+	h.t.Helper()
+	h.store.Close()
+	h.open()
+}
+
+// teardown unmounts every managed root and clears immutable flags so
+// that t.TempDir can be removed.
+func (h *harness) teardown() {
+	if h.store != nil {
+		h.store.Close()
+	}
+	for i := 0; i < 8; i++ {
+		if unix.Unmount(h.work, unix.MNT_DETACH) != nil {
+			break
+		}
+	}
+	filepath.WalkDir(h.work, func(p string, d os.DirEntry, err error) error {
+		if d != nil && d.IsDir() {
+			for unix.Unmount(p, unix.MNT_DETACH) == nil {
+			}
+			setImmutable(p, false)
+		}
+		return nil
+	})
+}
+
+// mkdir makes a directory to be managed, filled by fill.
+func (h *harness) mkdir(name string, fill func(dir string)) string {
+	h.t.Helper()
+	d := filepath.Join(h.work, name)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	if fill != nil {
+		fill(d)
+	}
+	return d
+}
+
+func (h *harness) capture(path, name string) Checkpoint {
+	h.t.Helper()
+	cp, err := h.store.Capture(context.Background(), path, name)
+	if err != nil {
+		h.t.Fatalf("Capture(%s): %v", path, err)
+	}
+	return cp
+}
+
+func (h *harness) restore(id string) {
+	h.t.Helper()
+	if _, err := h.store.Restore(context.Background(), id); err != nil {
+		h.t.Fatalf("Restore(%s): %v", id, err)
+	}
+}
+
+// layerDirs lists the layer dirs on disk.
+func (h *harness) layerDirs() []uint64 {
+	ents, err := os.ReadDir(filepath.Join(h.dir, "layers"))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var out []uint64
+	for _, e := range ents {
+		id, err := strconv.ParseUint(e.Name(), 10, 64)
+		if err != nil {
+			h.t.Fatalf("stray entry %q in layers dir", e.Name())
+		}
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// assertNoOrphans checks that every layer dir on disk is known to the
+// metadata and every layer record has its dir.
+func (h *harness) assertNoOrphans() {
+	h.t.Helper()
+	if err := h.store.Settle(context.Background()); err != nil {
+		h.t.Fatal(err)
+	}
+	var known []uint64
+	if err := h.store.db.View(func(btx *bolt.Tx) error {
+		ls, err := tx{btx}.layers()
+		for id := range ls {
+			known = append(known, id)
+		}
+		if err != nil {
+			return err
+		}
+		sps, err := tx{btx}.spans()
+		for _, sp := range sps {
+			known = append(known, sp.ID)
+		}
+		return err
+	}); err != nil {
+		h.t.Fatal(err)
+	}
+	slices.Sort(known)
+	if got := h.layerDirs(); !slices.Equal(got, known) {
+		h.t.Fatalf("layer dirs on disk %v, layer records %v", got, known)
+	}
+}
+
+func write(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func wantCode(t *testing.T, err error, code string) *fault.Error {
+	t.Helper()
+	fe := fault.As(err)
+	if fe == nil || fe.Code != code {
+		t.Fatalf("error %v, want code %s", err, code)
+	}
+	return fe
+}
+
+func assertTree(t *testing.T, dir string, want fstree.Tree) {
+	t.Helper()
+	if d := fstree.Diff(want, fstree.MustSnapshot(t, dir)); len(d) > 0 {
+		t.Fatalf("%s differs from the checkpoint:\n%s", dir, strings.Join(d, "\n"))
+	}
+}
+
+// richTree fills dir with every kind of entry a checkpoint must keep.
+func richTree(t *testing.T, dir string) {
+	write(t, dir+"/a.txt", "alpha")
+	write(t, dir+"/empty", "")
+	write(t, dir+"/sub/deep/b.txt", "beta")
+	if err := os.MkdirAll(dir+"/emptydir", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 3<<20)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	if err := os.WriteFile(dir+"/big.bin", big, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../outside/target", dir+"/link"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir+"/sub", 0o2751); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir+"/a.txt", 1234, 5678); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(dir+"/a.txt", "user.note", []byte("kept"), 0); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Date(2001, 2, 3, 4, 5, 6, 7000, time.UTC)
+	if err := os.Chtimes(dir+"/sub/deep/b.txt", old, old); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		dir := h.mkdir("project", func(d string) { richTree(t, d) })
+		before := fstree.MustSnapshot(t, dir)
+		a := h.capture(dir, "A")
+		assertTree(t, dir, before)
+		if a.ParentID != "" {
+			t.Errorf("first checkpoint has parent %q", a.ParentID)
+		}
+
+		// Change everything that can change.
+		write(t, dir+"/a.txt", "changed")
+		write(t, dir+"/new.txt", "new")
+		os.Remove(dir + "/empty")
+		os.RemoveAll(dir + "/sub")
+		os.Chmod(dir+"/big.bin", 0o644)
+		os.Chmod(dir, 0o711)
+		unix.Setxattr(dir+"/emptydir", "user.x", []byte("1"), 0)
+		os.Remove(dir + "/link")
+		os.Symlink("elsewhere", dir+"/link")
+		changed := fstree.MustSnapshot(t, dir)
+		b := h.capture(dir, "B")
+		if b.ParentID != a.ID {
+			t.Errorf("B.parent = %q, want %q", b.ParentID, a.ID)
+		}
+		assertTree(t, dir, changed)
+
+		write(t, dir+"/unsaved.txt", "lost on restore")
+		h.restore(a.ID)
+		assertTree(t, dir, before)
+		h.restore(b.ID)
+		assertTree(t, dir, changed)
+		h.assertNoOrphans()
+	})
+}
+
+// TestLineage is the seed document's example: A, B, C; restore B; D has
+// parent B and C stays restorable; deleting B keeps C and D intact.
+func TestLineage(t *testing.T) {
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		dir := h.mkdir("project", func(d string) { write(t, d+"/f", "A") })
+		a := h.capture(dir, "A")
+		write(t, dir+"/f", "B")
+		b := h.capture(dir, "B")
+		snapB := fstree.MustSnapshot(t, dir)
+		write(t, dir+"/f", "C")
+		write(t, dir+"/c-only", "c")
+		c := h.capture(dir, "C")
+		snapC := fstree.MustSnapshot(t, dir)
+		h.restore(b.ID)
+		assertTree(t, dir, snapB)
+		write(t, dir+"/d-only", "d")
+		d := h.capture(dir, "D")
+		snapD := fstree.MustSnapshot(t, dir)
+		if d.ParentID != b.ID {
+			t.Fatalf("D.parent = %q, want B %q", d.ParentID, b.ID)
+		}
+		if c.ParentID != b.ID || b.ParentID != a.ID {
+			t.Fatalf("parents: B->%q C->%q", b.ParentID, c.ParentID)
+		}
+		if err := h.store.Delete(context.Background(), b.ID); err != nil {
+			t.Fatal(err)
+		}
+		h.assertNoOrphans()
+		h.restore(c.ID)
+		assertTree(t, dir, snapC)
+		h.restore(d.ID)
+		assertTree(t, dir, snapD)
+		list, err := h.store.List(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, cp := range list {
+			ids = append(ids, cp.ID)
+		}
+		if want := []string{a.ID, c.ID, d.ID}; !slices.Equal(ids, want) {
+			t.Fatalf("List = %v, want %v (oldest first)", ids, want)
+		}
+		_, err = h.store.Restore(context.Background(), b.ID)
+		wantCode(t, err, "checkpoint_not_found")
+		wantCode(t, h.store.Delete(context.Background(), b.ID), "checkpoint_not_found")
+	})
+}
+
+// TestDeleteFreesLayers: deleting every checkpoint leaves only the live
+// chain's layers, and the directory is untouched.
+func TestDeleteFreesLayers(t *testing.T) {
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		dir := h.mkdir("project", func(d string) { write(t, d+"/f", "0") })
+		var ids []string
+		for i := 1; i <= 5; i++ {
+			ids = append(ids, h.capture(dir, "").ID)
+			write(t, dir+"/f", strconv.Itoa(i))
+		}
+		h.restore(ids[1])
+		live := fstree.MustSnapshot(t, dir)
+		for _, id := range ids {
+			if err := h.store.Delete(context.Background(), id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		assertTree(t, dir, live)
+		h.assertNoOrphans()
+		// base, the layer of ids[1] and the active upper
+		if n := len(h.layerDirs()); n != 3 {
+			t.Fatalf("%d layer dirs left after deleting every checkpoint, want 3 (the live chain)", n)
+		}
+		h.capture(dir, "again")
+	})
+}
+
+func TestRestartKeepsLiveChanges(t *testing.T) {
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		dir := h.mkdir("project", func(d string) { write(t, d+"/f", "saved") })
+		h.capture(dir, "")
+		write(t, dir+"/f", "unsaved")
+		live := fstree.MustSnapshot(t, dir)
+		h.reopen() // warm restart: the mount stays and is adopted
+		assertTree(t, dir, live)
+		h.store.Close()
+		// Cold boot: no mounts survive.
+		if err := unix.Unmount(dir, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dir+"/stray", nil, 0o644); !errors.Is(err, unix.EPERM) {
+			t.Fatalf("write under the unmounted root: %v, want EPERM (immutable mountpoint)", err)
+		}
+		h.open()
+		assertTree(t, dir, live)
+		h.capture(dir, "after boot")
+		h.assertNoOrphans()
+	})
+}
+
+func TestCaptureRules(t *testing.T) {
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		dir := h.mkdir("project", func(d string) { write(t, d+"/f", "x") })
+		h.capture(dir, "")
+
+		// A hardlink made in the live directory must not be sealed.
+		if err := os.Link(dir+"/f", dir+"/g"); err != nil {
+			t.Fatal(err)
+		}
+		_, err := h.store.Capture(context.Background(), dir, "")
+		wantCode(t, err, "path_hardlink")
+		os.Remove(dir + "/g")
+
+		if err := unix.Mkfifo(dir+"/fifo", 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err = h.store.Capture(context.Background(), dir, "")
+		wantCode(t, err, "path_special_file")
+		os.Remove(dir + "/fifo")
+
+		// After a refused capture the directory is writable again.
+		write(t, dir+"/after", "ok")
+		h.capture(dir, "")
+
+		// Nested directories.
+		sub := dir + "/sub"
+		os.Mkdir(sub, 0o755)
+		_, err = h.store.Capture(context.Background(), sub, "")
+		wantCode(t, err, "path_nested")
+		_, err = h.store.Capture(context.Background(), h.work, "")
+		wantCode(t, err, "path_nested")
+		_, err = h.store.Capture(context.Background(), h.dir, "")
+		wantCode(t, err, "path_protected")
+		h.assertNoOrphans()
+	})
+}
+
+func TestBusy(t *testing.T) {
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		dir := h.mkdir("project", func(d string) { write(t, d+"/f", "x") })
+		// Enrollment refuses a directory somebody works in.
+		cmd := exec.Command("sleep", "60")
+		cmd.Dir = dir
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		_, err := h.store.Capture(context.Background(), dir, "")
+		fe := wantCode(t, err, "directory_busy")
+		holders, _ := fe.Fields["holders"].([]pathpolicy.Holder)
+		if len(holders) == 0 || holders[0].PID != cmd.Process.Pid || holders[0].Kind != "cwd" {
+			t.Fatalf("holders %+v, want sleep's cwd", fe.Fields["holders"])
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+		assertTree(t, dir, fstree.Tree{".": fstree.MustSnapshot(t, dir)["."], "f": fstree.MustSnapshot(t, dir)["f"]})
+		h.capture(dir, "")
+		h.assertNoOrphans()
+	})
+}
+
+// TestWriterAfterScanGetsBusy pins the atomic gate: a writer the advisory
+// scan does not see (here: a scanner of an empty /proc) still makes the
+// capture fail with 409, and nothing is sealed or lost.
+func TestWriterAfterScanGetsBusy(t *testing.T) {
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		dir := h.mkdir("project", func(d string) { write(t, d+"/f", "x") })
+		h.capture(dir, "")
+		blind := t.TempDir() // a /proc with no processes in it
+		os.MkdirAll(blind+"/self/ns", 0o755)
+		os.Symlink("mnt:[1]", blind+"/self/ns/mnt")
+		h.store.cfg.Scanner = pathpolicy.NewScanner(blind)
+		f, err := os.OpenFile(dir+"/f", os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = h.store.Capture(context.Background(), dir, "")
+		wantCode(t, err, "directory_busy")
+		if _, err := f.WriteString("-still-writable"); err != nil {
+			t.Fatalf("writer after refused capture: %v", err)
+		}
+		f.Close()
+		_, err = h.store.Restore(context.Background(), mustList(t, h)[0].ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.assertNoOrphans()
+	})
+}
+
+func mustList(t *testing.T, h *harness) []Checkpoint {
+	t.Helper()
+	l, err := h.store.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
