@@ -1,0 +1,18 @@
+// Package guestd is the daemon inside a sandbox: it serves the local
+// checkpoint API (create, list, restore, delete) over any net.Listener
+// (a unix socket or loopback TCP today, virtio-serial or vsock later) and
+// drives the layer store that does the work.
+//
+// A guestd serves one sandbox, so its routes carry no sandbox id:
+// POST/GET /v1/checkpoints, POST /v1/checkpoints/{id}/restore and
+// DELETE /v1/checkpoints/{id}, with the bodies, envelopes and error codes
+// of the public API; GET /v1/health and GET /metrics (Prometheus) beside
+// them. Requests are validated here as well as at the host's edge: the
+// guest trusts nothing it is sent.
+//
+// Before New returns, the store has swept half-done work and remounted
+// every managed root, so a guestd that serves has its directories back.
+// Operations on one directory are serialized by the store (a second one at
+// the same time gets 409 operation_in_progress at once); operations on
+// different directories run in parallel.
+package guestd

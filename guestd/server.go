@@ -1,0 +1,341 @@
+package guestd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"strata/internal/api"
+	"strata/internal/fault"
+	"strata/internal/jsend"
+	"strata/layers"
+	"strata/pathpolicy"
+)
+
+// Config configures a guestd.
+type Config struct {
+	// Store is the layer store directory.
+	Store string
+	// Logger receives operation steps and request logs.
+	Logger *slog.Logger
+	// LegacyMount forces mount(2) instead of the new mount API.
+	LegacyMount bool
+	// Policy overrides the default path policy (tests).
+	Policy *pathpolicy.Policy
+	// NoCompaction turns background compaction off (tests).
+	NoCompaction bool
+}
+
+// Server is a running guestd: its store and its HTTP handler.
+type Server struct {
+	store   *layers.Store
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	metrics *metrics
+	handler http.Handler
+}
+
+// New opens the store (recovering every managed root) and builds the API.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := newMetrics(reg)
+	policy := cfg.Policy
+	if policy == nil {
+		policy = &pathpolicy.Policy{}
+	}
+	st, err := layers.Open(ctx, layers.Config{
+		Dir:          cfg.Store,
+		Policy:       policy,
+		Scanner:      pathpolicy.NewScanner("/proc"),
+		Logger:       cfg.Logger,
+		LegacyMount:  cfg.LegacyMount,
+		NoCompaction: cfg.NoCompaction,
+		StepHook:     m.observeStep,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{store: st, log: cfg.Logger, reg: reg, metrics: m}
+	s.handler = s.routes()
+	return s, nil
+}
+
+// Close releases the store. Mounts stay: they are the live directories.
+func (s *Server) Close() error { return s.store.Close() }
+
+// Store returns the layer store (tests and tools).
+func (s *Server) Store() *layers.Store { return s.store }
+
+// Handler returns the HTTP API.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Serve answers requests on ln until ctx is done, then finishes the
+// requests in flight (up to 30 s) and returns.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := srv.Shutdown(shutdownCtx)
+	if e := <-errc; !errors.Is(e, http.ErrServerClosed) {
+		err = errors.Join(err, e)
+	}
+	return err
+}
+
+// Listen opens a listener for addr: "unix:///path/to.sock" (a stale
+// socket file is replaced; the socket is made 0600) or "tcp://host:port".
+func Listen(addr string) (net.Listener, error) {
+	u, err := url.Parse(addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen address %q: %w", addr, err)
+	}
+	switch u.Scheme {
+	case "unix":
+		p := u.Path
+		if p == "" {
+			p = u.Opaque
+		}
+		if p == "" {
+			return nil, fmt.Errorf("listen address %q: no socket path", addr)
+		}
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return nil, err
+		}
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			if c, err := net.DialTimeout("unix", p, time.Second); err == nil {
+				c.Close()
+				return nil, fmt.Errorf("socket %s is in use by another guestd", p)
+			}
+			os.Remove(p)
+		}
+		ln, err := net.Listen("unix", p)
+		if err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(p, 0o600); err != nil {
+			ln.Close()
+			return nil, err
+		}
+		return ln, nil
+	case "tcp":
+		return net.Listen("tcp", u.Host)
+	default:
+		return nil, fmt.Errorf("listen address %q: scheme must be unix:// or tcp://", addr)
+	}
+}
+
+type ctxKey int
+
+const requestIDKey ctxKey = 0
+
+func newRequestID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// statusWriter remembers the status for the access log.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/checkpoints", s.method(map[string]handler{
+		http.MethodPost: s.create,
+		http.MethodGet:  s.list,
+	}))
+	mux.HandleFunc("/v1/checkpoints/{id}", s.method(map[string]handler{http.MethodDelete: s.delete}))
+	mux.HandleFunc("/v1/checkpoints/{id}/restore", s.method(map[string]handler{http.MethodPost: s.restore}))
+	mux.HandleFunc("/v1/health", s.method(map[string]handler{http.MethodGet: s.health}))
+	metricsHandler := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			s.fail(w, r, errMethod)
+			return
+		}
+		metricsHandler.ServeHTTP(w, r)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { s.fail(w, r, errRoute) })
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get(jsend.HeaderRequestID)
+		if id == "" || len(id) > 64 {
+			id = newRequestID()
+		}
+		w.Header().Set(jsend.HeaderRequestID, id)
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		start := time.Now()
+		mux.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+		d := time.Since(start)
+		s.log.Info("request", "request_id", id, "method", r.Method, "path", r.URL.Path, "status", sw.status, "ms", float64(d.Microseconds())/1000)
+	})
+}
+
+var (
+	errRoute  = fault.New(fault.NotFound, "not_found", "no such route")
+	errMethod = fault.New(fault.MethodNotAllowed, "method_not_allowed", "this route does not accept that method")
+)
+
+type handler func(r *http.Request) (any, error)
+
+// method dispatches by HTTP method and writes the handler's data or error
+// as JSend.
+func (s *Server) method(hs map[string]handler) http.HandlerFunc {
+	var allow []string
+	for m := range hs {
+		allow = append(allow, m)
+	}
+	allowed := strings.Join(allow, ", ")
+	return func(w http.ResponseWriter, r *http.Request) {
+		h, ok := hs[r.Method]
+		if !ok {
+			w.Header().Set("Allow", allowed)
+			s.fail(w, r, errMethod)
+			return
+		}
+		data, err := h(r)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		jsend.Success(w, data)
+	}
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	id, _ := r.Context().Value(requestIDKey).(string)
+	jsend.Error(w, s.log, id, err)
+}
+
+func (s *Server) health(r *http.Request) (any, error) {
+	if err := jsend.RejectQuery(r); err != nil {
+		return nil, err
+	}
+	return map[string]string{"status": "ok", "mounter": s.store.Mounter()}, nil
+}
+
+func toAPI(c layers.Checkpoint) api.Checkpoint {
+	return api.Checkpoint{ID: c.ID, Path: c.Path, Name: c.Name, CreatedAt: api.FormatTime(c.CreatedAt), ParentID: c.ParentID}
+}
+
+func (s *Server) create(r *http.Request) (any, error) {
+	if err := jsend.RejectQuery(r); err != nil {
+		return nil, err
+	}
+	var req api.CreateRequest
+	if err := jsend.DecodeObject(r, &req); err != nil {
+		return nil, err
+	}
+	path, name, err := req.Validate()
+	if err != nil {
+		return nil, err
+	}
+	cp, err := s.observe("create", func() (layers.Checkpoint, error) { return s.store.Capture(r.Context(), path, name) })
+	if err != nil {
+		return nil, err
+	}
+	return toAPI(cp), nil
+}
+
+func (s *Server) list(r *http.Request) (any, error) {
+	if err := jsend.RejectQuery(r); err != nil {
+		return nil, err
+	}
+	if err := jsend.RejectBody(r); err != nil {
+		return nil, err
+	}
+	cps, err := s.store.List(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Checkpoint, len(cps))
+	for i, c := range cps {
+		out[i] = toAPI(c)
+	}
+	return out, nil
+}
+
+// checkpointID validates the {id} path segment; an id of the wrong shape
+// cannot name a checkpoint.
+func checkpointID(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	if !api.ValidCheckpointID(id) {
+		return "", layers.ErrCheckpointNotFound.With("checkpoint_id", id)
+	}
+	return id, nil
+}
+
+func (s *Server) restore(r *http.Request) (any, error) {
+	if err := jsend.RejectQuery(r); err != nil {
+		return nil, err
+	}
+	if err := jsend.RejectBody(r); err != nil {
+		return nil, err
+	}
+	id, err := checkpointID(r)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := s.observe("restore", func() (layers.Checkpoint, error) { return s.store.Restore(r.Context(), id) })
+	if err != nil {
+		return nil, err
+	}
+	return api.RestoreResult{CheckpointID: cp.ID, Path: cp.Path}, nil
+}
+
+func (s *Server) delete(r *http.Request) (any, error) {
+	if err := jsend.RejectQuery(r); err != nil {
+		return nil, err
+	}
+	if err := jsend.RejectBody(r); err != nil {
+		return nil, err
+	}
+	id, err := checkpointID(r)
+	if err != nil {
+		return nil, err
+	}
+	_, err = s.observe("delete", func() (layers.Checkpoint, error) {
+		return layers.Checkpoint{}, s.store.Delete(r.Context(), id)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return struct{}{}, nil
+}
