@@ -429,6 +429,104 @@ func TestBusy(t *testing.T) {
 	})
 }
 
+// TestBusyKinds: each way of using a managed directory is named in the
+// 409: a working directory, an open fd, a memory mapping with no fd, and
+// a mount namespace made after the mount.
+func TestBusyKinds(t *testing.T) {
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		dir := h.mkdir("project", func(d string) { write(t, d+"/f", "content") })
+		h.capture(dir, "")
+		self, _ := os.Executable()
+		tests := []struct {
+			kind string
+			cmd  func() *exec.Cmd
+		}{
+			{"cwd", func() *exec.Cmd { c := exec.Command("sleep", "60"); c.Dir = dir + "/."; return c }},
+			{"fd", func() *exec.Cmd { return exec.Command("sh", "-c", "exec 3<"+dir+"/f; echo ready; exec sleep 60") }},
+			{"mmap", func() *exec.Cmd {
+				c := exec.Command(self)
+				c.Env = append(os.Environ(), "STRATA_TEST_MMAP="+dir+"/f")
+				return c
+			}},
+			{"mount-namespace", func() *exec.Cmd { return exec.Command("unshare", "--mount", "sh", "-c", "echo ready; exec sleep 60") }},
+		}
+		for _, tc := range tests {
+			t.Run(tc.kind, func(t *testing.T) {
+				cmd := tc.cmd()
+				out, _ := cmd.StdoutPipe()
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				defer func() { cmd.Process.Kill(); cmd.Wait() }()
+				if tc.kind != "cwd" {
+					buf := make([]byte, 16)
+					if n, err := out.Read(buf); err != nil || n == 0 {
+						t.Fatalf("helper did not start: %v", err)
+					}
+				}
+				pid := cmd.Process.Pid
+				_, err := h.store.Capture(context.Background(), dir, "")
+				fe := wantCode(t, err, "directory_busy")
+				holders, _ := fe.Fields["holders"].([]pathpolicy.Holder)
+				found := false
+				for _, ho := range holders {
+					found = found || (ho.PID == pid && ho.Kind == tc.kind)
+				}
+				if !found {
+					t.Fatalf("holders %+v do not name pid %d as %s", holders, pid, tc.kind)
+				}
+				_, err = h.store.Restore(context.Background(), mustList(t, h)[0].ID)
+				wantCode(t, err, "directory_busy")
+			})
+		}
+		h.capture(dir, "free again")
+		h.assertNoOrphans()
+	})
+}
+
+// TestOneOperationPerDirectory: a second operation on a directory while
+// one is under way fails at once with 409 operation_in_progress; another
+// directory is not held up.
+func TestOneOperationPerDirectory(t *testing.T) {
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		dir := h.mkdir("project", func(d string) { write(t, d+"/f", "x") })
+		other := h.mkdir("other", func(d string) { write(t, d+"/f", "y") })
+		first := h.capture(dir, "")
+		h.capture(other, "")
+		inside, release := make(chan struct{}), make(chan struct{})
+		h.store.cfg.StepHook = func(op, step string, d time.Duration, err error) {
+			// Only the first capture to get here waits: the slow one.
+			if op == "capture" && step == "busy.check" {
+				select {
+				case inside <- struct{}{}:
+					<-release
+				default:
+				}
+			}
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := h.store.Capture(context.Background(), dir, "slow")
+			done <- err
+		}()
+		<-inside
+		_, err := h.store.Capture(context.Background(), dir, "")
+		wantCode(t, err, "operation_in_progress")
+		_, err = h.store.Restore(context.Background(), first.ID)
+		wantCode(t, err, "operation_in_progress")
+		wantCode(t, h.store.Delete(context.Background(), first.ID), "operation_in_progress")
+		if _, err := h.store.Capture(context.Background(), other, ""); err != nil {
+			t.Fatalf("another directory waits for this one: %v", err)
+		}
+		close(release)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		h.store.cfg.StepHook = nil
+		h.assertNoOrphans()
+	})
+}
+
 // TestWriterAfterScanGetsBusy pins the atomic gate: a writer the advisory
 // scan does not see (here: a scanner of an empty /proc) still makes the
 // capture fail with 409, and nothing is sealed or lost.
