@@ -35,7 +35,7 @@ test-short:
 	$(GO) test -short -count=1 ./...
 
 bench: build
-	unshare --mount --propagation private -- $(GO) run ./integration/cmd/benchtable
+	unshare --mount --propagation private -- $(GO) run ./integration/cmd/benchtable $(BENCHFLAGS)
 
 clean:
 	rm -rf $(BIN)
