@@ -198,7 +198,20 @@ func (s *Store) compactRoot(ctx context.Context, rootID uint64) error {
 	return s.compactChain(ctx, rootID, top)
 }
 
-// kick asks the background worker to compact a root.
+// maintain squashes and compacts a root, then frees what that released.
+// The caller holds compactMu.
+func (s *Store) maintain(ctx context.Context, rootID uint64) error {
+	if err := s.squashRoot(ctx, rootID); err != nil {
+		return err
+	}
+	if err := s.compactRoot(ctx, rootID); err != nil {
+		return err
+	}
+	s.collect(ctx)
+	return nil
+}
+
+// kick asks the background worker to maintain a root.
 func (s *Store) kick(rootID uint64) {
 	if s.cfg.NoCompaction {
 		return
@@ -234,7 +247,7 @@ func (s *Store) worker(ctx context.Context) {
 				break
 			}
 			s.compactMu.Lock()
-			err := s.compactRoot(ctx, id)
+			err := s.maintain(ctx, id)
 			s.compactMu.Unlock()
 			if err != nil && ctx.Err() == nil {
 				s.log.Error("compaction", "root", id, "err", err)
@@ -259,7 +272,7 @@ func (s *Store) Settle(ctx context.Context) error {
 			return nil
 		}
 		for _, id := range ids {
-			if err := s.compactRoot(ctx, id); err != nil {
+			if err := s.maintain(ctx, id); err != nil {
 				return err
 			}
 		}

@@ -390,16 +390,22 @@ func (s *Store) restore(o *op, id string) (Checkpoint, error) {
 	err = o.step("commit", func() error {
 		return s.db.Update(func(btx *bolt.Tx) error {
 			t := tx{btx}
-			if c, err := t.checkpoint(id); err != nil || c == nil || c.Layer != cp.Layer {
-				return errors.Join(err, fmt.Errorf("checkpoint %s changed during restore", id))
+			// Squashing may have replaced the checkpoint's layer by one with
+			// the same content since it was read: use the current one.
+			c, err := t.checkpoint(id)
+			if err != nil {
+				return err
+			}
+			if c == nil {
+				return ErrCheckpointNotFound.With("checkpoint_id", id)
 			}
 			if err := t.deleteLayer(discarded); err != nil {
 				return err
 			}
-			if err := t.putLayer(&layerRecord{ID: next, Root: root.ID, Parent: cp.Layer, Created: time.Now().UTC()}); err != nil {
+			if err := t.putLayer(&layerRecord{ID: next, Root: root.ID, Parent: c.Layer, Created: time.Now().UTC()}); err != nil {
 				return err
 			}
-			stack, err := s.stackFor(t, next, cp.Layer)
+			stack, err := s.stackFor(t, next, c.Layer)
 			if err != nil {
 				return err
 			}
@@ -464,6 +470,7 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	})
 	if err == nil {
 		err = o.step("collect", func() error { s.collect(o.ctx); return nil })
+		s.kick(root.ID)
 	}
 	o.done(err)
 	return err

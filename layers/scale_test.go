@@ -7,8 +7,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
@@ -79,9 +81,12 @@ func mutate(t *testing.T, rng *rand.Rand, dir string, step int) {
 // exact, and no mount stack is deeper than the compaction bound.
 func TestManyCheckpoints(t *testing.T) {
 	n := 1000
+	if v, err := strconv.Atoi(os.Getenv("STRATA_TEST_MANY")); err == nil {
+		n = v
+	}
 	forEachMounter(t, func(t *testing.T, h *harness) {
 		if h.legacy {
-			n = 150 // the same code but the mount call; keep CI time down
+			n = min(n, 150) // the same code but the mount call; keep CI time down
 		}
 		rng := rand.New(rand.NewPCG(1, uint64(n)))
 		dir := h.mkdir("project", func(d string) {
@@ -131,6 +136,37 @@ func TestManyCheckpoints(t *testing.T) {
 		list, err := h.store.List(ctx)
 		if err != nil || len(list) != n {
 			t.Fatalf("List: %d checkpoints, %v", len(list), err)
+		}
+		h.assertNoOrphans()
+
+		// Delete two thirds at random: squashing merges what only the
+		// deleted ones needed, and every survivor restores exactly.
+		layersBefore := h.layerRecords()
+		start := time.Now()
+		var kept []saved
+		for _, c := range cps {
+			if rng.IntN(3) == 0 {
+				kept = append(kept, c)
+				continue
+			}
+			if err := h.store.Delete(ctx, c.id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("deletes took %v", time.Since(start))
+		if err := h.store.Settle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("settled after %v", time.Since(start))
+		t.Logf("deleted %d of %d checkpoints: layers %d -> %d", n-len(kept), n, layersBefore, h.layerRecords())
+		if h.layerRecords() > len(kept)+2 {
+			t.Fatalf("%d layers for %d checkpoints: unreferenced layers pile up", h.layerRecords(), len(kept))
+		}
+		for i := len(kept) - 1; i >= 0; i -= max(1, len(kept)/40) {
+			h.restore(kept[i].id)
+			if d := fstree.Diff(kept[i].tree, fstree.MustSnapshot(t, dir)); len(d) > 0 {
+				t.Fatalf("surviving checkpoint %d restored wrong after squashing:\n%s", i, strings.Join(d, "\n"))
+			}
 		}
 		h.assertNoOrphans()
 	})
