@@ -9,7 +9,7 @@ BIN := $(CURDIR)/bin
 LISTEN ?= 127.0.0.1:8080
 STATE ?= /var/lib/strata
 
-.PHONY: all build deps test test-short bench run vet fmt clean
+.PHONY: all build deps test test-short bench run vet clean
 
 all: build
 
@@ -33,6 +33,30 @@ test: deps vet
 
 test-short:
 	$(GO) test -short -count=1 ./...
+
+# guestd and hostproxy in the foreground with the local sandbox sb-local,
+# whose guest is this machine. The account key is $$CREATEOS_API_KEY, or
+# one generated on the first run and kept in $(STATE)/api-key. Ctrl-C
+# stops both; the next run finds every managed directory as it was.
+run: build
+	@[ "$$(id -u)" = 0 ] || { echo "make run needs root (it mounts overlays)"; exit 1; }
+	@mkdir -p $(STATE) /workspace/project; chmod 700 $(STATE); \
+	[ -n "$$(ls -A /workspace/project)" ] || echo "hello from strata" > /workspace/project/README; \
+	KEY="$${CREATEOS_API_KEY:-}"; \
+	if [ -z "$$KEY" ]; then \
+	  [ -s $(STATE)/api-key ] || (umask 077; $(BIN)/hostproxy --print-new-key > $(STATE)/api-key); \
+	  KEY="$$(cat $(STATE)/api-key)"; \
+	fi; \
+	echo; echo "strata is starting. In another shell:"; echo; \
+	echo "  export CREATEOS_API_URL=http://$(LISTEN)"; \
+	echo "  export CREATEOS_API_KEY=$$KEY"; \
+	echo "  export CREATEOS_SANDBOX_ID=sb-local"; \
+	echo "  export PATH=$(BIN):\$$PATH"; \
+	echo "  createos sandbox checkpoint create sb-local --path /workspace/project --name first"; echo; \
+	$(BIN)/guestd --listen unix://$(STATE)/guestd.sock --store $(STATE)/guestd & G=$$!; \
+	CREATEOS_API_KEY="$$KEY" $(BIN)/hostproxy --listen $(LISTEN) --data $(STATE)/hostproxy \
+	  --account local --key-env CREATEOS_API_KEY --sandbox sb-local=unix://$(STATE)/guestd.sock & H=$$!; \
+	trap 'kill -TERM $$H $$G 2>/dev/null' INT TERM; wait $$H; wait $$G
 
 bench: build
 	unshare --mount --propagation private -- $(GO) run ./integration/cmd/benchtable $(BENCHFLAGS)

@@ -1,0 +1,225 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+func (a *app) checkpointCommand() *cobra.Command {
+	cmd := group(&cobra.Command{
+		Use:     "checkpoint",
+		Aliases: []string{"checkpoints"},
+		Short:   "Capture, list, draw, restore and delete directory checkpoints",
+	})
+	cmd.AddCommand(a.createCommand(), a.listCommand(), a.treeCommand(), a.restoreCommand(), a.deleteCommand())
+	return cmd
+}
+
+func (a *app) createCommand() *cobra.Command {
+	var dir, name string
+	cmd := &cobra.Command{
+		Use:   "create [SANDBOX] --path DIR [--name NAME]",
+		Short: "Capture a directory's current file state",
+		Long: `Capture a directory's current file state as a new checkpoint.
+
+Stop processes and file transfers that use the directory first: the API
+answers directory_busy when it finds one, and lists them.`,
+		Example: "  createos sandbox checkpoint create sb-local --path /workspace/project --name before-update",
+		Args:    cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, _, err := a.sandboxArg(args, 0)
+			if err != nil {
+				return err
+			}
+			var namePtr *string
+			if cmd.Flags().Changed("name") {
+				namePtr = &name
+			}
+			cp, raw, err := c.CreateCheckpoint(cmd.Context(), sb, dir, namePtr)
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			return a.writeCheckpoints([]Checkpoint{cp})
+		},
+	}
+	cmd.Flags().StringVar(&dir, "path", "", "absolute path of the directory to capture (required)")
+	cmd.Flags().StringVar(&name, "name", "", "display name of the checkpoint (at most 128 bytes)")
+	_ = cmd.MarkFlagRequired("path")
+	_ = cmd.MarkFlagDirname("path")
+	return cmd
+}
+
+func (a *app) listCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "list [SANDBOX]",
+		Aliases: []string{"ls"},
+		Short:   "List every checkpoint of a sandbox, oldest first",
+		Args:    cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, _, err := a.sandboxArg(args, 0)
+			if err != nil {
+				return err
+			}
+			list, raw, err := c.ListCheckpoints(cmd.Context(), sb)
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			if len(list) == 0 {
+				_, err := fmt.Fprintln(a.stdout, "No checkpoints.")
+				return err
+			}
+			return a.writeCheckpoints(list)
+		},
+	}
+}
+
+func (a *app) writeCheckpoints(list []Checkpoint) error {
+	w := a.table()
+	fmt.Fprintln(w, "ID\tPATH\tNAME\tCREATED\tPARENT")
+	for _, cp := range list {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", cp.ID, cp.Path, orDash(cp.Name), cp.CreatedAt, orDash(cp.ParentID))
+	}
+	return w.Flush()
+}
+
+func (a *app) treeCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "tree [SANDBOX]",
+		Short: "Draw each directory's checkpoint lineage, newest first",
+		Long: `Draw each directory's checkpoint lineage, newest first, as git log --graph
+does: a restore followed by a capture makes a branch. "<- live" marks the
+newest checkpoint of each directory, which the live directory continues
+from unless it was restored since (see docs/cli.md).`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, _, err := a.sandboxArg(args, 0)
+			if err != nil {
+				return err
+			}
+			list, _, err := c.ListCheckpoints(cmd.Context(), sb)
+			if err != nil {
+				return wrap(err)
+			}
+			lineages := BuildLineage(list)
+			if a.output == "json" {
+				if lineages == nil {
+					lineages = []*Lineage{}
+				}
+				return a.writeValue(lineages)
+			}
+			return writeTree(a.stdout, lineages)
+		},
+	}
+}
+
+func (a *app) restoreCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "restore [SANDBOX] CHECKPOINT",
+		Short: "Restore a checkpoint at its original path",
+		Long: `Restore a checkpoint at its original path. Changes made since that
+checkpoint that were not captured are discarded from the live directory;
+later checkpoints stay restorable. Capture first to keep them.`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, rest, err := a.sandboxArg(args, 1)
+			if err != nil {
+				return err
+			}
+			r, raw, err := c.RestoreCheckpoint(cmd.Context(), sb, rest[0])
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			_, err = fmt.Fprintf(a.stdout, "Restored %s at %s\n", r.CheckpointID, r.Path)
+			return err
+		},
+	}
+	cmd.ValidArgsFunction = a.completeCheckpoint
+	return cmd
+}
+
+func (a *app) deleteCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "delete [SANDBOX] CHECKPOINT",
+		Aliases: []string{"rm"},
+		Short:   "Delete a checkpoint record (the live directory is not changed)",
+		Args:    cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, rest, err := a.sandboxArg(args, 1)
+			if err != nil {
+				return err
+			}
+			raw, err := c.DeleteCheckpoint(cmd.Context(), sb, rest[0])
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			_, err = fmt.Fprintf(a.stdout, "Deleted %s\n", rest[0])
+			return err
+		},
+	}
+	cmd.ValidArgsFunction = a.completeCheckpoint
+	return cmd
+}
+
+// completeCheckpoint offers the sandbox's checkpoint ids, newest first,
+// with their path and name as descriptions, when the API can be reached.
+func (a *app) completeCheckpoint(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+	c, err := a.client()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var sb string
+	switch {
+	case len(args) == 1:
+		sb = args[0]
+	case len(args) == 0 && a.getenv(EnvSandboxID) != "":
+		sb = a.getenv(EnvSandboxID)
+	default:
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	list, _, err := c.ListCheckpoints(cmd.Context(), sb)
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []string
+	for i := len(list) - 1; i >= 0; i-- {
+		cp := list[i]
+		if strings.HasPrefix(cp.ID, toComplete) {
+			out = append(out, cp.ID+"\t"+cp.Path+" "+cp.Name)
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}

@@ -1,0 +1,192 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"strata/internal/api"
+)
+
+// Client calls the public API with one key.
+type Client struct {
+	BaseURL string
+	Key     string
+	HTTP    *http.Client
+}
+
+// Checkpoint is a checkpoint record of the API.
+type Checkpoint = api.Checkpoint
+
+// Restored is the answer of a restore.
+type Restored = api.RestoreResult
+
+// Token is a sandbox access token as issued or shown.
+type Token struct {
+	Token     string `json:"token,omitempty"`
+	Enabled   *bool  `json:"enabled,omitempty"`
+	Hint      string `json:"hint,omitempty"`
+	CreatedAt string `json:"created_at,omitempty"`
+}
+
+// APIError is a JSend fail or error answer.
+type APIError struct {
+	Status    int
+	Code      string // the fail code; empty for a 5xx error
+	Message   string
+	Fields    map[string]json.RawMessage
+	RequestID string
+	// Body is the answer as sent, for -o json.
+	Body []byte
+}
+
+func (e *APIError) Error() string {
+	if e.Code != "" {
+		return e.Code + ": " + e.Message
+	}
+	return fmt.Sprintf("server error %d: %s", e.Status, e.Message)
+}
+
+// call sends one request; on success it decodes data into out (when not
+// nil) and returns the raw data too.
+func (c *Client) call(ctx context.Context, method, path string, body any, out any) (json.RawMessage, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	base := strings.TrimRight(c.BaseURL, "/")
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("X-Api-Key", c.Key)
+	req.Header.Set("Accept", "application/json")
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, err
+	}
+	var env struct {
+		Status  string          `json:"status"`
+		Data    json.RawMessage `json:"data"`
+		Message string          `json:"message"`
+		Code    json.RawMessage `json:"code"`
+	}
+	if err := json.Unmarshal(raw, &env); err != nil {
+		return nil, fmt.Errorf("%s %s: HTTP %d with a body that is not JSON: %.200q", method, path, resp.StatusCode, raw)
+	}
+	switch env.Status {
+	case "success":
+		if resp.StatusCode != http.StatusOK {
+			break
+		}
+		if out != nil {
+			if err := json.Unmarshal(env.Data, out); err != nil {
+				return nil, fmt.Errorf("%s %s: unexpected data: %w", method, path, err)
+			}
+		}
+		return env.Data, nil
+	case "fail":
+		e := &APIError{Status: resp.StatusCode, RequestID: resp.Header.Get("X-Request-Id"), Body: raw}
+		var data map[string]json.RawMessage
+		_ = json.Unmarshal(env.Data, &data)
+		_ = json.Unmarshal(data["code"], &e.Code)
+		_ = json.Unmarshal(data["message"], &e.Message)
+		delete(data, "code")
+		delete(data, "message")
+		e.Fields = data
+		if e.Code == "" {
+			e.Code = "unknown"
+		}
+		return nil, e
+	case "error":
+		return nil, &APIError{Status: resp.StatusCode, Message: env.Message, RequestID: resp.Header.Get("X-Request-Id"), Body: raw}
+	}
+	return nil, fmt.Errorf("%s %s: HTTP %d with JSend status %q", method, path, resp.StatusCode, env.Status)
+}
+
+func sandboxPath(sandbox string, rest ...string) string {
+	p := "/v1/sandboxes/" + url.PathEscape(sandbox)
+	for _, r := range rest {
+		p += "/" + url.PathEscape(r)
+	}
+	return p
+}
+
+// CreateCheckpoint captures dir; name is sent only when set.
+func (c *Client) CreateCheckpoint(ctx context.Context, sandbox, dir string, name *string) (Checkpoint, json.RawMessage, error) {
+	body := map[string]string{"path": dir}
+	if name != nil {
+		body["name"] = *name
+	}
+	var cp Checkpoint
+	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "checkpoints"), body, &cp)
+	return cp, raw, err
+}
+
+// ListCheckpoints returns every checkpoint of the sandbox, oldest first.
+func (c *Client) ListCheckpoints(ctx context.Context, sandbox string) ([]Checkpoint, json.RawMessage, error) {
+	var list []Checkpoint
+	raw, err := c.call(ctx, http.MethodGet, sandboxPath(sandbox, "checkpoints"), nil, &list)
+	return list, raw, err
+}
+
+// RestoreCheckpoint restores a checkpoint at its path.
+func (c *Client) RestoreCheckpoint(ctx context.Context, sandbox, id string) (Restored, json.RawMessage, error) {
+	var r Restored
+	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "checkpoints", id, "restore"), nil, &r)
+	return r, raw, err
+}
+
+// DeleteCheckpoint removes a checkpoint record.
+func (c *Client) DeleteCheckpoint(ctx context.Context, sandbox, id string) (json.RawMessage, error) {
+	return c.call(ctx, http.MethodDelete, sandboxPath(sandbox, "checkpoints", id), nil, nil)
+}
+
+// tokenOps are the access-token operations: method and path suffix.
+var tokenOps = map[string]struct{ method, suffix string }{
+	"issue":  {http.MethodPost, ""},
+	"show":   {http.MethodGet, ""},
+	"rotate": {http.MethodPost, "rotate"},
+	"revoke": {http.MethodDelete, ""},
+}
+
+// TokenCall runs one access-token operation: issue, show, rotate, revoke.
+func (c *Client) TokenCall(ctx context.Context, op, sandbox string) (Token, json.RawMessage, error) {
+	o, ok := tokenOps[op]
+	if !ok {
+		return Token{}, nil, fmt.Errorf("unknown token operation %q", op)
+	}
+	path := sandboxPath(sandbox, "access-token")
+	if o.suffix != "" {
+		path += "/" + o.suffix
+	}
+	var t Token
+	raw, err := c.call(ctx, o.method, path, nil, &t)
+	return t, raw, err
+}
+
+func newHTTPClient(timeout time.Duration) *http.Client {
+	return &http.Client{Timeout: timeout}
+}

@@ -1,0 +1,14 @@
+// Package cli is the createos command line: cobra commands over a small
+// client of the public API (Client), with tables for people and -o json
+// for programs.
+//
+// Run executes one command line and returns the exit status: 0 on success,
+// 1 when the API or the network fails (the server's code and message are
+// printed), 2 on a usage error. The API address and key come from flags or
+// the environment (CREATEOS_API_URL, CREATEOS_API_KEY); a command's SANDBOX
+// argument defaults to CREATEOS_SANDBOX_ID.
+//
+// It keeps no state between runs: the tree command draws what the list
+// endpoint returns, nothing more (see docs/cli.md for what that can and
+// cannot show).
+package cli

@@ -1,0 +1,223 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// Environment variables read by createos.
+const (
+	EnvAPIURL    = "CREATEOS_API_URL"
+	EnvAPIKey    = "CREATEOS_API_KEY"
+	EnvSandboxID = "CREATEOS_SANDBOX_ID"
+)
+
+// Run executes one createos command line and returns its exit status.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var apiErr *APIError
+	var callErr *callError
+	switch {
+	case errors.As(err, &apiErr):
+		a.printAPIError(apiErr)
+		return 1
+	case errors.As(err, &callErr):
+		fmt.Fprintln(stderr, "createos:", callErr.err)
+		return 1
+	default:
+		fmt.Fprintln(stderr, "createos:", err)
+		fmt.Fprintln(stderr, "Run 'createos --help' for usage.")
+		return 2
+	}
+}
+
+// callError is a failure to talk to the API at all (network, timeout).
+type callError struct{ err error }
+
+func (e *callError) Error() string { return e.err.Error() }
+func (e *callError) Unwrap() error { return e.err }
+
+type app struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+
+	apiURL, apiKey, output string
+	timeout                time.Duration
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "createos",
+		Short: "Directory checkpoints of CreateOS sandboxes",
+		Long: `createos drives the checkpoint API of a sandbox: capture a directory,
+list and draw its checkpoints, restore one, delete one, and manage the
+sandbox's access token.
+
+The API address comes from --api-url or $CREATEOS_API_URL, the key from
+--api-key or $CREATEOS_API_KEY, and SANDBOX defaults to $CREATEOS_SANDBOX_ID.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.apiURL, "api-url", "", "API base URL (default $CREATEOS_API_URL)")
+	pf.StringVar(&a.apiKey, "api-key", "", "account API key or sandbox access token (default $CREATEOS_API_KEY)")
+	pf.StringVarP(&a.output, "output", "o", "table", "output format: table or json")
+	pf.DurationVar(&a.timeout, "timeout", 2*time.Minute, "give up on a call after this long")
+	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
+
+	sandbox := group(&cobra.Command{Use: "sandbox", Short: "Work with a sandbox"})
+	sandbox.AddCommand(a.checkpointCommand(), a.tokenCommand())
+	root.AddCommand(sandbox)
+	return root
+}
+
+// client checks the global flags and returns an API client.
+func (a *app) client() (*Client, error) {
+	if a.output != "table" && a.output != "json" {
+		return nil, fmt.Errorf("--output %q: want table or json", a.output)
+	}
+	url := firstOf(a.apiURL, a.getenv(EnvAPIURL))
+	if url == "" {
+		return nil, fmt.Errorf("no API address: pass --api-url or set %s", EnvAPIURL)
+	}
+	if !strings.HasPrefix(url, "http://") && !strings.HasPrefix(url, "https://") {
+		return nil, fmt.Errorf("API address %q: want an http:// or https:// URL", url)
+	}
+	key := firstOf(a.apiKey, a.getenv(EnvAPIKey))
+	if key == "" {
+		return nil, fmt.Errorf("no API key: pass --api-key or set %s", EnvAPIKey)
+	}
+	return &Client{BaseURL: url, Key: key, HTTP: newHTTPClient(a.timeout)}, nil
+}
+
+// group makes cmd a command that only holds others: run alone it prints
+// its help; with an unknown subcommand it is a usage error.
+func group(cmd *cobra.Command) *cobra.Command {
+	cmd.Args = cobra.NoArgs
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	return cmd
+}
+
+func firstOf(vs ...string) string {
+	for _, v := range vs {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// sandboxArg splits args into the sandbox (args[0] when there are want+1
+// arguments, else $CREATEOS_SANDBOX_ID) and the rest.
+func (a *app) sandboxArg(args []string, want int) (string, []string, error) {
+	if len(args) == want+1 {
+		return args[0], args[1:], nil
+	}
+	sb := a.getenv(EnvSandboxID)
+	if sb == "" {
+		return "", nil, fmt.Errorf("no sandbox: give SANDBOX or set %s", EnvSandboxID)
+	}
+	return sb, args, nil
+}
+
+// wrap turns a failed call into the error that Run reports as exit 1.
+func wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	var apiErr *APIError
+	if errors.As(err, &apiErr) {
+		return err
+	}
+	return &callError{err}
+}
+
+// writeJSON prints data as indented JSON.
+func (a *app) writeJSON(data json.RawMessage) error {
+	var b bytes.Buffer
+	if err := json.Indent(&b, data, "", "  "); err != nil {
+		return err
+	}
+	b.WriteByte('\n')
+	_, err := a.stdout.Write(b.Bytes())
+	return err
+}
+
+func (a *app) writeValue(v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(a.stdout, "%s\n", b)
+	return err
+}
+
+// printAPIError prints the server's code and message, then what the
+// answer names (holders, path, field…). With -o json it prints the
+// server's answer as is, for programs.
+func (a *app) printAPIError(e *APIError) {
+	if a.output == "json" && len(e.Body) > 0 {
+		fmt.Fprintf(a.stderr, "%s\n", bytes.TrimSpace(e.Body))
+		return
+	}
+	fmt.Fprintf(a.stderr, "createos: %s\n", e.Error())
+	if raw, ok := e.Fields["holders"]; ok {
+		var holders []struct {
+			PID     int    `json:"pid"`
+			Command string `json:"command"`
+			Kind    string `json:"kind"`
+		}
+		if json.Unmarshal(raw, &holders) == nil && len(holders) > 0 {
+			fmt.Fprintln(a.stderr, "  processes using the directory:")
+			for _, h := range holders {
+				fmt.Fprintf(a.stderr, "    pid %d  %s  (%s)\n", h.PID, h.Command, h.Kind)
+			}
+		}
+	}
+	keys := make([]string, 0, len(e.Fields))
+	for k := range e.Fields {
+		if k != "holders" {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		var s string
+		if json.Unmarshal(e.Fields[k], &s) != nil {
+			s = string(e.Fields[k])
+		}
+		fmt.Fprintf(a.stderr, "  %s: %s\n", k, s)
+	}
+	if e.Status >= 500 && e.RequestID != "" {
+		fmt.Fprintf(a.stderr, "  request id: %s\n", e.RequestID)
+	}
+}
+
+func (a *app) table() *tabwriter.Writer {
+	return tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

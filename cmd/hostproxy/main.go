@@ -1,0 +1,147 @@
+// Command hostproxy serves strata's public checkpoint API and forwards it
+// to the guest daemons of the sandboxes. See docs/api.md.
+//
+//	hostproxy --config /etc/strata/hostproxy.json
+//	hostproxy --listen 127.0.0.1:8080 --data /var/lib/strata/hostproxy \
+//	    --key-env CREATEOS_API_KEY --sandbox sb-local=unix:///var/lib/strata/guestd.sock
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"strata/hostproxy"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal kills at once
+	}()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "hostproxy:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+// sandboxFlags collects repeated --sandbox ID=GUEST values.
+type sandboxFlags []hostproxy.SandboxConfig
+
+func (f *sandboxFlags) String() string { return "" }
+
+func (f *sandboxFlags) Set(v string) error {
+	id, guest, ok := strings.Cut(v, "=")
+	if !ok || id == "" || guest == "" {
+		return fmt.Errorf("want ID=GUEST, such as sb-local=unix:///var/lib/strata/guestd.sock")
+	}
+	*f = append(*f, hostproxy.SandboxConfig{ID: id, Guest: guest, State: hostproxy.StateRunning})
+	return nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
+	fs := flag.NewFlagSet("hostproxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		configPath = fs.String("config", "", "JSON configuration `file` (see docs/api.md)")
+		listen     = fs.String("listen", "", "TCP `address` of the API (overrides the config; default "+hostproxy.DefaultListen+")")
+		dataDir    = fs.String("data", "", "data `directory` of the registry (overrides the config)")
+		account    = fs.String("account", "local", "`id` of the account that --key-env and --sandbox add to")
+		keyEnv     = fs.String("key-env", "", "add the account API key held in this environment `variable`")
+		logFormat  = fs.String("log-format", "text", "log format: text or json")
+		newKey     = fs.Bool("print-new-key", false, "print a new random account API key and exit")
+		sandboxes  sandboxFlags
+	)
+	fs.Var(&sandboxes, "sandbox", "add a running sandbox as `ID=GUEST` (unix:///path.sock or tcp://host:port); repeatable")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *newKey {
+		key, err := hostproxy.NewSecret(rand.Reader, hostproxy.KeyPrefix)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(stdout, key)
+		return err
+	}
+
+	var cfg hostproxy.Config
+	if *configPath != "" {
+		c, err := hostproxy.LoadConfig(*configPath)
+		if err != nil {
+			return err
+		}
+		cfg = c
+	}
+	if *listen != "" {
+		cfg.Listen = *listen
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = hostproxy.DefaultListen
+	}
+	if *dataDir != "" {
+		cfg.DataDir = *dataDir
+	}
+	if *keyEnv != "" || len(sandboxes) > 0 {
+		i := accountIndex(&cfg, *account)
+		if *keyEnv != "" {
+			cfg.Accounts[i].Keys = append(cfg.Accounts[i].Keys, hostproxy.KeyConfig{ID: "env-" + strings.ToLower(*keyEnv), Env: *keyEnv})
+		}
+		for _, sb := range sandboxes {
+			sb.Account = *account
+			cfg.Sandboxes = append(cfg.Sandboxes, sb)
+		}
+	}
+
+	var handler slog.Handler
+	switch *logFormat {
+	case "text":
+		handler = slog.NewTextHandler(stderr, nil)
+	case "json":
+		handler = slog.NewJSONHandler(stderr, nil)
+	default:
+		return fmt.Errorf("--log-format %q: want text or json", *logFormat)
+	}
+	log := slog.New(handler)
+
+	srv, err := hostproxy.New(ctx, hostproxy.Options{Config: cfg, Getenv: getenv, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	log.Info("hostproxy listening", "url", "http://"+ln.Addr().String(), "data", cfg.DataDir,
+		"accounts", len(cfg.Accounts), "sandboxes", len(cfg.Sandboxes))
+	err = srv.Serve(ctx, ln)
+	log.Info("hostproxy stopped")
+	return err
+}
+
+// accountIndex returns the index of account id in cfg, adding it if needed.
+func accountIndex(cfg *hostproxy.Config, id string) int {
+	for i, a := range cfg.Accounts {
+		if a.ID == id {
+			return i
+		}
+	}
+	cfg.Accounts = append(cfg.Accounts, hostproxy.AccountConfig{ID: id})
+	return len(cfg.Accounts) - 1
+}

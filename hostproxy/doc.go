@@ -1,0 +1,41 @@
+// Package hostproxy is strata's public REST API: it authenticates callers
+// with account API keys and sandbox access tokens, validates every request
+// at the edge, and forwards the four checkpoint operations to the guest
+// daemon (guestd) of the sandbox they name.
+//
+// What it does:
+//   - serves /v1/sandboxes/{id}/checkpoints… and /v1/sandboxes/{id}/access-token…
+//     with JSend envelopes on every response, an X-Request-Id header on every
+//     response, and one error-to-HTTP mapping (jsend.Error);
+//   - keeps a registry of accounts, key hashes, sandboxes and access-token
+//     hashes in a bbolt file under the data directory, seeded from the
+//     configuration at start (see Config);
+//   - refuses a bad request before it reaches a guest: query strings, bodies
+//     where none is taken, bodies over 16 KiB, non-JSON content types, unknown
+//     fields, wrong types, trailing data, malformed ids, bad names, and
+//     paths that break the rules of the string alone (pathpolicy.CheckSyntax:
+//     absolute, clean, not protected), with the codes guestd would use;
+//   - relays guestd's answer: a success's data and a fail's code, message and
+//     fields as they were sent; a 5xx becomes a JSend error with a fixed
+//     message; an unreachable or silent guest becomes 503 within the dial and
+//     request timeouts, without holding up other sandboxes;
+//   - limits requests per credential (429 rate_limited with Retry-After),
+//     exports Prometheus metrics on /metrics, logs one structured line per
+//     request, and shuts down gracefully, finishing requests in flight.
+//
+// What it does not do: it never touches a checkpoint itself, keeps no
+// checkpoint state, and does not start, pause or stop sandboxes (their state
+// comes from the configuration, or Registry.SetSandboxState).
+//
+// Order of checks on a checkpoint route: credential (401), rate limit (429),
+// scope (403 for a token of another sandbox, 404 sandbox_not_found for an
+// account key and a sandbox it does not own), request shape (400, 413, 415,
+// 422 for the path rules checked here), sandbox state (409
+// sandbox_not_running), checkpoint id shape (404 checkpoint_not_found), then
+// the guest.
+//
+// Races: the sandbox state and credentials are read once per request; a
+// token revoked or rotated while a request is in flight does not stop that
+// request, only the next one. A sandbox paused after the state check is
+// discovered by the guest call failing (503).
+package hostproxy

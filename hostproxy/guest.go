@@ -1,0 +1,261 @@
+package hostproxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"strata/internal/jsend"
+)
+
+// Dialer connects to a guest daemon. addr is the guest address without its
+// scheme: a socket path for unix, host:port for tcp.
+type Dialer func(ctx context.Context, addr string) (net.Conn, error)
+
+// DefaultDialers are the transports known today: unix sockets and TCP.
+// A vsock dialer plugs in under its own scheme.
+func DefaultDialers() map[string]Dialer {
+	var d net.Dialer
+	return map[string]Dialer{
+		"unix": func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "unix", addr) },
+		"tcp":  func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) },
+	}
+}
+
+// ParseGuestAddress splits a guest address into scheme and address:
+// unix:///run/guestd.sock is ("unix", "/run/guestd.sock"), tcp://127.0.0.1:7070
+// is ("tcp", "127.0.0.1:7070"). Other schemes are split without checks.
+func ParseGuestAddress(s string) (scheme, addr string, err error) {
+	scheme, addr, ok := strings.Cut(s, "://")
+	if !ok || scheme == "" || addr == "" {
+		return "", "", fmt.Errorf("guest address %q: want unix:///path/to.sock or tcp://host:port", s)
+	}
+	switch scheme {
+	case "unix":
+		if !path.IsAbs(addr) {
+			return "", "", fmt.Errorf("guest address %q: the socket path must be absolute (unix:///path)", s)
+		}
+	case "tcp":
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return "", "", fmt.Errorf("guest address %q: %w", s, err)
+		}
+	}
+	return scheme, addr, nil
+}
+
+// maxGuestReply bounds what is read of a guest's answer; a list of many
+// checkpoints is well under it.
+const maxGuestReply = 64 << 20
+
+// GuestClient calls guest daemons' local API. It keeps one connection pool
+// per guest address, so a dead guest costs its own callers a bounded dial
+// and nobody else anything.
+type GuestClient struct {
+	dialers        map[string]Dialer
+	dialTimeout    time.Duration
+	requestTimeout time.Duration
+
+	mu         sync.Mutex
+	transports map[string]*http.Transport
+}
+
+// NewGuestClient returns a client that dials with dialers (by scheme),
+// bounds each dial by dialTimeout and each call by requestTimeout.
+func NewGuestClient(dialers map[string]Dialer, dialTimeout, requestTimeout time.Duration) *GuestClient {
+	return &GuestClient{
+		dialers:        dialers,
+		dialTimeout:    dialTimeout,
+		requestTimeout: requestTimeout,
+		transports:     map[string]*http.Transport{},
+	}
+}
+
+// Check fails when guest is not an address this client can dial.
+func (g *GuestClient) Check(guest string) error {
+	scheme, _, err := ParseGuestAddress(guest)
+	if err != nil {
+		return err
+	}
+	if g.dialers[scheme] == nil {
+		return fmt.Errorf("guest address %q: no transport for scheme %q", guest, scheme)
+	}
+	return nil
+}
+
+// CreateRequest is the body of a capture, after validation at the edge.
+type CreateRequest struct {
+	Path string  `json:"path"`
+	Name *string `json:"name,omitempty"`
+}
+
+// CreateCheckpoint captures a directory; it returns guestd's data unchanged.
+func (g *GuestClient) CreateCheckpoint(ctx context.Context, guest string, req CreateRequest) (json.RawMessage, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	return g.call(ctx, guest, http.MethodPost, "/v1/checkpoints", body)
+}
+
+// ListCheckpoints lists every checkpoint of the sandbox, oldest first.
+func (g *GuestClient) ListCheckpoints(ctx context.Context, guest string) (json.RawMessage, error) {
+	return g.call(ctx, guest, http.MethodGet, "/v1/checkpoints", nil)
+}
+
+// RestoreCheckpoint restores a checkpoint at its original path.
+func (g *GuestClient) RestoreCheckpoint(ctx context.Context, guest, checkpointID string) (json.RawMessage, error) {
+	return g.call(ctx, guest, http.MethodPost, "/v1/checkpoints/"+url.PathEscape(checkpointID)+"/restore", nil)
+}
+
+// DeleteCheckpoint removes a checkpoint record.
+func (g *GuestClient) DeleteCheckpoint(ctx context.Context, guest, checkpointID string) (json.RawMessage, error) {
+	return g.call(ctx, guest, http.MethodDelete, "/v1/checkpoints/"+url.PathEscape(checkpointID), nil)
+}
+
+// Health asks the guest daemon whether it is up.
+func (g *GuestClient) Health(ctx context.Context, guest string) (json.RawMessage, error) {
+	return g.call(ctx, guest, http.MethodGet, "/v1/health", nil)
+}
+
+// Close drops idle connections to every guest.
+func (g *GuestClient) Close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, t := range g.transports {
+		t.CloseIdleConnections()
+	}
+}
+
+func (g *GuestClient) transport(guest string) (*http.Transport, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if t := g.transports[guest]; t != nil {
+		return t, nil
+	}
+	scheme, addr, err := ParseGuestAddress(guest)
+	if err != nil {
+		return nil, err
+	}
+	dial := g.dialers[scheme]
+	if dial == nil {
+		return nil, fmt.Errorf("no transport for scheme %q", scheme)
+	}
+	dialTimeout := g.dialTimeout
+	t := &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+			defer cancel()
+			return dial(ctx, addr)
+		},
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       30 * time.Second,
+		ResponseHeaderTimeout: g.requestTimeout,
+		DisableCompression:    true,
+	}
+	g.transports[guest] = t
+	return t, nil
+}
+
+type requestIDKey struct{}
+
+// withRequestID carries the public request id to the guest, so that one
+// id names a request in both daemons' logs.
+func withRequestID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, requestIDKey{}, id)
+}
+
+// call sends one request and turns the answer into data or an error: a
+// guest's fail is relayed as the same *fault.Error; a 5xx, an unreachable
+// guest or a timeout become errors without the guest's text.
+func (g *GuestClient) call(ctx context.Context, guest, method, p string, body []byte) (json.RawMessage, error) {
+	t, err := g.transport(guest)
+	if err != nil {
+		return nil, fmt.Errorf("guest %s: %w", guest, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, g.requestTimeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	// The host part is never resolved: the transport dials guest itself.
+	req, err := http.NewRequestWithContext(ctx, method, "http://guestd"+p, rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	if id, ok := ctx.Value(requestIDKey{}).(string); ok {
+		req.Header.Set(jsend.HeaderRequestID, id)
+	}
+	resp, err := t.RoundTrip(req)
+	if err != nil {
+		return nil, g.transportError(ctx, guest, err)
+	}
+	defer resp.Body.Close()
+	reply, err := io.ReadAll(io.LimitReader(resp.Body, maxGuestReply+1))
+	if err != nil {
+		return nil, g.transportError(ctx, guest, err)
+	}
+	if len(reply) > maxGuestReply {
+		return nil, fmt.Errorf("guest %s: answer over %d bytes", guest, maxGuestReply)
+	}
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		data, err := jsend.ParseSuccess(reply)
+		if err != nil {
+			return nil, fmt.Errorf("guest %s: %w", guest, err)
+		}
+		return data, nil
+	case resp.StatusCode >= 400 && resp.StatusCode < 500:
+		fe, err := jsend.ParseFail(resp.StatusCode, reply)
+		if err != nil {
+			return nil, fmt.Errorf("guest %s: %w: %.200q", guest, err, reply)
+		}
+		return nil, fe
+	case resp.StatusCode >= 500:
+		cause := fmt.Errorf("guest %s answered %d: %.500q", guest, resp.StatusCode, reply)
+		if fe := guest5xx[resp.StatusCode]; fe != nil {
+			return nil, fe.Wrap(cause)
+		}
+		return nil, cause
+	default:
+		return nil, fmt.Errorf("guest %s: unexpected status %d", guest, resp.StatusCode)
+	}
+}
+
+// transportError classifies a failed exchange: the client's own
+// cancellation stays a context error; everything else is the guest's
+// fault and answers 503.
+func (g *GuestClient) transportError(ctx context.Context, guest string, err error) error {
+	cause := fmt.Errorf("guest %s: %w", guest, err)
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return errGuestUnavailable.Wrap(cause)
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || isTimeout(err) {
+		return errGuestTimeout.Wrap(cause)
+	}
+	if errors.Is(err, context.Canceled) {
+		return cause
+	}
+	return errGuestUnavailable.Wrap(cause)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,245 @@
+package hostproxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"strata/internal/api"
+	"strata/internal/fault"
+	"strata/internal/jsend"
+	"strata/pathpolicy"
+)
+
+func (s *Server) health(c echo.Context) (any, error) {
+	if err := jsend.RejectQuery(c.Request()); err != nil {
+		return nil, err
+	}
+	return map[string]string{"status": "ok"}, nil
+}
+
+// sandbox returns the sandbox named in the path if the request's
+// principal may act on it: a token only on its own sandbox and never on a
+// management route; an account key only on its account's sandboxes, the
+// others being indistinguishable from sandboxes that do not exist.
+func (s *Server) sandbox(c echo.Context, management bool) (Sandbox, error) {
+	p, _ := c.Get(keyPrincipal).(Principal)
+	id := c.Param("id")
+	if p.Kind == KindAccessToken {
+		if management {
+			return Sandbox{}, errTokenManagement
+		}
+		if id != p.Sandbox {
+			return Sandbox{}, errTokenOtherSandbox
+		}
+	}
+	if !idPattern.MatchString(id) {
+		return Sandbox{}, errSandboxNotFound
+	}
+	sb, err := s.reg.Sandbox(c.Request().Context(), id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if sb.Account != p.Account {
+		return Sandbox{}, errSandboxNotFound
+	}
+	return sb, nil
+}
+
+// checkpointRoute does the checks shared by the four operations, in the
+// order of doc.go, up to the sandbox state.
+func (s *Server) checkpointRoute(c echo.Context, body func(r *http.Request) error) (Sandbox, error) {
+	sb, err := s.sandbox(c, false)
+	if err != nil {
+		return sb, err
+	}
+	r := c.Request()
+	if err := jsend.RejectQuery(r); err != nil {
+		return sb, err
+	}
+	if err := body(r); err != nil {
+		return sb, err
+	}
+	if sb.State != StateRunning {
+		return sb, errSandboxNotRunning.With("state", string(sb.State))
+	}
+	return sb, nil
+}
+
+func (s *Server) createCheckpoint(c echo.Context) (any, error) {
+	var req CreateRequest
+	sb, err := s.checkpointRoute(c, func(r *http.Request) (err error) {
+		req, err = decodeCreate(r)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.guestCall(c, "create", func() (json.RawMessage, error) {
+		return s.guests.CreateCheckpoint(c.Request().Context(), sb.Guest, req)
+	})
+}
+
+func (s *Server) listCheckpoints(c echo.Context) (any, error) {
+	sb, err := s.checkpointRoute(c, jsend.RejectBody)
+	if err != nil {
+		return nil, err
+	}
+	return s.guestCall(c, "list", func() (json.RawMessage, error) {
+		return s.guests.ListCheckpoints(c.Request().Context(), sb.Guest)
+	})
+}
+
+func (s *Server) restoreCheckpoint(c echo.Context) (any, error) {
+	sb, err := s.checkpointRoute(c, jsend.RejectBody)
+	if err != nil {
+		return nil, err
+	}
+	id, err := checkpointID(c)
+	if err != nil {
+		return nil, err
+	}
+	return s.guestCall(c, "restore", func() (json.RawMessage, error) {
+		return s.guests.RestoreCheckpoint(c.Request().Context(), sb.Guest, id)
+	})
+}
+
+func (s *Server) deleteCheckpoint(c echo.Context) (any, error) {
+	sb, err := s.checkpointRoute(c, jsend.RejectBody)
+	if err != nil {
+		return nil, err
+	}
+	id, err := checkpointID(c)
+	if err != nil {
+		return nil, err
+	}
+	return s.guestCall(c, "delete", func() (json.RawMessage, error) {
+		return s.guests.DeleteCheckpoint(c.Request().Context(), sb.Guest, id)
+	})
+}
+
+// checkpointID returns the {checkpoint} segment if it has the shape of a
+// checkpoint id (cp_ and 22 base64url characters); anything else cannot
+// name a checkpoint and is answered here, as guestd would.
+func checkpointID(c echo.Context) (string, error) {
+	id := c.Param("checkpoint")
+	if !api.ValidCheckpointID(id) {
+		return "", errCheckpointNotFound.With("checkpoint_id", id)
+	}
+	return id, nil
+}
+
+// guestCall times one guest call for the metrics.
+func (s *Server) guestCall(c echo.Context, op string, call func() (json.RawMessage, error)) (any, error) {
+	start := time.Now()
+	data, err := call()
+	outcome := "ok"
+	switch {
+	case err == nil:
+	case fault.As(err) != nil && jsend.Status(fault.KindOf(err)) < 500:
+		outcome = "fail"
+	default:
+		outcome = "error"
+	}
+	s.metrics.guest.WithLabelValues(op, outcome).Observe(time.Since(start).Seconds())
+	if err != nil {
+		return nil, err
+	}
+	return data, nil
+}
+
+// decodeCreate reads and checks the create body with the rules guestd
+// applies to it, so that a body guestd would refuse never reaches it: one
+// JSON object of at most 16 KiB (jsend.DecodeObject), the fields of
+// api.CreateRequest, and the path rules that need no filesystem
+// (pathpolicy.CheckSyntax: absolute, clean, not protected). The rules that
+// need the guest's filesystem are the guest's to check.
+func decodeCreate(r *http.Request) (CreateRequest, error) {
+	var body api.CreateRequest
+	if err := jsend.DecodeObject(r, &body); err != nil {
+		return CreateRequest{}, err
+	}
+	p, _, err := body.Validate()
+	if err != nil {
+		return CreateRequest{}, err
+	}
+	if err := pathpolicy.CheckSyntax(p, nil); err != nil {
+		return CreateRequest{}, err
+	}
+	return CreateRequest{Path: p, Name: body.Name}, nil
+}
+
+// Access-token management: account keys only, any sandbox state.
+
+func (s *Server) tokenRoute(c echo.Context) (Sandbox, error) {
+	sb, err := s.sandbox(c, true)
+	if err != nil {
+		return sb, err
+	}
+	if err := jsend.RejectQuery(c.Request()); err != nil {
+		return sb, err
+	}
+	return sb, jsend.RejectBody(c.Request())
+}
+
+// issuedToken is the only answer that ever holds a token in plain text.
+type issuedToken struct {
+	Token     string    `json:"token"`
+	Hint      string    `json:"hint"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func (s *Server) newToken() (string, error) {
+	s.randMu.Lock()
+	defer s.randMu.Unlock()
+	return NewSecret(s.rand, TokenPrefix)
+}
+
+func (s *Server) issueToken(c echo.Context) (any, error) {
+	return s.putToken(c, false)
+}
+
+func (s *Server) rotateToken(c echo.Context) (any, error) {
+	return s.putToken(c, true)
+}
+
+func (s *Server) putToken(c echo.Context, rotate bool) (any, error) {
+	sb, err := s.tokenRoute(c)
+	if err != nil {
+		return nil, err
+	}
+	token, err := s.newToken()
+	if err != nil {
+		return nil, err
+	}
+	put := s.reg.IssueToken
+	if rotate {
+		put = s.reg.RotateToken
+	}
+	info, err := put(c.Request().Context(), sb.ID, token, s.now())
+	if err != nil {
+		return nil, err
+	}
+	return issuedToken{Token: token, Hint: info.Hint, CreatedAt: info.CreatedAt}, nil
+}
+
+func (s *Server) showToken(c echo.Context) (any, error) {
+	sb, err := s.tokenRoute(c)
+	if err != nil {
+		return nil, err
+	}
+	return s.reg.Token(c.Request().Context(), sb.ID)
+}
+
+func (s *Server) revokeToken(c echo.Context) (any, error) {
+	sb, err := s.tokenRoute(c)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.reg.RevokeToken(c.Request().Context(), sb.ID); err != nil {
+		return nil, err
+	}
+	return struct{}{}, nil
+}

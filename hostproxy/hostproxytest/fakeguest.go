@@ -1,0 +1,367 @@
+// Package hostproxytest holds test doubles for tests of hostproxy and of
+// the clients that talk to it. It is imported by tests only.
+//
+// FakeGuest is a TEST DOUBLE of guestd: a real HTTP server on a unix
+// socket that answers guestd's local API (POST/GET /v1/checkpoints,
+// POST /v1/checkpoints/{id}/restore, DELETE /v1/checkpoints/{id},
+// GET /v1/health) with guestd's envelopes and codes, keeping checkpoints
+// in memory. It implements the lineage rules of the API (parent_id is the
+// checkpoint the live directory continues from: the newest capture of the
+// path, or the checkpoint last restored) and path_nested, and it fails on
+// demand (SetFault) or stalls (SetDelay). It never touches a filesystem.
+// The real guestd is exercised by the integration tests.
+package hostproxytest
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"strata/internal/api"
+	"strata/internal/fault"
+	"strata/internal/jsend"
+	"strata/pathpolicy"
+)
+
+// Op names a guest operation, for SetFault.
+type Op string
+
+// The operations of guestd's local API.
+const (
+	OpCreate  Op = "create"
+	OpList    Op = "list"
+	OpRestore Op = "restore"
+	OpDelete  Op = "delete"
+)
+
+// Fault is an answer the double gives instead of doing the operation.
+type Fault struct {
+	Status int
+	// Body is sent as is, with Content-Type application/json.
+	Body string
+}
+
+// Fail is the fault of a JSend fail envelope with code, message and fields.
+func Fail(status int, code, message string, fields map[string]any) Fault {
+	data := map[string]any{"code": code, "message": message}
+	for k, v := range fields {
+		data[k] = v
+	}
+	b, _ := json.Marshal(map[string]any{"status": "fail", "data": data})
+	return Fault{Status: status, Body: string(b)}
+}
+
+// Error is the fault of a JSend error envelope (5xx) with message.
+func Error(status int, message string) Fault {
+	b, _ := json.Marshal(map[string]any{"status": "error", "message": message, "code": status})
+	return Fault{Status: status, Body: string(b)}
+}
+
+// Checkpoint is a checkpoint record as guestd returns it.
+type Checkpoint = api.Checkpoint
+
+type faultKey struct {
+	op   Op
+	path string
+}
+
+// FakeGuest is the guestd test double; see the package comment.
+type FakeGuest struct {
+	// Addr is the guest address to put in hostproxy's registry:
+	// unix:///…/guestd.sock.
+	Addr string
+	// Socket is the path of the unix socket.
+	Socket string
+
+	name string
+	srv  *http.Server
+	done chan struct{}
+
+	mu          sync.Mutex
+	checkpoints []Checkpoint      // oldest first
+	head        map[string]string // path -> checkpoint the live directory continues from
+	faults      map[faultKey]Fault
+	delay       time.Duration
+	seq         uint64
+	requests    int
+	lastHeader  http.Header
+}
+
+// Epoch is the created_at of a FakeGuest's first checkpoint; each next one
+// is a minute later, so that outputs are reproducible.
+var Epoch = time.Date(2026, 11, 5, 10, 0, 0, 0, time.UTC)
+
+// StartFakeGuest starts a double named name (which seeds its checkpoint
+// ids) on a fresh unix socket, and stops it when the test ends.
+func StartFakeGuest(t testing.TB, name string) *FakeGuest {
+	t.Helper()
+	// Socket paths are limited to 108 bytes; t.TempDir() can be longer.
+	dir, err := os.MkdirTemp("", "fakeguest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "guestd.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &FakeGuest{
+		Addr: "unix://" + sock, Socket: sock, name: name,
+		head: map[string]string{}, faults: map[faultKey]Fault{}, done: make(chan struct{}),
+	}
+	g.srv = &http.Server{Handler: g, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		defer close(g.done)
+		_ = g.srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		g.Stop()
+		os.RemoveAll(dir)
+	})
+	return g
+}
+
+// Stop closes the double's server and its connections; the socket stops
+// answering, as a dead guestd's would.
+func (g *FakeGuest) Stop() {
+	_ = g.srv.Close()
+	<-g.done
+}
+
+// SetFault makes op answer f. For create, path is the requested path; for
+// restore and delete, the path of the checkpoint; for list, "".
+func (g *FakeGuest) SetFault(op Op, path string, f Fault) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.faults[faultKey{op, path}] = f
+}
+
+// ClearFaults removes every fault.
+func (g *FakeGuest) ClearFaults() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.faults = map[faultKey]Fault{}
+}
+
+// SetDelay makes every request wait d (or until its client goes away)
+// before it is answered.
+func (g *FakeGuest) SetDelay(d time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.delay = d
+}
+
+// Requests is how many requests reached the double.
+func (g *FakeGuest) Requests() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.requests
+}
+
+// LastHeader is the header of the last request that reached the double.
+func (g *FakeGuest) LastHeader() http.Header {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.lastHeader.Clone()
+}
+
+// Checkpoints is the double's records, oldest first.
+func (g *FakeGuest) Checkpoints() []Checkpoint {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]Checkpoint(nil), g.checkpoints...)
+}
+
+// Head is the checkpoint the live directory at path continues from.
+func (g *FakeGuest) Head(path string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.head[path]
+}
+
+func (g *FakeGuest) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	g.mu.Lock()
+	g.requests++
+	g.lastHeader = r.Header.Clone()
+	delay := g.delay
+	g.mu.Unlock()
+	if delay > 0 {
+		select {
+		case <-time.After(delay):
+		case <-r.Context().Done():
+			return
+		}
+	}
+	data, err := g.route(r)
+	if err != nil {
+		var f *faultError
+		if errors.As(err, &f) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(f.Status)
+			_, _ = w.Write([]byte(f.Body))
+			return
+		}
+		jsend.Error(w, nil, r.Header.Get(jsend.HeaderRequestID), err)
+		return
+	}
+	jsend.Success(w, data)
+}
+
+type faultError struct{ Fault }
+
+func (f *faultError) Error() string { return f.Body }
+
+var errNotFound = fault.New(fault.NotFound, "not_found", "no such route")
+
+func (g *FakeGuest) route(r *http.Request) (any, error) {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/")
+	if !ok {
+		return nil, errNotFound
+	}
+	parts := strings.Split(rest, "/")
+	switch {
+	case len(parts) == 1 && parts[0] == "health" && r.Method == http.MethodGet:
+		return map[string]string{"status": "ok"}, nil
+	case len(parts) == 1 && parts[0] == "checkpoints":
+		if err := jsend.RejectQuery(r); err != nil {
+			return nil, err
+		}
+		switch r.Method {
+		case http.MethodPost:
+			return g.create(r)
+		case http.MethodGet:
+			if err := jsend.RejectBody(r); err != nil {
+				return nil, err
+			}
+			return g.list()
+		}
+	case len(parts) == 3 && parts[0] == "checkpoints" && parts[2] == "restore" && r.Method == http.MethodPost:
+		if err := rejectQueryBody(r); err != nil {
+			return nil, err
+		}
+		return g.restore(parts[1])
+	case len(parts) == 2 && parts[0] == "checkpoints" && r.Method == http.MethodDelete:
+		if err := rejectQueryBody(r); err != nil {
+			return nil, err
+		}
+		return g.delete(parts[1])
+	}
+	return nil, errNotFound
+}
+
+func rejectQueryBody(r *http.Request) error {
+	if err := jsend.RejectQuery(r); err != nil {
+		return err
+	}
+	return jsend.RejectBody(r)
+}
+
+func (g *FakeGuest) faultFor(op Op, path string) error {
+	if f, ok := g.faults[faultKey{op, path}]; ok {
+		return &faultError{f}
+	}
+	return nil
+}
+
+func (g *FakeGuest) create(r *http.Request) (any, error) {
+	var body api.CreateRequest
+	if err := jsend.DecodeObject(r, &body); err != nil {
+		return nil, err
+	}
+	p, name, err := body.Validate()
+	if err != nil {
+		return nil, err
+	}
+	if err := pathpolicy.CheckSyntax(p, nil); err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.faultFor(OpCreate, p); err != nil {
+		return nil, err
+	}
+	for _, cp := range g.checkpoints {
+		if m := cp.Path; m != p && (strings.HasPrefix(p, m+"/") || strings.HasPrefix(m, p+"/")) {
+			return nil, fault.New(fault.Unprocessable, "path_nested", "The directory is a parent or child of another managed directory.").With("path", p).With("offending", m)
+		}
+	}
+	g.seq++
+	cp := Checkpoint{
+		ID:        g.newID(),
+		Path:      p,
+		Name:      name,
+		CreatedAt: api.FormatTime(Epoch.Add(time.Duration(g.seq-1) * time.Minute)),
+		ParentID:  g.head[p],
+	}
+	g.head[p] = cp.ID
+	g.checkpoints = append(g.checkpoints, cp)
+	return cp, nil
+}
+
+// newID is cp_ and 16 bytes in base64url, derived from the double's name
+// and a counter so that runs are reproducible.
+func (g *FakeGuest) newID() string {
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], g.seq)
+	sum := sha256.Sum256(append([]byte(g.name), n[:]...))
+	return "cp_" + base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+func (g *FakeGuest) list() (any, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.faultFor(OpList, ""); err != nil {
+		return nil, err
+	}
+	return append([]Checkpoint{}, g.checkpoints...), nil
+}
+
+func (g *FakeGuest) find(id string) (int, error) {
+	for i, cp := range g.checkpoints {
+		if cp.ID == id {
+			return i, nil
+		}
+	}
+	return -1, fault.New(fault.NotFound, "checkpoint_not_found", "no checkpoint has this id").With("checkpoint_id", id)
+}
+
+func (g *FakeGuest) restore(id string) (any, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	i, err := g.find(id)
+	if err != nil {
+		return nil, err
+	}
+	cp := g.checkpoints[i]
+	if err := g.faultFor(OpRestore, cp.Path); err != nil {
+		return nil, err
+	}
+	g.head[cp.Path] = cp.ID
+	return map[string]string{"checkpoint_id": cp.ID, "path": cp.Path}, nil
+}
+
+// delete removes the record only. The live directory still continues from
+// the deleted checkpoint, so the next capture's parent_id names it.
+func (g *FakeGuest) delete(id string) (any, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	i, err := g.find(id)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.faultFor(OpDelete, g.checkpoints[i].Path); err != nil {
+		return nil, err
+	}
+	g.checkpoints = append(g.checkpoints[:i], g.checkpoints[i+1:]...)
+	return struct{}{}, nil
+}

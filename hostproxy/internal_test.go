@@ -1,0 +1,163 @@
+package hostproxy
+
+import (
+	"bytes"
+	"net/http/httptest"
+	"path"
+	"strings"
+	"testing"
+	"time"
+	"unicode"
+
+	"strata/internal/api"
+	"strata/internal/fault"
+	"strata/pathpolicy"
+)
+
+// FuzzCreateBody checks the edge's create validation on any body: it
+// never panics, fails only with the codes of a malformed request or of the
+// two path rules it owns, and what it accepts is a request a guest can
+// take: an absolute, clean, unprotected path and a short name without
+// control characters.
+func FuzzCreateBody(f *testing.F) {
+	for _, seed := range []string{
+		`{"path":"/etc"}`, `{"path":"/var"}`, `{"path":"/tmp"}`, `{"path":"/tmp/project"}`,
+		`{"path":"/workspace/project","name":"before-update"}`,
+		`{"path":"/workspace/project/"}`, `{"path":"workspace"}`, `{"path":"/a/../b"}`,
+		`{"path":""}`, `{"path":null,"name":null}`, `{"name":"x"}`, `{"path":"/a","name":"\u0007"}`,
+		`{"path":"/a","name":"` + strings.Repeat("é", 70) + `"}`, `{"path":"/\u0000"}`, `{"path":"//a"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	allowed := map[string]bool{
+		"invalid_json": true, "unknown_field": true, "invalid_field": true, "body_too_large": true,
+		"path_not_absolute": true, "path_not_clean": true, "path_protected": true,
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r := httptest.NewRequest("POST", "/", bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		req, err := decodeCreate(r)
+		if err != nil {
+			if code := fault.CodeOf(err); !allowed[code] {
+				t.Fatalf("unexpected error %v", err)
+			}
+			return
+		}
+		if !path.IsAbs(req.Path) || path.Clean(req.Path) != req.Path || len(req.Path) > pathpolicy.MaxPathLen ||
+			strings.ContainsRune(req.Path, 0) || pathpolicy.CheckSyntax(req.Path, nil) != nil {
+			t.Fatalf("accepted path %q", req.Path)
+		}
+		if req.Name != nil && (len(*req.Name) > api.MaxNameBytes || strings.ContainsFunc(*req.Name, unicode.IsControl)) {
+			t.Fatalf("accepted name %q", *req.Name)
+		}
+	})
+}
+
+func TestParseGuestAddress(t *testing.T) {
+	cases := []struct {
+		in, scheme, addr string
+		ok               bool
+	}{
+		{"unix:///var/lib/strata/guestd.sock", "unix", "/var/lib/strata/guestd.sock", true},
+		{"tcp://127.0.0.1:7070", "tcp", "127.0.0.1:7070", true},
+		{"tcp://[::1]:7070", "tcp", "[::1]:7070", true},
+		{"vsock://3:1024", "vsock", "3:1024", true},
+		{"unix://relative.sock", "", "", false},
+		{"tcp://127.0.0.1", "", "", false},
+		{"/var/lib/strata/guestd.sock", "", "", false},
+		{"unix://", "", "", false},
+		{"", "", "", false},
+	}
+	for _, tc := range cases {
+		scheme, addr, err := ParseGuestAddress(tc.in)
+		if (err == nil) != tc.ok || scheme != tc.scheme || addr != tc.addr {
+			t.Errorf("ParseGuestAddress(%q) = %q, %q, %v", tc.in, scheme, addr, err)
+		}
+	}
+}
+
+func TestParseConfig(t *testing.T) {
+	good := `{
+	  "listen": "127.0.0.1:8080",
+	  "data_dir": "/var/lib/strata/hostproxy",
+	  "accounts": [{"id": "acct-local", "keys": [{"id": "key-local", "env": "CREATEOS_API_KEY"}]}],
+	  "sandboxes": [{"id": "sb-local", "account": "acct-local", "guest": "unix:///var/lib/strata/guestd.sock", "state": "running"}],
+	  "rate_limit": {"per_second": 5, "burst": 10},
+	  "timeouts": {"guest_dial": "1s", "guest_request": "45s"}
+	}`
+	c, err := ParseConfig([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Duration(c.Timeouts.GuestRequest) != 45*time.Second || c.RateLimit.Burst != 10 {
+		t.Errorf("parsed %+v", c)
+	}
+	s, err := c.resolve(func(k string) string {
+		if k == "CREATEOS_API_KEY" {
+			return "sk_0123456789abcdefghij"
+		}
+		return ""
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.keys) != 1 || s.keys[0].Hash != hashSecret("sk_0123456789abcdefghij") || s.sandboxes[0].State != StateRunning {
+		t.Errorf("resolved %+v", s)
+	}
+	if _, err := c.resolve(func(string) string { return "short" }); err == nil || !strings.Contains(err.Error(), "shorter than 16") {
+		t.Errorf("a short key: %v", err)
+	}
+	for name, bad := range map[string]string{
+		"unknown field":  `{"listen":"x","acounts":[]}`,
+		"bad duration":   `{"timeouts":{"read":"soon"}}`,
+		"number timeout": `{"timeouts":{"read":5}}`,
+		"trailing":       `{} {}`,
+	} {
+		if _, err := ParseConfig([]byte(bad)); err == nil {
+			t.Errorf("%s: accepted %s", name, bad)
+		}
+	}
+}
+
+func TestLimiters(t *testing.T) {
+	l := newLimiters(2, 3)
+	now := time.Unix(1000, 0)
+	for i := range 3 {
+		if ok, _ := l.allow("k", now); !ok {
+			t.Fatalf("request %d of the burst refused", i)
+		}
+	}
+	ok, wait := l.allow("k", now)
+	if ok || wait != 500*time.Millisecond || retryAfterSeconds(wait) != 1 {
+		t.Errorf("over the burst: ok=%v wait=%v", ok, wait)
+	}
+	if ok, _ := l.allow("other", now); !ok {
+		t.Errorf("another key shares the bucket")
+	}
+	if ok, _ := l.allow("k", now.Add(500*time.Millisecond)); !ok {
+		t.Errorf("refused after refill")
+	}
+	// Idle buckets are swept once the map is large.
+	for i := range limiterSweepAt {
+		l.allow(string(rune('a'+i%26))+strings.Repeat("x", i/26), now)
+	}
+	l.allow("late", now.Add(time.Hour))
+	if n := len(l.buckets); n > 2 {
+		t.Errorf("%d buckets after a sweep", n)
+	}
+}
+
+// TestExampleConfig keeps docs/hostproxy.example.json valid.
+func TestExampleConfig(t *testing.T) {
+	c, err := LoadConfig("../docs/hostproxy.example.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.resolve(func(string) string { return "sk_0123456789abcdefghij" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.keys) != 2 || len(s.sandboxes) != 3 {
+		t.Errorf("resolved %+v", s)
+	}
+}

@@ -1,0 +1,59 @@
+package hostproxy
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are the server's Prometheus series. Labels are route templates,
+// methods and statuses only: never a sandbox id, a key or a path, so the
+// number of series stays fixed.
+type metrics struct {
+	registry *prometheus.Registry
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	inFlight prometheus.Gauge
+	guest    *prometheus.HistogramVec
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "strata", Subsystem: "hostproxy", Name: "requests_total",
+			Help: "API requests by route template, method and HTTP status.",
+		}, []string{"route", "method", "status"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "strata", Subsystem: "hostproxy", Name: "request_duration_seconds",
+			Help:    "API request latency by route template, method and HTTP status.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"route", "method", "status"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "strata", Subsystem: "hostproxy", Name: "requests_in_flight",
+			Help: "API requests being served.",
+		}),
+		guest: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "strata", Subsystem: "hostproxy", Name: "guest_request_duration_seconds",
+			Help:    "Calls to guest daemons by operation and outcome (ok, fail, error).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"operation", "outcome"}),
+	}
+	m.registry.MustRegister(m.requests, m.duration, m.inFlight, m.guest,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) observe(route, method string, status int, d time.Duration) {
+	s := strconv.Itoa(status)
+	m.requests.WithLabelValues(route, method, s).Inc()
+	m.duration.WithLabelValues(route, method, s).Observe(d.Seconds())
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+}

@@ -1,0 +1,425 @@
+package hostproxy
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// SandboxState is the life-cycle state of a sandbox. Only a running
+// sandbox serves checkpoint operations.
+type SandboxState string
+
+// The states of a sandbox.
+const (
+	StateRunning SandboxState = "running"
+	StatePaused  SandboxState = "paused"
+	StateStopped SandboxState = "stopped"
+)
+
+func (s SandboxState) valid() bool {
+	return s == StateRunning || s == StatePaused || s == StateStopped
+}
+
+// Account owns API keys and sandboxes.
+type Account struct {
+	ID string `json:"id"`
+}
+
+// APIKey is an account API key as stored: its hash, never the key.
+type APIKey struct {
+	ID      string `json:"id"`
+	Account string `json:"account"`
+	Hash    string `json:"hash"`
+}
+
+// Sandbox is one sandbox of an account and the address of its guest daemon.
+type Sandbox struct {
+	ID      string       `json:"id"`
+	Account string       `json:"account"`
+	Guest   string       `json:"guest"`
+	State   SandboxState `json:"state"`
+}
+
+// CredentialKind tells an account API key from a sandbox access token.
+type CredentialKind string
+
+// The kinds of credential.
+const (
+	KindAccountKey  CredentialKind = "account_key"
+	KindAccessToken CredentialKind = "access_token"
+)
+
+// Principal is who a request acts as, once its X-Api-Key is known.
+type Principal struct {
+	Kind CredentialKind
+	// ID names the credential in logs and metrics: the key id, or
+	// "token:<sandbox>" for an access token. Never the secret.
+	ID      string
+	Account string
+	// Sandbox is the one sandbox an access token may act on; empty for
+	// an account key.
+	Sandbox string
+}
+
+// TokenInfo is what may be shown of a sandbox access token.
+type TokenInfo struct {
+	Enabled   bool      `json:"enabled"`
+	Hint      string    `json:"hint,omitempty"`
+	CreatedAt time.Time `json:"created_at,omitzero"`
+}
+
+type credential struct {
+	Kind    CredentialKind `json:"kind"`
+	Hash    string         `json:"hash"`
+	KeyID   string         `json:"key_id,omitempty"`
+	Account string         `json:"account,omitempty"`
+	Sandbox string         `json:"sandbox,omitempty"`
+}
+
+type tokenRecord struct {
+	Hash      string    `json:"hash"`
+	Hint      string    `json:"hint"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+var (
+	bucketAccounts    = []byte("accounts")
+	bucketSandboxes   = []byte("sandboxes")
+	bucketCredentials = []byte("credentials") // hash -> credential
+	bucketTokens      = []byte("tokens")      // sandbox id -> tokenRecord
+)
+
+// RegistryFile is the name of the registry's bbolt file in the data directory.
+const RegistryFile = "registry.db"
+
+// Registry holds accounts, key hashes, sandboxes and access-token hashes
+// in one bbolt file. Every change is one bbolt transaction, so a crash
+// leaves either the old or the new state.
+type Registry struct {
+	db *bolt.DB
+}
+
+// OpenRegistry opens (or creates) the registry under dir. It fails at once
+// when another process holds the file.
+func OpenRegistry(ctx context.Context, dir string) (*Registry, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if dir == "" {
+		return nil, errors.New("registry: no data directory; set data_dir or pass --data")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("registry: %w", err)
+	}
+	path := filepath.Join(dir, RegistryFile)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("registry: %s is locked by another process (is another hostproxy running with this data directory?)", path)
+		}
+		return nil, fmt.Errorf("registry: open %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketAccounts, bucketSandboxes, bucketCredentials, bucketTokens} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("registry: init %s: %w", path, err)
+	}
+	return &Registry{db: db}, nil
+}
+
+// Close closes the bbolt file.
+func (r *Registry) Close() error { return r.db.Close() }
+
+// seed makes the registry's accounts, account keys and sandboxes exactly
+// those of s, in one transaction. Access tokens survive for sandboxes that
+// remain with the same account; the others are revoked.
+func (r *Registry) seed(ctx context.Context, s seed) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return r.db.Update(func(tx *bolt.Tx) error {
+		old := map[string]Sandbox{}
+		if err := forEach(tx.Bucket(bucketSandboxes), func(_ []byte, sb Sandbox) { old[sb.ID] = sb }); err != nil {
+			return err
+		}
+		for _, name := range [][]byte{bucketAccounts, bucketSandboxes} {
+			if err := tx.DeleteBucket(name); err != nil {
+				return err
+			}
+			if _, err := tx.CreateBucket(name); err != nil {
+				return err
+			}
+		}
+		creds := tx.Bucket(bucketCredentials)
+		var stale [][]byte
+		if err := forEach(creds, func(k []byte, c credential) {
+			if c.Kind == KindAccountKey {
+				stale = append(stale, append([]byte(nil), k...))
+			}
+		}); err != nil {
+			return err
+		}
+		for _, k := range stale {
+			if err := creds.Delete(k); err != nil {
+				return err
+			}
+		}
+		for _, a := range s.accounts {
+			if err := putJSON(tx.Bucket(bucketAccounts), a.ID, a); err != nil {
+				return err
+			}
+		}
+		for _, k := range s.keys {
+			if err := putJSON(creds, k.Hash, credential{Kind: KindAccountKey, Hash: k.Hash, KeyID: k.ID, Account: k.Account}); err != nil {
+				return err
+			}
+		}
+		keep := map[string]bool{}
+		for _, sb := range s.sandboxes {
+			if err := putJSON(tx.Bucket(bucketSandboxes), sb.ID, sb); err != nil {
+				return err
+			}
+			if o, ok := old[sb.ID]; ok && o.Account == sb.Account {
+				keep[sb.ID] = true
+			}
+		}
+		tokens := tx.Bucket(bucketTokens)
+		var drop []string
+		if err := forEach(tokens, func(k []byte, _ tokenRecord) {
+			if !keep[string(k)] {
+				drop = append(drop, string(k))
+			}
+		}); err != nil {
+			return err
+		}
+		for _, id := range drop {
+			if err := revokeTx(tx, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Authenticate returns the principal of key, or an unauthorized error.
+// The lookup is by SHA-256, and the stored hash is then compared in
+// constant time, so response time says nothing about stored keys.
+func (r *Registry) Authenticate(ctx context.Context, key string) (Principal, error) {
+	if err := ctx.Err(); err != nil {
+		return Principal{}, err
+	}
+	if key == "" {
+		return Principal{}, errUnauthorized
+	}
+	hash := hashSecret(key)
+	var p Principal
+	err := r.db.View(func(tx *bolt.Tx) error {
+		var c credential
+		ok, err := getJSON(tx.Bucket(bucketCredentials), hash, &c)
+		if err != nil {
+			return err
+		}
+		if !ok || subtle.ConstantTimeCompare([]byte(c.Hash), []byte(hash)) != 1 {
+			return errUnauthorized
+		}
+		switch c.Kind {
+		case KindAccountKey:
+			p = Principal{Kind: KindAccountKey, ID: c.KeyID, Account: c.Account}
+			return nil
+		case KindAccessToken:
+			var t tokenRecord
+			ok, err := getJSON(tx.Bucket(bucketTokens), c.Sandbox, &t)
+			if err != nil {
+				return err
+			}
+			if !ok || subtle.ConstantTimeCompare([]byte(t.Hash), []byte(hash)) != 1 {
+				return errUnauthorized
+			}
+			var sb Sandbox
+			ok, err = getJSON(tx.Bucket(bucketSandboxes), c.Sandbox, &sb)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return errUnauthorized
+			}
+			p = Principal{Kind: KindAccessToken, ID: "token:" + sb.ID, Account: sb.Account, Sandbox: sb.ID}
+			return nil
+		default:
+			return fmt.Errorf("registry: credential of unknown kind %q", c.Kind)
+		}
+	})
+	return p, err
+}
+
+// Sandbox returns the sandbox id, or sandbox_not_found.
+func (r *Registry) Sandbox(ctx context.Context, id string) (Sandbox, error) {
+	if err := ctx.Err(); err != nil {
+		return Sandbox{}, err
+	}
+	var sb Sandbox
+	err := r.db.View(func(tx *bolt.Tx) error {
+		ok, err := getJSON(tx.Bucket(bucketSandboxes), id, &sb)
+		if err == nil && !ok {
+			err = errSandboxNotFound
+		}
+		return err
+	})
+	return sb, err
+}
+
+// SetSandboxState records a sandbox's new state (a pause, a resume, a stop).
+func (r *Registry) SetSandboxState(ctx context.Context, id string, state SandboxState) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !state.valid() {
+		return fmt.Errorf("registry: invalid sandbox state %q", state)
+	}
+	return r.db.Update(func(tx *bolt.Tx) error {
+		var sb Sandbox
+		ok, err := getJSON(tx.Bucket(bucketSandboxes), id, &sb)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errSandboxNotFound
+		}
+		sb.State = state
+		return putJSON(tx.Bucket(bucketSandboxes), id, sb)
+	})
+}
+
+// IssueToken stores token as the sandbox's access token, or fails with
+// token_exists when one is enabled.
+func (r *Registry) IssueToken(ctx context.Context, sandboxID, token string, now time.Time) (TokenInfo, error) {
+	return r.putToken(ctx, sandboxID, token, now, false)
+}
+
+// RotateToken replaces the sandbox's access token with token at once: the
+// old one fails from the next request on. It fails with token_not_found
+// when none is enabled.
+func (r *Registry) RotateToken(ctx context.Context, sandboxID, token string, now time.Time) (TokenInfo, error) {
+	return r.putToken(ctx, sandboxID, token, now, true)
+}
+
+func (r *Registry) putToken(ctx context.Context, sandboxID, token string, now time.Time, rotate bool) (TokenInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return TokenInfo{}, err
+	}
+	rec := tokenRecord{Hash: hashSecret(token), Hint: tokenHint(token), CreatedAt: now.UTC().Truncate(time.Second)}
+	err := r.db.Update(func(tx *bolt.Tx) error {
+		if ok, err := getJSON(tx.Bucket(bucketSandboxes), sandboxID, &Sandbox{}); err != nil || !ok {
+			if err == nil {
+				err = errSandboxNotFound
+			}
+			return err
+		}
+		var old tokenRecord
+		exists, err := getJSON(tx.Bucket(bucketTokens), sandboxID, &old)
+		if err != nil {
+			return err
+		}
+		switch {
+		case exists && !rotate:
+			return errTokenExists
+		case !exists && rotate:
+			return errTokenNotFound
+		}
+		if exists {
+			if err := tx.Bucket(bucketCredentials).Delete([]byte(old.Hash)); err != nil {
+				return err
+			}
+		}
+		if err := putJSON(tx.Bucket(bucketTokens), sandboxID, rec); err != nil {
+			return err
+		}
+		return putJSON(tx.Bucket(bucketCredentials), rec.Hash, credential{Kind: KindAccessToken, Hash: rec.Hash, Sandbox: sandboxID})
+	})
+	if err != nil {
+		return TokenInfo{}, err
+	}
+	return TokenInfo{Enabled: true, Hint: rec.Hint, CreatedAt: rec.CreatedAt}, nil
+}
+
+// Token tells whether the sandbox has an access token, never the token.
+func (r *Registry) Token(ctx context.Context, sandboxID string) (TokenInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return TokenInfo{}, err
+	}
+	var info TokenInfo
+	err := r.db.View(func(tx *bolt.Tx) error {
+		var t tokenRecord
+		ok, err := getJSON(tx.Bucket(bucketTokens), sandboxID, &t)
+		if ok {
+			info = TokenInfo{Enabled: true, Hint: t.Hint, CreatedAt: t.CreatedAt}
+		}
+		return err
+	})
+	return info, err
+}
+
+// RevokeToken removes the sandbox's access token; revoking none is not an error.
+func (r *Registry) RevokeToken(ctx context.Context, sandboxID string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return r.db.Update(func(tx *bolt.Tx) error { return revokeTx(tx, sandboxID) })
+}
+
+func revokeTx(tx *bolt.Tx, sandboxID string) error {
+	var t tokenRecord
+	ok, err := getJSON(tx.Bucket(bucketTokens), sandboxID, &t)
+	if err != nil || !ok {
+		return err
+	}
+	if err := tx.Bucket(bucketCredentials).Delete([]byte(t.Hash)); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketTokens).Delete([]byte(sandboxID))
+}
+
+func putJSON(b *bolt.Bucket, key string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(key), data)
+}
+
+func getJSON(b *bolt.Bucket, key string, v any) (bool, error) {
+	data := b.Get([]byte(key))
+	if data == nil {
+		return false, nil
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return true, fmt.Errorf("registry: corrupt record %q: %w", key, err)
+	}
+	return true, nil
+}
+
+func forEach[T any](b *bolt.Bucket, fn func(k []byte, v T)) error {
+	return b.ForEach(func(k, data []byte) error {
+		var v T
+		if err := json.Unmarshal(data, &v); err != nil {
+			return fmt.Errorf("registry: corrupt record %q: %w", k, err)
+		}
+		fn(k, v)
+		return nil
+	})
+}

@@ -1,0 +1,361 @@
+package hostproxy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"strata/internal/fault"
+	"strata/internal/jsend"
+)
+
+// Options configure a Server. Only Config is required.
+type Options struct {
+	Config Config
+	// Getenv reads the environment variables that hold keys (os.Getenv).
+	Getenv func(string) string
+	// Logger receives access logs and errors (slog.Default()).
+	Logger *slog.Logger
+	// Now is the clock of token creation times (time.Now).
+	Now func() time.Time
+	// Rand is the randomness of access tokens (crypto/rand.Reader).
+	Rand io.Reader
+	// Dialers are the guest transports by address scheme (DefaultDialers()).
+	Dialers map[string]Dialer
+}
+
+// Server is hostproxy: the registry, the guest client and the HTTP API.
+type Server struct {
+	log      *slog.Logger
+	reg      *Registry
+	guests   *GuestClient
+	limits   *limiters // per credential
+	failures *limiters // failed authentications per client address
+	metrics  *metrics
+	echo     *echo.Echo
+	now      func() time.Time
+	timeouts timeouts
+
+	randMu sync.Mutex
+	rand   io.Reader
+}
+
+type timeouts struct {
+	readHeader, read, write, idle, shutdown time.Duration
+}
+
+// New validates the configuration, opens the registry under its data
+// directory and seeds it. It fails before serving anything when no key is
+// configured, a guest address cannot be dialled, or the data directory is
+// unusable.
+func New(ctx context.Context, opts Options) (*Server, error) {
+	cfg := opts.Config
+	getenv := opts.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	sd, err := cfg.resolve(getenv)
+	if err != nil {
+		return nil, err
+	}
+	dialers := opts.Dialers
+	if dialers == nil {
+		dialers = DefaultDialers()
+	}
+	t := cfg.Timeouts
+	guestRequest := t.GuestRequest.or(defaultGuestRequest)
+	guests := NewGuestClient(dialers, t.GuestDial.or(defaultGuestDial), guestRequest)
+	for _, sb := range sd.sandboxes {
+		if err := guests.Check(sb.Guest); err != nil {
+			return nil, fmt.Errorf("config: sandbox %q: %w", sb.ID, err)
+		}
+	}
+	reg, err := OpenRegistry(ctx, cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := reg.seed(ctx, sd); err != nil {
+		reg.Close()
+		return nil, fmt.Errorf("registry: seed from config: %w", err)
+	}
+	perSec, burst := cfg.RateLimit.PerSecond, cfg.RateLimit.Burst
+	if perSec == 0 {
+		perSec = DefaultRatePerSec
+	}
+	if burst == 0 {
+		burst = DefaultRateBurst
+	}
+	s := &Server{
+		log:      opts.Logger,
+		reg:      reg,
+		guests:   guests,
+		limits:   newLimiters(perSec, burst),
+		failures: newLimiters(perSec, burst),
+		metrics:  newMetrics(),
+		now:      opts.Now,
+		rand:     opts.Rand,
+		timeouts: timeouts{
+			readHeader: t.ReadHeader.or(defaultReadHeader),
+			read:       t.Read.or(defaultRead),
+			write:      t.Write.or(guestRequest + 10*time.Second),
+			idle:       t.Idle.or(defaultIdle),
+			shutdown:   t.Shutdown.or(defaultShutdown),
+		},
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.rand == nil {
+		s.rand = rand.Reader
+	}
+	s.echo = s.routes()
+	return s, nil
+}
+
+// Registry is the server's registry (sandbox states, tokens).
+func (s *Server) Registry() *Registry { return s.reg }
+
+// Handler is the HTTP API, for a server of the caller's own.
+func (s *Server) Handler() http.Handler { return s.echo }
+
+// Close releases the registry and idle guest connections. Call it after
+// Serve has returned.
+func (s *Server) Close() error {
+	s.guests.Close()
+	return s.reg.Close()
+}
+
+// Serve answers requests on ln until ctx is done, then stops accepting,
+// waits for requests in flight (at most the shutdown timeout) and returns.
+// Requests in flight keep running when ctx is cancelled.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.echo,
+		ReadHeaderTimeout: s.timeouts.readHeader,
+		ReadTimeout:       s.timeouts.read,
+		WriteTimeout:      s.timeouts.write,
+		IdleTimeout:       s.timeouts.idle,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	s.log.Info("shutting down", "wait", s.timeouts.shutdown)
+	sctx, cancel := context.WithTimeout(context.Background(), s.timeouts.shutdown)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	<-errc
+	if err != nil {
+		srv.Close()
+		return fmt.Errorf("shutdown: requests still running after %s: %w", s.timeouts.shutdown, err)
+	}
+	return nil
+}
+
+// Context keys of values set on the echo context.
+const (
+	keyRequestID = "strata.request_id"
+	keyPrincipal = "strata.principal"
+)
+
+func (s *Server) routes() *echo.Echo {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.IPExtractor = echo.ExtractIPDirect()
+	e.HTTPErrorHandler = func(err error, c echo.Context) { s.writeError(c, err) }
+	e.Use(s.edge)
+
+	e.GET("/v1/health", s.data(s.health))
+	e.GET("/metrics", echo.WrapHandler(s.metrics.handler()))
+
+	// Authentication is per route, not on a group: a group's middleware
+	// would also catch unknown paths and methods below it, turning their
+	// 404 and 405 into 401.
+	const sb = "/v1/sandboxes/:id"
+	auth := s.authenticate
+	e.POST(sb+"/checkpoints", s.data(s.createCheckpoint), auth)
+	e.GET(sb+"/checkpoints", s.data(s.listCheckpoints), auth)
+	e.POST(sb+"/checkpoints/:checkpoint/restore", s.data(s.restoreCheckpoint), auth)
+	e.DELETE(sb+"/checkpoints/:checkpoint", s.data(s.deleteCheckpoint), auth)
+	e.POST(sb+"/access-token", s.data(s.issueToken), auth)
+	e.GET(sb+"/access-token", s.data(s.showToken), auth)
+	e.DELETE(sb+"/access-token", s.data(s.revokeToken), auth)
+	e.POST(sb+"/access-token/rotate", s.data(s.rotateToken), auth)
+	return e
+}
+
+// data adapts a handler that returns data or an error: data is written as
+// JSend success, an error goes up to edge, which writes it.
+func (s *Server) data(h func(c echo.Context) (any, error)) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		v, err := h(c)
+		if err != nil {
+			return err
+		}
+		jsend.Success(c.Response(), v)
+		return nil
+	}
+}
+
+// edge runs around every request, matched or not: it sets the request id,
+// turns panics into internal errors, writes errors, and logs and counts
+// the request.
+func (s *Server) edge(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		id := newRequestID()
+		c.Set(keyRequestID, id)
+		c.Response().Header().Set(jsend.HeaderRequestID, id)
+		req := c.Request()
+		c.SetRequest(req.WithContext(withRequestID(req.Context(), id)))
+		s.metrics.inFlight.Inc()
+		defer s.metrics.inFlight.Dec()
+
+		err := s.guard(next, c)
+		if err != nil {
+			err = s.writeError(c, err)
+		}
+
+		route := c.Path()
+		if errors.Is(err, errRouteNotFound) || route == "" {
+			route = "unmatched"
+		}
+		status := c.Response().Status
+		elapsed := time.Since(start)
+		s.metrics.observe(route, req.Method, status, elapsed)
+		attrs := []any{
+			"request_id", id, "method", req.Method, "route", route, "status", status,
+			"duration_ms", float64(elapsed.Microseconds()) / 1000, "remote", c.RealIP(),
+		}
+		if p, ok := c.Get(keyPrincipal).(Principal); ok {
+			attrs = append(attrs, "credential", p.ID, "account", p.Account)
+		}
+		if sb := c.Param("id"); sb != "" {
+			attrs = append(attrs, "sandbox", sb)
+		}
+		if code := fault.CodeOf(err); code != "" {
+			attrs = append(attrs, "code", code)
+		}
+		s.log.Info("request", attrs...)
+		return nil
+	}
+}
+
+// guard runs next, turning a panic into an internal error and an OPTIONS
+// request on a known route into a 405.
+func (s *Server) guard(next echo.HandlerFunc, c echo.Context) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			if r == http.ErrAbortHandler {
+				panic(r)
+			}
+			err = fmt.Errorf("panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	// echo answers OPTIONS on a known route itself, with an empty 204;
+	// the API has no OPTIONS, so that is a 405 like any other method.
+	if c.Request().Method == http.MethodOptions {
+		if allow, ok := c.Get(echo.ContextKeyHeaderAllow).(string); ok && allow != "" {
+			c.Response().Header().Set(echo.HeaderAllow, withoutOptions(allow))
+			return errMethodNotAllowed
+		}
+	}
+	return next(c)
+}
+
+// writeError is where every error of a request is written, through the
+// one mapping jsend.Error. It returns the error as classified.
+func (s *Server) writeError(c echo.Context, err error) error {
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		switch he.Code {
+		case http.StatusNotFound:
+			err = errRouteNotFound
+		case http.StatusMethodNotAllowed:
+			err = errMethodNotAllowed
+			// echo lists OPTIONS, which this API answers with 405 too.
+			h := c.Response().Header()
+			if allow := h.Get(echo.HeaderAllow); allow != "" {
+				h.Set(echo.HeaderAllow, withoutOptions(allow))
+			}
+		default:
+			err = fmt.Errorf("echo: %w", err)
+		}
+	}
+	id, _ := c.Get(keyRequestID).(string)
+	if c.Response().Committed {
+		s.log.Error("error after the response was sent", "request_id", id, "err", err)
+		return err
+	}
+	jsend.Error(c.Response(), s.log, id, err)
+	return err
+}
+
+// authenticate resolves X-Api-Key to a principal and applies its rate
+// limit. Failed attempts are limited per client address too, so that
+// guessing keys is slow.
+func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		ctx := c.Request().Context()
+		now := time.Now()
+		p, err := s.reg.Authenticate(ctx, c.Request().Header.Get("X-Api-Key"))
+		if err != nil {
+			if fault.KindOf(err) == fault.Unauthorized {
+				if ok, wait := s.failures.allow("addr:"+c.RealIP(), now); !ok {
+					return s.rateLimited(c, wait)
+				}
+			}
+			return err
+		}
+		c.Set(keyPrincipal, p)
+		if ok, wait := s.limits.allow(p.ID, now); !ok {
+			return s.rateLimited(c, wait)
+		}
+		return next(c)
+	}
+}
+
+func (s *Server) rateLimited(c echo.Context, wait time.Duration) error {
+	secs := retryAfterSeconds(wait)
+	c.Response().Header().Set("Retry-After", strconv.Itoa(secs))
+	return errRateLimited.With("retry_after", secs)
+}
+
+func newRequestID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func withoutOptions(allow string) string {
+	var keep []string
+	for _, m := range strings.Split(allow, ",") {
+		if m = strings.TrimSpace(m); m != "" && m != http.MethodOptions {
+			keep = append(keep, m)
+		}
+	}
+	return strings.Join(keep, ", ")
+}
