@@ -15,8 +15,8 @@ all: build
 
 deps:
 	@command -v $(GO) >/dev/null || { echo "Go 1.26 is required at /usr/local/go/bin (see README)"; exit 1; }
-	@missing=""; for c in unshare mount tar; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
-	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq util-linux mount tar; fi
+	@missing=""; for c in unshare mount tar curl; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq util-linux mount tar curl; fi
 	$(GO) mod download
 
 build: deps

@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer os.RemoveAll(dir)
-		cmd := exec.Command("go", "build", "-o", dir+"/", "strata/cmd/guestd")
+		cmd := exec.Command("go", "build", "-o", dir+"/", "strata/cmd/...")
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "build binaries:", err)
