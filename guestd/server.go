@@ -40,9 +40,9 @@ type Config struct {
 	NoCompaction bool
 }
 
-// Server is a running guestd: its store and its HTTP handler.
+// Server is a running guestd: its stores and its HTTP handler.
 type Server struct {
-	store   *layers.Store
+	engine  *engine
 	log     *slog.Logger
 	reg     *prometheus.Registry
 	metrics *metrics
@@ -57,32 +57,26 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newMetrics(reg)
-	policy := cfg.Policy
-	if policy == nil {
-		policy = &pathpolicy.Policy{}
+	if cfg.Policy == nil {
+		cfg.Policy = &pathpolicy.Policy{}
 	}
-	st, err := layers.Open(ctx, layers.Config{
-		Dir:          cfg.Store,
-		Policy:       policy,
-		Scanner:      pathpolicy.NewScanner("/proc"),
-		Logger:       cfg.Logger,
-		LegacyMount:  cfg.LegacyMount,
-		NoCompaction: cfg.NoCompaction,
-		StepHook:     m.observeStep,
-	})
+	e, err := openEngine(ctx, cfg, m.observeStep)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{store: st, log: cfg.Logger, reg: reg, metrics: m}
+	s := &Server{engine: e, log: cfg.Logger, reg: reg, metrics: m}
 	s.handler = s.routes()
 	return s, nil
 }
 
-// Close releases the store. Mounts stay: they are the live directories.
-func (s *Server) Close() error { return s.store.Close() }
+// Close releases the stores. Mounts stay: they are the live directories.
+func (s *Server) Close() error {
+	s.engine.closeAll()
+	return nil
+}
 
-// Store returns the layer store (tests and tools).
-func (s *Server) Store() *layers.Store { return s.store }
+// Mounter names the mount implementation in use.
+func (s *Server) Mounter() string { return s.engine.main.Mounter() }
 
 // Handler returns the HTTP API.
 func (s *Server) Handler() http.Handler { return s.handler }
@@ -248,7 +242,7 @@ func (s *Server) health(r *http.Request) (any, error) {
 	if err := jsend.RejectQuery(r); err != nil {
 		return nil, err
 	}
-	return map[string]string{"status": "ok", "mounter": s.store.Mounter()}, nil
+	return map[string]string{"status": "ok", "mounter": s.Mounter()}, nil
 }
 
 func toAPI(c layers.Checkpoint) api.Checkpoint {
@@ -267,7 +261,7 @@ func (s *Server) create(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	cp, err := s.observe("create", func() (layers.Checkpoint, error) { return s.store.Capture(r.Context(), path, name) })
+	cp, err := s.observe("create", func() (layers.Checkpoint, error) { return s.engine.capture(r.Context(), path, name) })
 	if err != nil {
 		return nil, err
 	}
@@ -281,7 +275,7 @@ func (s *Server) list(r *http.Request) (any, error) {
 	if err := jsend.RejectBody(r); err != nil {
 		return nil, err
 	}
-	cps, err := s.store.List(r.Context())
+	cps, err := s.engine.list(r.Context())
 	if err != nil {
 		return nil, err
 	}
@@ -313,7 +307,7 @@ func (s *Server) restore(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	cp, err := s.observe("restore", func() (layers.Checkpoint, error) { return s.store.Restore(r.Context(), id) })
+	cp, err := s.observe("restore", func() (layers.Checkpoint, error) { return s.engine.restore(r.Context(), id) })
 	if err != nil {
 		return nil, err
 	}
@@ -332,7 +326,7 @@ func (s *Server) delete(r *http.Request) (any, error) {
 		return nil, err
 	}
 	_, err = s.observe("delete", func() (layers.Checkpoint, error) {
-		return layers.Checkpoint{}, s.store.Delete(r.Context(), id)
+		return layers.Checkpoint{}, s.engine.delete(r.Context(), id)
 	})
 	if err != nil {
 		return nil, err

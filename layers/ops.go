@@ -17,7 +17,7 @@ import (
 // Capture checkpoints the directory at path. The first capture of a
 // directory enrolls it as a managed mount root.
 func (s *Store) Capture(ctx context.Context, path, name string) (cp Checkpoint, err error) {
-	if err := pathpolicy.CheckSyntax(path, s.cfg.Policy.ExtraProtected); err != nil {
+	if err := pathpolicy.CheckSyntax(path, s.policy().ExtraProtected); err != nil {
 		return Checkpoint{}, err
 	}
 	release, err := s.begin(path)
@@ -53,11 +53,11 @@ func (s *Store) Capture(ctx context.Context, path, name string) (cp Checkpoint, 
 func (s *Store) enroll(o *op, path, name string) (Checkpoint, error) {
 	var dev, origIno uint64
 	err := o.step("validate.path", func() error {
-		managed, err := s.Roots()
+		managed, err := s.allRoots()
 		if err != nil {
 			return err
 		}
-		if err := s.cfg.Policy.CheckEnroll(o.ctx, path, managed); err != nil {
+		if err := s.policy().CheckEnroll(o.ctx, path, managed); err != nil {
 			return err
 		}
 		var st unix.Stat_t

@@ -37,6 +37,11 @@ type Config struct {
 	// MinFree is the free space a capture or restore needs on the store's
 	// filesystem (507 insufficient_storage below it). 0 means 64 MiB.
 	MinFree uint64
+	// Others, when set, returns the managed roots and the store
+	// directories of the other stores the caller runs (one per
+	// filesystem): enrollment checks nesting against all roots, and every
+	// store directory is protected.
+	Others func() (roots, stores []string)
 	// NoCompaction turns background compaction off (tests that need a
 	// fixed layout). Captures still compact in line past syncCompactDepth.
 	NoCompaction bool
@@ -119,11 +124,6 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	s.layers = filepath.Join(s.dir, "layers")
 	s.tmp = filepath.Join(s.dir, "tmp")
 	s.trash = filepath.Join(s.dir, "trash")
-	if !slices.Contains(s.cfg.Policy.ExtraProtected, s.dir) {
-		p := *s.cfg.Policy
-		p.ExtraProtected = append(slices.Clone(p.ExtraProtected), s.dir)
-		s.cfg.Policy = &p
-	}
 	for _, d := range []string{s.dir, s.layers, s.tmp, s.trash} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("create store: %w", err)
@@ -199,6 +199,30 @@ func (s *Store) List(ctx context.Context) ([]Checkpoint, error) {
 		return nil
 	})
 	return out, err
+}
+
+// policy returns the path policy with every store directory protected.
+func (s *Store) policy() *pathpolicy.Policy {
+	p := *s.cfg.Policy
+	p.ExtraProtected = append(slices.Clone(p.ExtraProtected), s.dir)
+	if s.cfg.Others != nil {
+		_, stores := s.cfg.Others()
+		p.ExtraProtected = append(p.ExtraProtected, stores...)
+	}
+	return &p
+}
+
+// allRoots returns the managed roots of this store and of the others.
+func (s *Store) allRoots() ([]string, error) {
+	roots, err := s.Roots()
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.Others != nil {
+		others, _ := s.cfg.Others()
+		roots = append(roots, others...)
+	}
+	return roots, nil
 }
 
 // Roots returns the paths of the managed roots.

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"strata/guestd"
+	"strata/pathpolicy"
 )
 
 func main() {
@@ -31,6 +32,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	legacy := fs.Bool("legacy-mount", false, "use mount(2) instead of the new mount API")
 	debug := fs.Bool("debug", false, "log every step of every operation")
 	noCompaction := fs.Bool("no-compaction", false, "do not compact layers in the background (tests)")
+	var allow []string
+	fs.Func("allow-mount", "a mount point whose mount may hold managed directories (repeatable; default /, /tmp and /var/tmp)", func(v string) error {
+		allow = append(allow, v)
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -39,7 +45,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-	srv, err := guestd.New(ctx, guestd.Config{Store: *store, Logger: log, LegacyMount: *legacy, NoCompaction: *noCompaction})
+	srv, err := guestd.New(ctx, guestd.Config{Store: *store, Logger: log, LegacyMount: *legacy, NoCompaction: *noCompaction,
+		Policy: &pathpolicy.Policy{AllowedMounts: allow}})
 	if err != nil {
 		return err
 	}
@@ -48,6 +55,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log.Info("guestd serving", "listen", *listen, "store", *store, "mounter", srv.Store().Mounter())
+	log.Info("guestd serving", "listen", *listen, "store", *store, "mounter", srv.Mounter())
 	return srv.Serve(ctx, ln)
 }
