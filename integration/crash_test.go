@@ -83,6 +83,9 @@ var scenarios = []scenario{
 		},
 		op: func(t *testing.T, g *guest, dir string, st map[string]string) error {
 			_, err := g.do("DELETE", "/v1/checkpoints/"+st["B"], "", "")
+			if err == nil {
+				time.Sleep(500 * time.Millisecond) // B's layer is squashed into C's
+			}
 			return err
 		},
 		after: func(before []string, st map[string]string) []string {

@@ -117,35 +117,14 @@ func (s *Store) compactChain(ctx context.Context, rootID, top uint64) error {
 func (s *Store) buildSpan(ctx context.Context, rootID uint64, upper, lower segment, below []uint64) error {
 	id := s.newLayerID()
 	defer s.unpin(id)
-	unpin := s.pin(append([]uint64{upper.dir, lower.dir}, below...)...)
-	defer unpin()
-	belowDirs := make([]string, len(below))
-	for i, b := range below {
-		belowDirs[i] = s.fsDir(b)
-	}
+	defer s.pin(append([]uint64{upper.dir, lower.dir}, below...)...)()
 	o := s.newOp(ctx, "compact", "")
-	stage := filepath.Join(s.tmp, layerName(id))
-	err := o.step("merge", func() error {
-		if err := os.MkdirAll(filepath.Join(stage, "fs"), 0o755); err != nil {
-			return err
-		}
-		return merge(ctx, filepath.Join(stage, "fs"), []string{s.fsDir(lower.dir), s.fsDir(upper.dir)}, belowDirs)
-	})
-	if err == nil {
-		err = o.step("sync", func() error {
-			if err := syncFS(stage); err != nil {
-				return err
-			}
-			return os.Rename(stage, filepath.Join(s.layers, layerName(id)))
-		})
-	}
-	if err != nil {
-		os.RemoveAll(stage)
+	if err := s.buildMerged(o, id, lower.dir, upper.dir, below); err != nil {
 		o.done(err)
 		return err
 	}
 	sp := &spanRecord{ID: id, Root: rootID, Top: upper.top, Bottom: lower.bottom, Count: upper.count + lower.count}
-	err = o.step("commit", func() error {
+	err := o.step("commit", func() error {
 		return s.db.Update(func(btx *bolt.Tx) error {
 			t := tx{btx}
 			// The covered run must be intact: walk it again.
@@ -174,6 +153,36 @@ func (s *Store) buildSpan(ctx context.Context, rootID uint64, upper, lower segme
 }
 
 var errStale = fmt.Errorf("the layers under compaction changed")
+
+// buildMerged makes layers/<id> the merge of layer dirs lower and upper
+// (as seen over the layer dirs below), in the named steps merge and sync:
+// built in tmp/, flushed, renamed into layers/. It is an orphan until the
+// caller commits a record naming it.
+func (s *Store) buildMerged(o *op, id, lower, upper uint64, below []uint64) error {
+	belowDirs := make([]string, len(below))
+	for i, b := range below {
+		belowDirs[i] = s.fsDir(b)
+	}
+	stage := filepath.Join(s.tmp, layerName(id))
+	err := o.step("merge", func() error {
+		if err := os.MkdirAll(filepath.Join(stage, "fs"), 0o755); err != nil {
+			return err
+		}
+		return merge(o.ctx, filepath.Join(stage, "fs"), []string{s.fsDir(lower), s.fsDir(upper)}, belowDirs)
+	})
+	if err == nil {
+		err = o.step("sync", func() error {
+			if err := syncFS(stage); err != nil {
+				return err
+			}
+			return os.Rename(stage, filepath.Join(s.layers, layerName(id)))
+		})
+	}
+	if err != nil {
+		os.RemoveAll(stage)
+	}
+	return err
+}
 
 // compactRoot compacts the live chain of a root: its newest sealed layer.
 // The caller holds compactMu.

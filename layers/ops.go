@@ -305,22 +305,9 @@ func (s *Store) capture(o *op, root *rootRecord, name string) (Checkpoint, error
 // fresh upper layer on the checkpoint's layer chain. Unsaved changes of
 // the live directory are discarded; every checkpoint stays restorable.
 func (s *Store) Restore(ctx context.Context, id string) (Checkpoint, error) {
-	var cp *checkpointRecord
-	var root *rootRecord
-	err := s.db.View(func(btx *bolt.Tx) error {
-		t := tx{btx}
-		var err error
-		if cp, err = t.checkpoint(id); err != nil || cp == nil {
-			return err
-		}
-		root, err = t.root(cp.Root)
-		return err
-	})
+	_, root, err := s.lookup(id)
 	if err != nil {
 		return Checkpoint{}, err
-	}
-	if cp == nil || root == nil {
-		return Checkpoint{}, ErrCheckpointNotFound.With("checkpoint_id", id)
 	}
 	release, err := s.begin(root.Path)
 	if err != nil {
@@ -341,23 +328,10 @@ func (s *Store) Restore(ctx context.Context, id string) (Checkpoint, error) {
 // frozen first, so its unsaved changes stop changing; the commit drops the
 // old upper's record and recovery mounts the new stack.
 func (s *Store) restore(o *op, id string) (Checkpoint, error) {
-	var cp *checkpointRecord
-	var root *rootRecord
 	// Re-read under the operation claim: a delete may have won the race.
-	err := s.db.View(func(btx *bolt.Tx) error {
-		t := tx{btx}
-		var err error
-		if cp, err = t.checkpoint(id); err != nil || cp == nil {
-			return err
-		}
-		root, err = t.root(cp.Root)
-		return err
-	})
+	cp, root, err := s.lookup(id)
 	if err != nil {
 		return Checkpoint{}, err
-	}
-	if cp == nil || root == nil {
-		return Checkpoint{}, ErrCheckpointNotFound.With("checkpoint_id", id)
 	}
 	path := root.Path
 	if err := o.step("mount.check", func() error { return s.ensureMounted(o.ctx, root) }); err != nil {
@@ -429,22 +403,9 @@ func (s *Store) restore(o *op, id string) (Checkpoint, error) {
 // Delete removes checkpoint id's record, never the live directory. Layers
 // that no checkpoint and no live directory needs any more are freed.
 func (s *Store) Delete(ctx context.Context, id string) error {
-	var cp *checkpointRecord
-	var root *rootRecord
-	err := s.db.View(func(btx *bolt.Tx) error {
-		t := tx{btx}
-		var err error
-		if cp, err = t.checkpoint(id); err != nil || cp == nil {
-			return err
-		}
-		root, err = t.root(cp.Root)
-		return err
-	})
+	_, root, err := s.lookup(id)
 	if err != nil {
 		return err
-	}
-	if cp == nil || root == nil {
-		return ErrCheckpointNotFound.With("checkpoint_id", id)
 	}
 	release, err := s.begin(root.Path)
 	if err != nil {
@@ -474,6 +435,22 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	}
 	o.done(err)
 	return err
+}
+
+// lookup returns checkpoint id and its root, or checkpoint_not_found.
+func (s *Store) lookup(id string) (cp *checkpointRecord, root *rootRecord, err error) {
+	err = s.db.View(func(btx *bolt.Tx) error {
+		t := tx{btx}
+		if cp, err = t.checkpoint(id); err != nil || cp == nil {
+			return err
+		}
+		root, err = t.root(cp.Root)
+		return err
+	})
+	if err == nil && (cp == nil || root == nil) {
+		err = ErrCheckpointNotFound.With("checkpoint_id", id)
+	}
+	return cp, root, err
 }
 
 // stackFor is the mount stack for an upper layer on top of layer top,

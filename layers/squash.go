@@ -3,8 +3,6 @@ package layers
 import (
 	"cmp"
 	"context"
-	"os"
-	"path/filepath"
 	"slices"
 
 	bolt "go.etcd.io/bbolt"
@@ -103,30 +101,12 @@ func (s *Store) squash(ctx context.Context, rootID uint64, p squashPair, below [
 	id := s.newLayerID()
 	defer s.unpin(id)
 	defer s.pin(append([]uint64{p.upper, p.lower}, below...)...)()
-	belowDirs := make([]string, len(below))
-	for i, b := range below {
-		belowDirs[i] = s.fsDir(b)
-	}
 	o := s.newOp(ctx, "squash", "")
-	stage := filepath.Join(s.tmp, layerName(id))
-	err := o.step("merge", func() error {
-		if err := os.MkdirAll(filepath.Join(stage, "fs"), 0o755); err != nil {
-			return err
-		}
-		if err := merge(ctx, filepath.Join(stage, "fs"), []string{s.fsDir(p.lower), s.fsDir(p.upper)}, belowDirs); err != nil {
-			return err
-		}
-		if err := syncFS(stage); err != nil {
-			return err
-		}
-		return os.Rename(stage, filepath.Join(s.layers, layerName(id)))
-	})
-	if err != nil {
-		os.RemoveAll(stage)
+	if err := s.buildMerged(o, id, p.lower, p.upper, below); err != nil {
 		o.done(err)
 		return err
 	}
-	err = o.step("commit", func() error {
+	err := o.step("commit", func() error {
 		return s.db.Update(func(btx *bolt.Tx) error {
 			t := tx{btx}
 			// Still the same situation? Anything else: drop the work.
