@@ -2,9 +2,11 @@ package layers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -106,6 +108,9 @@ func (s *Store) compactChain(ctx context.Context, rootID, top uint64) error {
 			below = append(below, sg.dir)
 		}
 		if err := s.buildSpan(ctx, rootID, upper, lower, below); err != nil {
+			if errors.Is(err, errStale) {
+				return nil // the chain changed under us; the next kick retries
+			}
 			return err
 		}
 	}
@@ -127,26 +132,25 @@ func (s *Store) buildSpan(ctx context.Context, rootID uint64, upper, lower segme
 	err := o.step("commit", func() error {
 		return s.db.Update(func(btx *bolt.Tx) error {
 			t := tx{btx}
-			// The covered run must be intact: walk it again.
-			cur := sp.Top
-			for n := 1; n < sp.Count; n++ {
+			// The covered run must be intact: walk it again, and count
+			// what it covers now (a squash may have shortened it).
+			cur, n := sp.Top, 1
+			for ; cur != sp.Bottom; n++ {
 				l, err := t.layer(cur)
-				if err != nil {
+				if err != nil || l.Parent == 0 || n > maxChain {
 					return errStale
 				}
 				cur = l.Parent
 			}
-			if _, err := t.layer(cur); err != nil || cur != sp.Bottom {
+			if _, err := t.layer(cur); err != nil {
 				return errStale
 			}
+			sp.Count = n
 			return t.putSpan(sp)
 		})
 	})
 	if err != nil {
 		s.removeLayerDir(id)
-		if err == errStale {
-			err = nil
-		}
 	}
 	o.done(err)
 	return err
@@ -207,26 +211,32 @@ func (s *Store) compactRoot(ctx context.Context, rootID uint64) error {
 	return s.compactChain(ctx, rootID, top)
 }
 
-// maintain squashes and compacts a root, then frees what that released.
-// The caller holds compactMu.
-func (s *Store) maintain(ctx context.Context, rootID uint64) error {
-	if err := s.squashRoot(ctx, rootID); err != nil {
-		return err
+// maintain compacts a root, squashing first when a delete may have left
+// something to squash (and then frees what that released). The caller
+// holds compactMu.
+func (s *Store) maintain(ctx context.Context, rootID uint64, squash bool) error {
+	if squash {
+		if err := s.squashRoot(ctx, rootID); err != nil {
+			return err
+		}
 	}
 	if err := s.compactRoot(ctx, rootID); err != nil {
 		return err
 	}
-	s.collect(ctx)
+	if squash {
+		s.collect(ctx)
+	}
 	return nil
 }
 
-// kick asks the background worker to maintain a root.
-func (s *Store) kick(rootID uint64) {
+// kick asks the background worker to maintain a root; squash after a
+// delete, the only operation that can leave a layer no checkpoint names.
+func (s *Store) kick(rootID uint64, squash bool) {
 	if s.cfg.NoCompaction {
 		return
 	}
 	s.mu.Lock()
-	s.pending[rootID] = true
+	s.pending[rootID] = s.pending[rootID] || squash
 	s.mu.Unlock()
 	select {
 	case s.wake <- struct{}{}:
@@ -246,8 +256,9 @@ func (s *Store) worker(ctx context.Context) {
 		for {
 			s.mu.Lock()
 			var id uint64
-			for r := range s.pending {
-				id = r
+			var squash bool
+			for r, sq := range s.pending {
+				id, squash = r, sq
 				break
 			}
 			delete(s.pending, id)
@@ -256,7 +267,7 @@ func (s *Store) worker(ctx context.Context) {
 				break
 			}
 			s.compactMu.Lock()
-			err := s.maintain(ctx, id)
+			err := s.maintain(ctx, id, squash)
 			s.compactMu.Unlock()
 			if err != nil && ctx.Err() == nil {
 				s.log.Error("compaction", "root", id, "err", err)
@@ -267,21 +278,24 @@ func (s *Store) worker(ctx context.Context) {
 
 // Settle waits until background compaction has caught up (tests, tools).
 func (s *Store) Settle(ctx context.Context) error {
-	s.compactMu.Lock()
+	for !s.compactMu.TryLock() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 	defer s.compactMu.Unlock()
 	for {
 		s.mu.Lock()
-		ids := make([]uint64, 0, len(s.pending))
-		for id := range s.pending {
-			ids = append(ids, id)
-		}
+		pending := s.pending
 		s.pending = map[uint64]bool{}
 		s.mu.Unlock()
-		if len(ids) == 0 {
+		if len(pending) == 0 {
 			return nil
 		}
-		for _, id := range ids {
-			if err := s.maintain(ctx, id); err != nil {
+		for id, squash := range pending {
+			if err := s.maintain(ctx, id, squash); err != nil {
 				return err
 			}
 		}

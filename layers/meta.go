@@ -21,7 +21,8 @@ var (
 	bucketCheckpointID = []byte("checkpoint_ids")
 	bucketZombies      = []byte("zombies")
 	bucketSpans        = []byte("spans")
-	allBuckets         = [][]byte{bucketMeta, bucketRoots, bucketLayers, bucketCheckpoints, bucketCheckpointID, bucketZombies, bucketSpans}
+	bucketLayerRefs    = []byte("layer_checkpoints")
+	allBuckets         = [][]byte{bucketMeta, bucketRoots, bucketLayers, bucketCheckpoints, bucketCheckpointID, bucketZombies, bucketSpans, bucketLayerRefs}
 	keySchema          = []byte("schema")
 )
 
@@ -236,8 +237,13 @@ func (t tx) checkpoint(id string) (*checkpointRecord, error) {
 	return &c, nil
 }
 
+// putCheckpoint stores a new checkpoint (use moveCheckpoint to change the
+// layer of a stored one) with its two indexes: by public id, and by layer.
 func (t tx) putCheckpoint(c *checkpointRecord) error {
 	if err := putJSON(t.Bucket(bucketCheckpoints), u64key(c.Seq), c); err != nil {
+		return err
+	}
+	if err := t.Bucket(bucketLayerRefs).Put(spanKey(c.Layer, c.Seq), nil); err != nil {
 		return err
 	}
 	return t.Bucket(bucketCheckpointID).Put([]byte(c.ID), u64key(c.Seq))
@@ -247,7 +253,26 @@ func (t tx) deleteCheckpoint(c *checkpointRecord) error {
 	if err := t.Bucket(bucketCheckpoints).Delete(u64key(c.Seq)); err != nil {
 		return err
 	}
+	if err := t.Bucket(bucketLayerRefs).Delete(spanKey(c.Layer, c.Seq)); err != nil {
+		return err
+	}
 	return t.Bucket(bucketCheckpointID).Delete([]byte(c.ID))
+}
+
+// moveCheckpoint points a stored checkpoint at another layer.
+func (t tx) moveCheckpoint(c *checkpointRecord, layer uint64) error {
+	if err := t.deleteCheckpoint(c); err != nil {
+		return err
+	}
+	c.Layer = layer
+	return t.putCheckpoint(c)
+}
+
+// referenced reports whether any checkpoint names layer.
+func (t tx) referenced(layer uint64) bool {
+	prefix := u64key(layer)
+	k, _ := t.Bucket(bucketLayerRefs).Cursor().Seek(prefix)
+	return k != nil && string(k[:8]) == string(prefix)
 }
 
 // checkpoints returns every checkpoint, oldest first.

@@ -263,6 +263,7 @@ func (s *Store) capture(o *op, root *rootRecord, name string) (Checkpoint, error
 	}
 	cp := &checkpointRecord{ID: newCheckpointID(), Root: root.ID, Layer: sealed, Name: name, Created: time.Now().UTC(), Parent: root.Head}
 	newRoot := *root
+	squash := false
 	err := o.step("commit", func() error {
 		return s.db.Update(func(btx *bolt.Tx) error {
 			t := tx{btx}
@@ -287,6 +288,9 @@ func (s *Store) capture(o *op, root *rootRecord, name string) (Checkpoint, error
 			if err != nil {
 				return err
 			}
+			// Sealing the only child of a layer no checkpoint names makes
+			// that layer squashable.
+			squash = l.Parent != 0 && !t.referenced(l.Parent)
 			newRoot.Active, newRoot.Head, newRoot.Mounted = next, cp.ID, stack
 			return t.putRoot(&newRoot)
 		})
@@ -297,7 +301,7 @@ func (s *Store) capture(o *op, root *rootRecord, name string) (Checkpoint, error
 	if err := o.step("mount.swap", func() error { return s.swap(o.ctx, root, &newRoot) }); err != nil {
 		return Checkpoint{}, err
 	}
-	s.kick(root.ID)
+	s.kick(root.ID, squash)
 	return Checkpoint{ID: cp.ID, Path: path, Name: cp.Name, CreatedAt: cp.Created, ParentID: cp.Parent}, nil
 }
 
@@ -317,8 +321,10 @@ func (s *Store) Restore(ctx context.Context, id string) (Checkpoint, error) {
 	o := s.newOp(ctx, "restore", root.Path)
 	res, err := s.restore(o, id)
 	if err == nil {
-		// After restore's pins are gone: the discarded upper goes now.
+		// After restore's pins are gone: the discarded upper goes now,
+		// and a layer whose other child it was may be squashable.
 		s.collect(ctx)
+		s.kick(root.ID, true)
 	}
 	o.done(err)
 	return res, err
@@ -431,7 +437,7 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	})
 	if err == nil {
 		err = o.step("collect", func() error { s.collect(o.ctx); return nil })
-		s.kick(root.ID)
+		s.kick(root.ID, true)
 	}
 	o.done(err)
 	return err

@@ -3,6 +3,7 @@ package layers
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 
 	bolt "go.etcd.io/bbolt"
@@ -92,6 +93,9 @@ func (s *Store) squashRoot(ctx context.Context, rootID uint64) error {
 			return err
 		}
 		if err := s.squash(ctx, rootID, pair, below); err != nil {
+			if errors.Is(err, errStale) {
+				return nil // changed under us; the next kick retries
+			}
 			return err
 		}
 	}
@@ -135,8 +139,7 @@ func (s *Store) squash(ctx context.Context, rootID uint64, p squashPair, below [
 			}
 			for _, c := range cps {
 				if c.Layer == p.upper {
-					c.Layer = id
-					if err := t.putCheckpoint(c); err != nil {
+					if err := t.moveCheckpoint(c, id); err != nil {
 						return err
 					}
 				}
@@ -178,6 +181,23 @@ func (s *Store) squash(ctx context.Context, rootID uint64, p squashPair, below [
 					if err := t.putSpan(sp); err != nil {
 						return err
 					}
+				default:
+					// A span over both, from above the child to below the
+					// parent, covers one layer fewer now. Left as it was,
+					// its count is one too high: compaction then merges by
+					// wrong sizes, and buildSpan's walk misses Bottom, so
+					// every span it builds is stale and compactChain
+					// retries forever.
+					inside, err := t.spanCovers(sp, id)
+					if err != nil {
+						return err
+					}
+					if inside {
+						sp.Count--
+						if err := t.putSpan(sp); err != nil {
+							return err
+						}
+					}
 				}
 			}
 			if err := t.deleteLayer(p.lower); err != nil {
@@ -186,10 +206,26 @@ func (s *Store) squash(ctx context.Context, rootID uint64, p squashPair, below [
 			return t.deleteLayer(p.upper)
 		})
 	})
-	if err == errStale {
+	if err != nil {
 		s.removeLayerDir(id)
-		err = nil
 	}
 	o.done(err)
 	return err
+}
+
+// spanCovers reports whether layer id lies strictly inside span sp: below
+// sp.Top on the walk down to sp.Bottom, and above sp.Bottom.
+func (t tx) spanCovers(sp *spanRecord, id uint64) (bool, error) {
+	cur := sp.Top
+	for n := 1; n < sp.Count && cur != sp.Bottom; n++ {
+		l, err := t.layer(cur)
+		if err != nil {
+			return false, err
+		}
+		if l.Parent == id {
+			return true, nil
+		}
+		cur = l.Parent
+	}
+	return false, nil
 }

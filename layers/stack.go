@@ -8,8 +8,9 @@ import (
 
 // overlayOptions are set on every mount, whatever the distribution's
 // defaults: no index (we enforce one mount per upper ourselves), no
-// redirects (a renamed directory is copied, never redirected into a lower
-// layer), no metacopy (a copied-up file is whole in its layer).
+// redirects (renaming a directory that a lower layer has fails with EXDEV,
+// and mv copies it instead: no layer ever points into another), no
+// metacopy (a copied-up file is whole in its layer).
 var overlayOptions = [][2]string{{"index", "off"}, {"redirect_dir", "off"}, {"metacopy", "off"}}
 
 // Stack is an overlay mount described as a value: which layer directories,

@@ -74,7 +74,7 @@ type Store struct {
 
 	// compaction in the background
 	compactMu  sync.Mutex
-	pending    map[uint64]bool // roots to compact
+	pending    map[uint64]bool // roots to compact (true: squash too)
 	wake       chan struct{}
 	stop       context.CancelFunc
 	workerDone chan struct{}
@@ -168,17 +168,6 @@ func (s *Store) Mounter() string { return s.mounter.Name() }
 // Dir returns the store directory.
 func (s *Store) Dir() string { return s.dir }
 
-func (s *Store) view(t tx, c *checkpointRecord) (Checkpoint, error) {
-	r, err := t.root(c.Root)
-	if err != nil {
-		return Checkpoint{}, err
-	}
-	if r == nil {
-		return Checkpoint{}, fmt.Errorf("checkpoint %s: root %d: %w", c.ID, c.Root, errMissingRecord)
-	}
-	return Checkpoint{ID: c.ID, Path: r.Path, Name: c.Name, CreatedAt: c.Created, ParentID: c.Parent}, nil
-}
-
 // List returns every checkpoint of every managed root, oldest first.
 func (s *Store) List(ctx context.Context) ([]Checkpoint, error) {
 	var out []Checkpoint
@@ -188,13 +177,21 @@ func (s *Store) List(ctx context.Context) ([]Checkpoint, error) {
 		if err != nil {
 			return err
 		}
+		rs, err := t.roots()
+		if err != nil {
+			return err
+		}
+		paths := make(map[uint64]string, len(rs))
+		for _, r := range rs {
+			paths[r.ID] = r.Path
+		}
 		out = make([]Checkpoint, 0, len(cs))
 		for _, c := range cs {
-			v, err := s.view(t, c)
-			if err != nil {
-				return err
+			p, ok := paths[c.Root]
+			if !ok {
+				return fmt.Errorf("checkpoint %s: root %d: %w", c.ID, c.Root, errMissingRecord)
 			}
-			out = append(out, v)
+			out = append(out, Checkpoint{ID: c.ID, Path: p, Name: c.Name, CreatedAt: c.Created, ParentID: c.Parent})
 		}
 		return nil
 	})
