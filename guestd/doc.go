@@ -6,8 +6,9 @@
 // A guestd serves one sandbox, so its routes carry no sandbox id:
 // POST/GET /v1/checkpoints, POST /v1/checkpoints/{id}/restore and
 // DELETE /v1/checkpoints/{id}, with the bodies, envelopes and error codes
-// of the public API; GET /v1/health and GET /metrics (Prometheus) beside
-// them. Requests are validated here as well as at the host's edge: the
+// of the public API; beside them GET /v1/directories (extension: each
+// managed directory and the checkpoint its live content continues from),
+// GET /v1/health and GET /metrics (Prometheus). Requests are validated here as well as at the host's edge: the
 // guest trusts nothing it is sent.
 //
 // Before New returns, the store has swept half-done work and remounted

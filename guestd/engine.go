@@ -305,6 +305,20 @@ func (e *engine) list(ctx context.Context) ([]layers.Checkpoint, error) {
 	return all, nil
 }
 
+// directories lists the managed roots of every store, by path.
+func (e *engine) directories() ([]layers.Directory, error) {
+	var all []layers.Directory
+	for _, st := range e.stores() {
+		ds, err := st.Directories()
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, ds...)
+	}
+	slices.SortFunc(all, func(a, b layers.Directory) int { return strings.Compare(a.Path, b.Path) })
+	return all, nil
+}
+
 // owner returns the store that holds checkpoint id.
 func (e *engine) owner(id string) (*layers.Store, error) {
 	for _, st := range e.stores() {

@@ -178,6 +178,7 @@ func (s *Server) routes() http.Handler {
 	}))
 	mux.HandleFunc("/v1/checkpoints/{id}", s.method(map[string]handler{http.MethodDelete: s.delete}))
 	mux.HandleFunc("/v1/checkpoints/{id}/restore", s.method(map[string]handler{http.MethodPost: s.restore}))
+	mux.HandleFunc("/v1/directories", s.method(map[string]handler{http.MethodGet: s.directories}))
 	mux.HandleFunc("/v1/health", s.method(map[string]handler{http.MethodGet: s.health}))
 	metricsHandler := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
@@ -294,6 +295,26 @@ func checkpointID(r *http.Request) (string, error) {
 		return "", layers.ErrCheckpointNotFound.With("checkpoint_id", id)
 	}
 	return id, nil
+}
+
+// directories is an extension: each managed directory and the checkpoint
+// its live content continues from.
+func (s *Server) directories(r *http.Request) (any, error) {
+	if err := jsend.RejectQuery(r); err != nil {
+		return nil, err
+	}
+	if err := jsend.RejectBody(r); err != nil {
+		return nil, err
+	}
+	ds, err := s.engine.directories()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Directory, len(ds))
+	for i, d := range ds {
+		out[i] = api.Directory{Path: d.Path, CheckpointID: d.CheckpointID}
+	}
+	return out, nil
 }
 
 func (s *Server) restore(r *http.Request) (any, error) {

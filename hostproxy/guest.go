@@ -112,6 +112,12 @@ func (g *GuestClient) ListCheckpoints(ctx context.Context, guest string) (json.R
 	return g.call(ctx, guest, http.MethodGet, "/v1/checkpoints", nil)
 }
 
+// ListDirectories lists the managed directories and where each stands
+// (extension).
+func (g *GuestClient) ListDirectories(ctx context.Context, guest string) (json.RawMessage, error) {
+	return g.call(ctx, guest, http.MethodGet, "/v1/directories", nil)
+}
+
 // RestoreCheckpoint restores a checkpoint at its original path.
 func (g *GuestClient) RestoreCheckpoint(ctx context.Context, guest, checkpointID string) (json.RawMessage, error) {
 	return g.call(ctx, guest, http.MethodPost, "/v1/checkpoints/"+url.PathEscape(checkpointID)+"/restore", nil)

@@ -82,6 +82,18 @@ func (s *Server) createCheckpoint(c echo.Context) (any, error) {
 	})
 }
 
+// listDirectories is an extension: the managed directories of the
+// sandbox and the checkpoint each live directory continues from.
+func (s *Server) listDirectories(c echo.Context) (any, error) {
+	sb, err := s.checkpointRoute(c, jsend.RejectBody)
+	if err != nil {
+		return nil, err
+	}
+	return s.guestCall(c, "directories", func() (json.RawMessage, error) {
+		return s.guests.ListDirectories(c.Request().Context(), sb.Guest)
+	})
+}
+
 func (s *Server) listCheckpoints(c echo.Context) (any, error) {
 	sb, err := s.checkpointRoute(c, jsend.RejectBody)
 	if err != nil {

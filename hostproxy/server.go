@@ -198,6 +198,7 @@ func (s *Server) routes() *echo.Echo {
 	auth := s.authenticate
 	e.POST(sb+"/checkpoints", s.data(s.createCheckpoint), auth)
 	e.GET(sb+"/checkpoints", s.data(s.listCheckpoints), auth)
+	e.GET(sb+"/directories", s.data(s.listDirectories), auth)
 	e.POST(sb+"/checkpoints/:checkpoint/restore", s.data(s.restoreCheckpoint), auth)
 	e.DELETE(sb+"/checkpoints/:checkpoint", s.data(s.deleteCheckpoint), auth)
 	e.POST(sb+"/access-token", s.data(s.issueToken), auth)

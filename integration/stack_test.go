@@ -157,12 +157,21 @@ func TestSeedExamples(t *testing.T) {
 	if v, _ := os.ReadFile(project + "/v"); string(v) != "B" {
 		t.Fatalf("after restoring B: %q", v)
 	}
+	// tree knows where the directory stands right after the restore.
+	out, err := s.createos("sandbox", "checkpoint", "tree", "-o", "json")
+	var lineages []struct {
+		Path   string `json:"path"`
+		LiveID string `json:"live_id"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &lineages) != nil || len(lineages) != 1 || lineages[0].LiveID != b["id"] {
+		t.Fatalf("tree after restoring B: %v %s", err, out)
+	}
 	writeFile(t, project+"/v", "D")
 	d := capture("D")
 	if d["parent_id"] != b["id"] || c["parent_id"] != b["id"] || b["parent_id"] != a["id"] {
 		t.Fatalf("lineage: A=%v B=%v C=%v D=%v", a, b, c, d)
 	}
-	out, err := s.createos("sandbox", "checkpoint", "list", "-o", "json")
+	out, err = s.createos("sandbox", "checkpoint", "list", "-o", "json")
 	if err != nil {
 		t.Fatal(err, out)
 	}

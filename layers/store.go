@@ -222,6 +222,28 @@ func (s *Store) allRoots() ([]string, error) {
 	return roots, nil
 }
 
+// Directory is a managed root and the checkpoint its live content
+// continues from (the newest capture or the last restore).
+type Directory struct {
+	Path         string
+	CheckpointID string
+}
+
+// Directories returns the managed roots, by path.
+func (s *Store) Directories() ([]Directory, error) {
+	var out []Directory
+	err := s.db.View(func(btx *bolt.Tx) error {
+		rs, err := tx{btx}.roots()
+		for _, r := range rs {
+			if r.State == rootReady {
+				out = append(out, Directory{Path: r.Path, CheckpointID: r.Head})
+			}
+		}
+		return err
+	})
+	return out, err
+}
+
 // Roots returns the paths of the managed roots.
 func (s *Store) Roots() ([]string, error) {
 	var out []string

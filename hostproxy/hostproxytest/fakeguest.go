@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -232,6 +233,11 @@ func (g *FakeGuest) route(r *http.Request) (any, error) {
 	switch {
 	case len(parts) == 1 && parts[0] == "health" && r.Method == http.MethodGet:
 		return map[string]string{"status": "ok"}, nil
+	case len(parts) == 1 && parts[0] == "directories" && r.Method == http.MethodGet:
+		if err := rejectQueryBody(r); err != nil {
+			return nil, err
+		}
+		return g.directories(), nil
 	case len(parts) == 1 && parts[0] == "checkpoints":
 		if err := jsend.RejectQuery(r); err != nil {
 			return nil, err
@@ -315,6 +321,22 @@ func (g *FakeGuest) newID() string {
 	binary.BigEndian.PutUint64(n[:], g.seq)
 	sum := sha256.Sum256(append([]byte(g.name), n[:]...))
 	return "cp_" + base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// directories answers like guestd's extension: each path and its head.
+func (g *FakeGuest) directories() []map[string]string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	paths := make([]string, 0, len(g.head))
+	for p := range g.head {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	out := []map[string]string{}
+	for _, p := range paths {
+		out = append(out, map[string]string{"path": p, "checkpoint_id": g.head[p]})
+	}
+	return out
 }
 
 func (g *FakeGuest) list() (any, error) {

@@ -34,6 +34,14 @@ type Checkpoint struct {
 	ParentID  string `json:"parent_id,omitempty"`
 }
 
+// Directory is a managed directory (extension: GET …/directories): its
+// path and the checkpoint its live content continues from, which the next
+// capture will name as parent_id.
+type Directory struct {
+	Path         string `json:"path"`
+	CheckpointID string `json:"checkpoint_id"`
+}
+
 // RestoreResult is the data of a successful restore.
 type RestoreResult struct {
 	CheckpointID string `json:"checkpoint_id"`

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -120,7 +122,20 @@ from unless it was restored since (see docs/cli.md).`,
 			if err != nil {
 				return wrap(err)
 			}
-			lineages := BuildLineage(list)
+			live := map[string]string{}
+			dirs, err := c.ListDirectories(cmd.Context(), sb)
+			var apiErr *APIError
+			switch {
+			case err == nil:
+				for _, d := range dirs {
+					live[d.Path] = d.CheckpointID
+				}
+			case errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound && apiErr.Code == "not_found":
+				live = nil // a server without the extension: guess from the list
+			default:
+				return wrap(err)
+			}
+			lineages := BuildLineage(list, live)
 			if a.output == "json" {
 				if lineages == nil {
 					lineages = []*Lineage{}

@@ -152,6 +152,14 @@ func (c *Client) ListCheckpoints(ctx context.Context, sandbox string) ([]Checkpo
 	return list, raw, err
 }
 
+// ListDirectories returns each managed directory and the checkpoint its
+// live content continues from (an extension; older servers answer 404).
+func (c *Client) ListDirectories(ctx context.Context, sandbox string) ([]api.Directory, error) {
+	var list []api.Directory
+	_, err := c.call(ctx, http.MethodGet, sandboxPath(sandbox, "directories"), nil, &list)
+	return list, err
+}
+
 // RestoreCheckpoint restores a checkpoint at its path.
 func (c *Client) RestoreCheckpoint(ctx context.Context, sandbox, id string) (Restored, json.RawMessage, error) {
 	var r Restored

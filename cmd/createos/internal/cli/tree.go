@@ -15,14 +15,12 @@ import (
 // parent was deleted. A restore shows as a branch: the next capture's
 // parent is the restored checkpoint, which then has several children.
 //
-// The live mark: the list does not say which checkpoint a directory
-// continues from now. The directory continues from the parent_id its next
-// capture would get: the checkpoint last captured or restored. From the
-// list alone, createos marks the newest checkpoint of each directory. That
-// is exact while the last operation on the directory was a capture; after
-// a restore (or after deleting the newest checkpoint) the mark stays on the
-// newest checkpoint until the next capture, whose parent_id shows where
-// the directory really stood.
+// The live mark: each directory continues from the checkpoint its next
+// capture will name as parent_id, the one last captured or restored. The
+// server says which (GET …/directories, an extension); a server without it
+// leaves createos to guess from the list: the newest checkpoint of each
+// directory, exact until a restore. When the checkpoint a directory
+// continues from was deleted, no node is marked.
 
 // TreeNode is a checkpoint with its children, newest first.
 type TreeNode struct {
@@ -42,7 +40,7 @@ type TreeNode struct {
 // Lineage is the tree of one directory.
 type Lineage struct {
 	Path string `json:"path"`
-	// LiveID is the checkpoint marked live.
+	// LiveID is the checkpoint marked live ("" when it was deleted).
 	LiveID string      `json:"live_id"`
 	Roots  []*TreeNode `json:"roots"`
 
@@ -51,8 +49,9 @@ type Lineage struct {
 
 // BuildLineage groups list (oldest first) by directory and links each
 // record to its parent. Directories come newest activity first; children
-// and roots newest subtree first.
-func BuildLineage(list []Checkpoint) []*Lineage {
+// and roots newest subtree first. live maps a directory to the checkpoint
+// it continues from; nil means unknown (mark the newest).
+func BuildLineage(list []Checkpoint, live map[string]string) []*Lineage {
 	byPath := map[string]*Lineage{}
 	nodes := map[string]*TreeNode{}
 	var order []*Lineage
@@ -85,7 +84,15 @@ func BuildLineage(list []Checkpoint) []*Lineage {
 			settle(r)
 		}
 		sortNewestFirst(l.Roots)
-		nodes[l.LiveID].Live = true
+		if live != nil {
+			l.LiveID = ""
+			if n := nodes[live[l.Path]]; n != nil && n.Path == l.Path {
+				l.LiveID = n.ID
+			}
+		}
+		if n := nodes[l.LiveID]; n != nil {
+			n.Live = true
+		}
 	}
 	sort.SliceStable(order, func(i, j int) bool { return order[i].newest > order[j].newest })
 	return order

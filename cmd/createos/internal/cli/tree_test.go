@@ -68,7 +68,7 @@ func TestDrawLineage(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var b strings.Builder
-			if err := writeTree(&b, BuildLineage(tc.list)); err != nil {
+			if err := writeTree(&b, BuildLineage(tc.list, nil)); err != nil {
 				t.Fatal(err)
 			}
 			if want := strings.TrimPrefix(tc.want, "\n"); b.String() != want {
@@ -94,7 +94,7 @@ func FuzzBuildLineage(f *testing.F) {
 			}
 			list = append(list, Checkpoint{ID: id, Path: "/" + string(rune('0'+spec[i]%3)), ParentID: parent})
 		}
-		lineages := BuildLineage(list)
+		lineages := BuildLineage(list, nil)
 		seen := map[string]int{}
 		paths := map[string]bool{}
 		for _, l := range lineages {
