@@ -565,6 +565,52 @@ func TestOneOperationPerDirectory(t *testing.T) {
 	})
 }
 
+// TestEnrollGate pins the enrollment's gate: a process that opens a file
+// in the directory after the first scan (here: from the step hook, right
+// after busy.check) is found by the rescan after the exchange; the
+// exchange is undone, the answer is 409, and the directory is as it was,
+// not enrolled, and can be enrolled once the process is gone.
+func TestEnrollGate(t *testing.T) {
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		dir := h.mkdir("project", func(d string) { write(t, d+"/f", "content") })
+		before := fstree.MustSnapshot(t, dir)
+		var late *exec.Cmd
+		h.store.cfg.StepHook = func(op, step string, d time.Duration, err error) {
+			if op == "enroll" && step == "busy.check" && late == nil {
+				late = exec.Command("sh", "-c", "exec 3>>"+dir+"/f; echo ready; exec sleep 60")
+				out, _ := late.StdoutPipe()
+				if err := late.Start(); err != nil {
+					t.Error(err)
+					return
+				}
+				out.Read(make([]byte, 8))
+			}
+		}
+		_, err := h.store.Capture(context.Background(), dir, "")
+		h.store.cfg.StepHook = nil
+		if late == nil {
+			t.Fatal("the hook did not run")
+		}
+		defer func() { late.Process.Kill(); late.Wait() }()
+		fe := wantCode(t, err, "directory_busy")
+		if hs, _ := fe.Fields["holders"].([]pathpolicy.Holder); len(hs) == 0 || hs[0].PID != late.Process.Pid {
+			t.Fatalf("holders %+v, want the late writer %d", fe.Fields["holders"], late.Process.Pid)
+		}
+		assertTree(t, dir, before)
+		if m, _ := topMount(dir); m != nil {
+			t.Fatalf("%s is mounted after a refused enrollment", dir)
+		}
+		if roots, _ := h.store.Roots(); len(roots) != 0 {
+			t.Fatalf("roots after a refused enrollment: %v", roots)
+		}
+		h.assertNoOrphans()
+		late.Process.Kill()
+		late.Wait()
+		h.capture(dir, "")
+		assertTree(t, dir, before)
+	})
+}
+
 // TestWriterAfterScanGetsBusy pins the atomic gate: a writer the advisory
 // scan does not see (here: a scanner of an empty /proc) still makes the
 // capture fail with 409, and nothing is sealed or lost.
