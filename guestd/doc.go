@@ -8,6 +8,8 @@
 // DELETE /v1/checkpoints/{id}, with the bodies, envelopes and error codes
 // of the public API; beside them GET /v1/directories (extension: each
 // managed directory and the checkpoint its live content continues from),
+// PUT /v1/credentials (the host hands over the API address, sandbox id and
+// access token, written root-readable for processes in the sandbox),
 // GET /v1/health and GET /metrics (Prometheus). Requests are validated here as well as at the host's edge: the
 // guest trusts nothing it is sent.
 //

@@ -38,6 +38,9 @@ type Config struct {
 	Policy *pathpolicy.Policy
 	// NoCompaction turns background compaction off (tests).
 	NoCompaction bool
+	// Credentials is the env file written for processes in the sandbox
+	// (DefaultCredentials when empty).
+	Credentials string
 }
 
 // Server is a running guestd: its stores and its HTTP handler.
@@ -47,6 +50,8 @@ type Server struct {
 	reg     *prometheus.Registry
 	metrics *metrics
 	handler http.Handler
+
+	credentialsPath string
 }
 
 // New opens the store (recovering every managed root) and builds the API.
@@ -64,7 +69,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{engine: e, log: cfg.Logger, reg: reg, metrics: m}
+	s := &Server{engine: e, log: cfg.Logger, reg: reg, metrics: m, credentialsPath: cfg.Credentials}
+	if s.credentialsPath == "" {
+		s.credentialsPath = DefaultCredentials
+	}
 	s.handler = s.routes()
 	return s, nil
 }
@@ -178,6 +186,7 @@ func (s *Server) routes() http.Handler {
 	}))
 	mux.HandleFunc("/v1/checkpoints/{id}", s.method(map[string]handler{http.MethodDelete: s.delete}))
 	mux.HandleFunc("/v1/checkpoints/{id}/restore", s.method(map[string]handler{http.MethodPost: s.restore}))
+	mux.HandleFunc("/v1/credentials", s.method(map[string]handler{http.MethodPut: s.credentials}))
 	mux.HandleFunc("/v1/directories", s.method(map[string]handler{http.MethodGet: s.directories}))
 	mux.HandleFunc("/v1/health", s.method(map[string]handler{http.MethodGet: s.health}))
 	metricsHandler := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})

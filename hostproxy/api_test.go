@@ -77,7 +77,8 @@ func apiCases() []apiCase {
 			return request{method: "POST", path: cpsA1 + "/" + id + "/restore", key: keyA}
 		}), status: 200, reachesGuest: true},
 		{name: "delete", setup: withCheckpoint(func(id string) request { return request{method: "DELETE", path: cpsA1 + "/" + id, key: keyA} }), status: 200, reachesGuest: true},
-		{name: "token_issue", setup: fixed(request{method: "POST", path: tokenA1, key: keyA}), status: 200},
+		// Issuing, rotating and revoking hand the guest its credentials.
+		{name: "token_issue", setup: fixed(request{method: "POST", path: tokenA1, key: keyA}), status: 200, reachesGuest: true},
 		{name: "token_show_none", setup: fixed(request{method: "GET", path: tokenA1, key: keyA}), status: 200},
 		{name: "token_show", setup: func(s *stack) request {
 			s.issueToken(keyA, "sb-a1")
@@ -86,12 +87,12 @@ func apiCases() []apiCase {
 		{name: "token_rotate", setup: func(s *stack) request {
 			s.issueToken(keyA, "sb-a1")
 			return request{method: "POST", path: tokenA1 + "/rotate", key: keyA}
-		}, status: 200},
+		}, status: 200, reachesGuest: true},
 		{name: "token_revoke", setup: func(s *stack) request {
 			s.issueToken(keyA, "sb-a1")
 			return request{method: "DELETE", path: tokenA1, key: keyA}
-		}, status: 200},
-		{name: "token_revoke_none", setup: fixed(request{method: "DELETE", path: tokenA1, key: keyA}), status: 200},
+		}, status: 200, reachesGuest: true},
+		{name: "token_revoke_none", setup: fixed(request{method: "DELETE", path: tokenA1, key: keyA}), status: 200, reachesGuest: true},
 		{name: "token_lists", setup: func(s *stack) request {
 			return request{method: "GET", path: cpsA1, key: s.issueToken(keyA, "sb-a1")}
 		}, status: 200, reachesGuest: true},

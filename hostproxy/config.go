@@ -32,6 +32,10 @@ import (
 type Config struct {
 	// Listen is the TCP address of the API.
 	Listen string `json:"listen"`
+	// PublicURL is the API's address as processes inside sandboxes reach
+	// it, handed to each guest with its access token; "http://"+Listen
+	// when empty.
+	PublicURL string `json:"public_url,omitempty"`
 	// DataDir holds registry.db, the bbolt file of the registry.
 	DataDir   string          `json:"data_dir"`
 	Accounts  []AccountConfig `json:"accounts"`

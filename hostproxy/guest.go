@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"strata/internal/api"
 	"strings"
 	"sync"
 	"time"
@@ -116,6 +117,18 @@ func (g *GuestClient) ListCheckpoints(ctx context.Context, guest string) (json.R
 // (extension).
 func (g *GuestClient) ListDirectories(ctx context.Context, guest string) (json.RawMessage, error) {
 	return g.call(ctx, guest, http.MethodGet, "/v1/directories", nil)
+}
+
+// PutCredentials hands the guest what processes inside it need to call
+// the API: the API address, the sandbox id and the access token ("" when
+// there is none).
+func (g *GuestClient) PutCredentials(ctx context.Context, guest string, c api.Credentials) error {
+	body, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	_, err = g.call(ctx, guest, http.MethodPut, "/v1/credentials", body)
+	return err
 }
 
 // RestoreCheckpoint restores a checkpoint at its original path.

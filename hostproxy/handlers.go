@@ -234,7 +234,23 @@ func (s *Server) putToken(c echo.Context, rotate bool) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.deliverCredentials(c, sb, token)
 	return issuedToken{Token: token, Hint: info.Hint, CreatedAt: info.CreatedAt}, nil
+}
+
+// deliverCredentials hands a running sandbox's guest its API address, id
+// and current token, so that processes inside find them in guestd's
+// root-readable env file. Best effort: the token is valid whether or not
+// the guest got it (the caller has it in the response); failures are
+// logged.
+func (s *Server) deliverCredentials(c echo.Context, sb Sandbox, token string) {
+	if sb.State != StateRunning {
+		return
+	}
+	err := s.guests.PutCredentials(c.Request().Context(), sb.Guest, api.Credentials{APIURL: s.publicURL, SandboxID: sb.ID, Token: token})
+	if err != nil {
+		s.log.Warn("credentials not delivered to the guest", "sandbox", sb.ID, "request_id", c.Response().Header().Get(jsend.HeaderRequestID), "err", err)
+	}
 }
 
 func (s *Server) showToken(c echo.Context) (any, error) {
@@ -253,5 +269,6 @@ func (s *Server) revokeToken(c echo.Context) (any, error) {
 	if err := s.reg.RevokeToken(c.Request().Context(), sb.ID); err != nil {
 		return nil, err
 	}
+	s.deliverCredentials(c, sb, "")
 	return struct{}{}, nil
 }

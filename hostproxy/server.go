@@ -1,6 +1,7 @@
 package hostproxy
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -52,6 +53,8 @@ type Server struct {
 
 	randMu sync.Mutex
 	rand   io.Reader
+
+	publicURL string
 }
 
 type timeouts struct {
@@ -115,6 +118,10 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 			idle:       t.Idle.or(defaultIdle),
 			shutdown:   t.Shutdown.or(defaultShutdown),
 		},
+		publicURL: cfg.PublicURL,
+	}
+	if s.publicURL == "" {
+		s.publicURL = "http://" + cmp.Or(cfg.Listen, DefaultListen)
 	}
 	if s.log == nil {
 		s.log = slog.Default()

@@ -80,12 +80,19 @@ func TestAccessTokens(t *testing.T) {
 	}
 	expect("old token after rotate", request{method: "GET", path: "/v1/sandboxes/sb-a1/checkpoints", key: tokA1}, 401, "unauthorized")
 	expect("new token after rotate", request{method: "GET", path: "/v1/sandboxes/sb-a1/checkpoints", key: rotated.Token}, 200, "")
+	// The guest holds the current token for the processes inside it.
+	if c := s.guests["sb-a1"].Credentials(); c.Token != rotated.Token || c.SandboxID != "sb-a1" || !strings.HasPrefix(c.APIURL, "http://") {
+		t.Fatalf("credentials handed to the guest after rotate: %+v", c)
+	}
 	expect("B's token unaffected", request{method: "GET", path: "/v1/sandboxes/sb-b1/checkpoints", key: tokB1}, 200, "")
 
 	// Revoke, twice: idempotent; then rotate has nothing to rotate.
 	expect("revoke", request{method: "DELETE", path: "/v1/sandboxes/sb-a1/access-token", key: keyA}, 200, "")
 	expect("revoke again", request{method: "DELETE", path: "/v1/sandboxes/sb-a1/access-token", key: keyA}, 200, "")
 	expect("revoked token", request{method: "GET", path: "/v1/sandboxes/sb-a1/checkpoints", key: rotated.Token}, 401, "unauthorized")
+	if c := s.guests["sb-a1"].Credentials(); c.Token != "" || c.SandboxID != "sb-a1" {
+		t.Fatalf("credentials handed to the guest after revoke: %+v", c)
+	}
 	expect("rotate after revoke", request{method: "POST", path: "/v1/sandboxes/sb-a1/access-token/rotate", key: keyA}, 404, "token_not_found")
 	// A paused sandbox's token can still be managed, but its checkpoints wait.
 	if err := s.srv.Registry().SetSandboxState(context.Background(), "sb-a2", hostproxy.StatePaused); err != nil {

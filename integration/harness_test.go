@@ -84,7 +84,7 @@ func newGuest(t *testing.T) *guest {
 func (g *guest) start(env ...string) {
 	g.t.Helper()
 	g.log = &bytes.Buffer{}
-	args := []string{"--listen", "unix://" + g.sock, "--store", g.store, "--debug"}
+	args := []string{"--listen", "unix://" + g.sock, "--store", g.store, "--debug", "--credentials", g.credentials()}
 	var envs []string
 	for _, e := range env {
 		if strings.HasPrefix(e, "-") {
@@ -119,6 +119,9 @@ func (g *guest) start(env ...string) {
 	}
 	g.t.Fatalf("guestd did not serve within 30s\n%s", g.log)
 }
+
+// credentials is the env file this guestd writes for processes inside.
+func (g *guest) credentials() string { return filepath.Join(filepath.Dir(g.sock), "credentials.env") }
 
 // stop ends guestd gracefully (SIGTERM) and waits.
 func (g *guest) stop() {

@@ -202,4 +202,29 @@ func TestSeedExamples(t *testing.T) {
 	if err == nil || !strings.Contains(out, "path_protected") {
 		t.Fatalf("create /etc: %v %s", err, out)
 	}
+
+	// A sandbox access token reaches the guest's credentials file, and a
+	// process inside needs nothing else: createos finds the address, the
+	// sandbox and the token there.
+	issued := s.curl("-X", "POST", sandbox+"/access-token", "-H", "X-Api-Key: $CREATEOS_API_KEY")
+	token, _ := issued["data"].(map[string]any)["token"].(string)
+	if token == "" {
+		t.Fatalf("issue token: %v", issued)
+	}
+	if fi, err := os.Stat(s.g.credentials()); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("credentials file: %v %v", fi, err)
+	}
+	inside := exec.Command(filepath.Join(bins, "createos"), "sandbox", "checkpoint", "list", "-o", "json")
+	inside.Env = []string{"CREATEOS_CREDENTIALS=" + s.g.credentials()}
+	if out, err := inside.CombinedOutput(); err != nil || !strings.Contains(string(out), c["id"].(string)) {
+		t.Fatalf("createos inside the sandbox with only the credentials file: %v %s", err, out)
+	}
+	creds, _ := os.ReadFile(s.g.credentials())
+	if !strings.Contains(string(creds), token) || !strings.Contains(string(creds), "sb-local") {
+		t.Fatalf("credentials file: %s", creds)
+	}
+	s.curl("-X", "DELETE", sandbox+"/access-token", "-H", "X-Api-Key: $CREATEOS_API_KEY")
+	if creds, _ := os.ReadFile(s.g.credentials()); strings.Contains(string(creds), token) {
+		t.Fatalf("revoked token still in the credentials file")
+	}
 }

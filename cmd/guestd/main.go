@@ -30,6 +30,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	listen := fs.String("listen", "unix:///run/strata/guestd.sock", "listen address: unix:///path or tcp://127.0.0.1:PORT")
 	store := fs.String("store", "/var/lib/strata", "layer store directory (on the filesystem of the managed directories)")
 	legacy := fs.Bool("legacy-mount", false, "use mount(2) instead of the new mount API")
+	creds := fs.String("credentials", guestd.DefaultCredentials, "env file written for processes in the sandbox (API address, sandbox id, access token)")
 	debug := fs.Bool("debug", false, "log every step of every operation")
 	noCompaction := fs.Bool("no-compaction", false, "do not compact layers in the background (tests)")
 	var allow []string
@@ -45,7 +46,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-	srv, err := guestd.New(ctx, guestd.Config{Store: *store, Logger: log, LegacyMount: *legacy, NoCompaction: *noCompaction,
+	srv, err := guestd.New(ctx, guestd.Config{Store: *store, Logger: log, LegacyMount: *legacy, NoCompaction: *noCompaction, Credentials: *creds,
 		Policy: &pathpolicy.Policy{AllowedMounts: allow}})
 	if err != nil {
 		return err

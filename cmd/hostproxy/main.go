@@ -57,6 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	var (
 		configPath = fs.String("config", "", "JSON configuration `file` (see docs/api.md)")
 		listen     = fs.String("listen", "", "TCP `address` of the API (overrides the config; default "+hostproxy.DefaultListen+")")
+		publicURL  = fs.String("public-url", "", "the API's `URL` as processes in sandboxes reach it (default http:// and the listen address)")
 		dataDir    = fs.String("data", "", "data `directory` of the registry (overrides the config)")
 		account    = fs.String("account", "local", "`id` of the account that --key-env and --sandbox add to")
 		keyEnv     = fs.String("key-env", "", "add the account API key held in this environment `variable`")
@@ -96,6 +97,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	if *dataDir != "" {
 		cfg.DataDir = *dataDir
+	}
+	if *publicURL != "" {
+		cfg.PublicURL = *publicURL
 	}
 	if *keyEnv != "" || len(sandboxes) > 0 {
 		i := accountIndex(&cfg, *account)

@@ -89,7 +89,8 @@ type FakeGuest struct {
 	done chan struct{}
 
 	mu          sync.Mutex
-	checkpoints []Checkpoint      // oldest first
+	checkpoints []Checkpoint // oldest first
+	credentials api.Credentials
 	head        map[string]string // path -> checkpoint the live directory continues from
 	faults      map[faultKey]Fault
 	delay       time.Duration
@@ -183,6 +184,14 @@ func (g *FakeGuest) Checkpoints() []Checkpoint {
 	return append([]Checkpoint(nil), g.checkpoints...)
 }
 
+// Credentials returns what the host last handed over with PUT
+// /v1/credentials.
+func (g *FakeGuest) Credentials() api.Credentials {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.credentials
+}
+
 // Head is the checkpoint the live directory at path continues from.
 func (g *FakeGuest) Head(path string) string {
 	g.mu.Lock()
@@ -233,6 +242,15 @@ func (g *FakeGuest) route(r *http.Request) (any, error) {
 	switch {
 	case len(parts) == 1 && parts[0] == "health" && r.Method == http.MethodGet:
 		return map[string]string{"status": "ok"}, nil
+	case len(parts) == 1 && parts[0] == "credentials" && r.Method == http.MethodPut:
+		var c api.Credentials
+		if err := jsend.DecodeObject(r, &c); err != nil {
+			return nil, err
+		}
+		g.mu.Lock()
+		g.credentials = c
+		g.mu.Unlock()
+		return struct{}{}, nil
 	case len(parts) == 1 && parts[0] == "directories" && r.Method == http.MethodGet:
 		if err := rejectQueryBody(r); err != nil {
 			return nil, err

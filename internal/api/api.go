@@ -42,6 +42,15 @@ type Directory struct {
 	CheckpointID string `json:"checkpoint_id"`
 }
 
+// Credentials is what the host gives a guest for the processes inside it
+// (PUT /v1/credentials on guestd): the API address, the sandbox id, and the
+// sandbox access token, empty when there is none.
+type Credentials struct {
+	APIURL    string `json:"api_url"`
+	SandboxID string `json:"sandbox_id"`
+	Token     string `json:"token"`
+}
+
 // RestoreResult is the data of a successful restore.
 type RestoreResult struct {
 	CheckpointID string `json:"checkpoint_id"`

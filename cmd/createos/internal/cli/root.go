@@ -20,11 +20,15 @@ const (
 	EnvAPIURL    = "CREATEOS_API_URL"
 	EnvAPIKey    = "CREATEOS_API_KEY"
 	EnvSandboxID = "CREATEOS_SANDBOX_ID"
+	// EnvCredentials names the env file guestd writes inside a sandbox.
+	EnvCredentials = "CREATEOS_CREDENTIALS"
+	// DefaultCredentials is that file's default path.
+	DefaultCredentials = "/run/strata/credentials.env"
 )
 
 // Run executes one createos command line and returns its exit status.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
+	a := &app{stdout: stdout, stderr: stderr, getenv: withCredentialsFile(getenv)}
 	root := a.rootCommand()
 	root.SetArgs(args)
 	root.SetOut(stdout)
