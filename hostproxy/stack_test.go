@@ -129,11 +129,13 @@ func (s *stack) stop() {
 	if s.cancel == nil {
 		return
 	}
+	// Idle client connections first: the server's graceful shutdown waits
+	// for a connection that never sent a request until it is 5 s old.
+	s.client.CloseIdleConnections()
 	s.cancel()
 	if err := <-s.done; err != nil {
 		s.t.Errorf("Serve: %v", err)
 	}
-	s.client.CloseIdleConnections()
 	if err := s.srv.Close(); err != nil {
 		s.t.Errorf("Close: %v", err)
 	}
