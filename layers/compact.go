@@ -179,7 +179,12 @@ func (s *Store) buildMerged(o *op, id, lower, upper uint64, below []uint64) erro
 			if err := syncFS(stage); err != nil {
 				return err
 			}
-			return os.Rename(stage, filepath.Join(s.layers, layerName(id)))
+			if err := os.Rename(stage, filepath.Join(s.layers, layerName(id))); err != nil {
+				return err
+			}
+			// The caller's commit names it (and lets the dirs it replaces
+			// go): the rename must be durable first.
+			return syncDir(s.layers)
 		})
 	}
 	if err != nil {

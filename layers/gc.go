@@ -2,10 +2,13 @@ package layers
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 
+	"github.com/moby/sys/mountinfo"
 	bolt "go.etcd.io/bbolt"
 
 	"strata/pathpolicy"
@@ -74,12 +77,17 @@ func (s *Store) sweepRecords(t tx) error {
 // in a root's mounted stack, not used by a lazily detached stack that
 // still has users, not pinned by an operation in flight.
 func (s *Store) collect(ctx context.Context) {
-	zombies := s.liveZombies(ctx)
+	// Drop the dead zombies first; the ones kept are read again below.
+	s.liveZombies(ctx)
 	s.mu.Lock()
 	keep := map[uint64]bool{}
+	// Pins first, then everything else: an operation hands a dir over
+	// from its pin to a record, a root's stack or a zombie before it
+	// unpins, so whatever is read after the pins sees the handover.
 	for id := range s.pins {
 		keep[id] = true
 	}
+	var paths []string
 	err := s.db.View(func(btx *bolt.Tx) error {
 		t := tx{btx}
 		ls, err := t.layers()
@@ -101,14 +109,26 @@ func (s *Store) collect(ctx context.Context) {
 			return err
 		}
 		for _, r := range rs {
+			paths = append(paths, r.Path)
 			for _, id := range r.Mounted.Dirs() {
 				keep[id] = true
 			}
 		}
-		return nil
+		zs, err := t.zombies()
+		for _, z := range zs {
+			for _, id := range z.Layers {
+				keep[id] = true
+			}
+		}
+		return err
 	})
-	for _, z := range zombies {
-		for _, id := range z.Layers {
+	if err == nil {
+		// A stack still mounted at a root that is not the recorded one (a
+		// crash between a commit and its swap, a swap that failed) is in
+		// use: keep its dirs until it is replaced.
+		var ids []uint64
+		ids, err = s.mountedDirs(paths)
+		for _, id := range ids {
 			keep[id] = true
 		}
 	}
@@ -144,6 +164,33 @@ func (s *Store) collect(ctx context.Context) {
 	_ = clearDir(s.trash)
 }
 
+// mountedDirs returns the layer dirs of our overlay mounts at paths.
+func (s *Store) mountedDirs(paths []string) ([]uint64, error) {
+	if len(paths) == 0 {
+		return nil, nil
+	}
+	want := map[string]bool{}
+	for _, p := range paths {
+		want[p] = true
+	}
+	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		return !want[m.Mountpoint] || m.FSType != "overlay", false
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	var out []uint64
+	for _, m := range ms {
+		upper, lowers := parseOverlayOptions(m.VFSOptions, s.layers)
+		for _, d := range append([]string{upper}, lowers...) {
+			if id, ok := layerIDOf(s.layers, d); ok {
+				out = append(out, id)
+			}
+		}
+	}
+	return out, nil
+}
+
 // liveZombies drops the records of lazily detached stacks that nothing
 // uses any more (or that belong to an earlier boot) and returns the rest.
 func (s *Store) liveZombies(ctx context.Context) []*zombieRecord {
@@ -158,8 +205,10 @@ func (s *Store) liveZombies(ctx context.Context) []*zombieRecord {
 	var live, dead []*zombieRecord
 	for _, z := range zs {
 		if z.Boot == s.boot {
-			holders, err := s.cfg.Scanner.Holders(ctx, pathpolicy.Target{Dev: z.Dev, WholeDev: true})
-			if err != nil || s.busyFrom("", holders) != nil {
+			// A process that cannot be inspected may be the user: keep the
+			// layers (a leak until reboot) rather than pull them away.
+			holders, err := s.cfg.Scanner.Holders(ctx, pathpolicy.Target{Path: "/", Dev: z.Dev, WholeDev: true})
+			if err != nil || len(holders) > 0 {
 				live = append(live, z)
 				continue
 			}
@@ -242,7 +291,6 @@ func (s *Store) recover(ctx context.Context) error {
 	if err := s.db.Update(func(btx *bolt.Tx) error { return s.sweepRecords(tx{btx}) }); err != nil {
 		return err
 	}
-	s.collect(ctx)
 	if err := s.db.View(func(btx *bolt.Tx) (err error) {
 		roots, err = tx{btx}.roots()
 		return err
@@ -258,21 +306,30 @@ func (s *Store) recover(ctx context.Context) error {
 			s.log.Info("managed root mounted", "path", r.Path, "layers", len(r.Mounted.Dirs()))
 		}
 	}
+	// After the mounts: a stack left on top by a crash is in use until it
+	// is swapped out (and recorded as a zombie if still held).
+	s.collect(ctx)
 	return nil
 }
 
 // resolveEnroll finishes an enrollment whose exchange happened (the
-// user's directory is in the store) and undoes one whose did not.
+// user's directory is in the store) and undoes one whose did not. When it
+// cannot tell, it touches nothing and says so.
 func (s *Store) resolveEnroll(ctx context.Context, r *rootRecord) error {
 	in := r.Enroll
 	ino, err := lstatIno(filepath.Join(s.layers, relFS(in.Base)))
-	if err == nil && ino == in.OrigIno {
+	switch {
+	case err == nil && ino == in.OrigIno:
 		s.log.Info("finishing interrupted enrollment", "path", r.Path)
 		o := s.newOp(ctx, "recover.enroll", r.Path)
 		_, err := s.finishEnroll(o, r)
 		o.done(err)
 		return err
+	case errors.Is(err, os.ErrNotExist) || (err == nil && ino == in.MountpointIno):
+		s.log.Info("undoing interrupted enrollment", "path", r.Path)
+		return s.abandonEnroll(r)
+	default:
+		s.log.Error("interrupted enrollment left alone: the store's copy is neither the user's directory nor the prepared one", "path", r.Path, "err", err)
+		return nil
 	}
-	s.log.Info("undoing interrupted enrollment", "path", r.Path)
-	return s.abandonEnroll(r)
 }

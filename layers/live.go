@@ -17,23 +17,34 @@ import (
 // mounted exactly there. Mounts stacked on one mountpoint are chained by
 // parent id; a mount moved beneath sits between the old top and its parent.
 func topMount(path string) (*mountinfo.Info, error) {
+	top, _, err := mountsAt(path)
+	return top, err
+}
+
+// mountsAt returns the mount on top of path and the one right under it
+// at the same path (nil when there is none).
+func mountsAt(path string) (top, under *mountinfo.Info, err error) {
 	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
 	if err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
+		return nil, nil, fmt.Errorf("read mountinfo: %w", err)
 	}
 	if len(ms) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	parents := map[int]bool{}
+	byID := map[int]*mountinfo.Info{}
 	for _, m := range ms {
 		parents[m.Parent] = true
+		byID[m.ID] = m
 	}
+	top = ms[len(ms)-1]
 	for _, m := range ms {
 		if !parents[m.ID] {
-			return m, nil
+			top = m
+			break
 		}
 	}
-	return ms[len(ms)-1], nil
+	return top, byID[top.Parent], nil
 }
 
 func superReadOnly(vfsOpts string) bool {
@@ -55,7 +66,7 @@ func (s *Store) ours(m *mountinfo.Info) bool {
 // directory's users), thawed if a crash left it frozen, mounted when
 // missing (cold boot), swapped when another of our stacks is on top.
 func (s *Store) ensureMounted(ctx context.Context, root *rootRecord) error {
-	m, err := topMount(root.Path)
+	m, under, err := mountsAt(root.Path)
 	if err != nil {
 		return err
 	}
@@ -81,15 +92,42 @@ func (s *Store) ensureMounted(ctx context.Context, root *rootRecord) error {
 			return err
 		}
 	}
+	if under != nil && s.ours(under) && root.Mounted.Matches(under.VFSOptions) {
+		// A crash between sliding the recorded stack beneath and
+		// unmounting the old one: finish that swap rather than mount a
+		// second copy of the same upper.
+		dev, err := statDev(root.Path)
+		if err != nil {
+			return err
+		}
+		lazy, err := unmountTop(root.Path)
+		if err != nil {
+			return err
+		}
+		if lazy {
+			s.recordZombie(root.Path, dev, stackOf(s.layers, m))
+		}
+		if superReadOnly(under.VFSOptions) {
+			return thaw(root.Path)
+		}
+		return nil
+	}
 	old := *root
-	upper, lowers := parseOverlayOptions(m.VFSOptions, s.layers)
-	old.Mounted = Stack{Layers: s.layers}
+	old.Mounted = stackOf(s.layers, m)
+	return s.swap(ctx, &old, root)
+}
+
+// stackOf describes a mounted overlay of ours as a read-only Stack (its
+// upper listed first among the lowers: what matters is the dirs it uses).
+func stackOf(layers string, m *mountinfo.Info) Stack {
+	upper, lowers := parseOverlayOptions(m.VFSOptions, layers)
+	st := Stack{Layers: layers}
 	for _, d := range append([]string{upper}, lowers...) {
-		if id, ok := layerIDOf(s.layers, d); ok {
-			old.Mounted.Lowers = append(old.Mounted.Lowers, id)
+		if id, ok := layerIDOf(layers, d); ok {
+			st.Lowers = append(st.Lowers, id)
 		}
 	}
-	return s.swap(ctx, &old, root)
+	return st
 }
 
 // layerIDOf parses "<layers>/<id>/fs".
@@ -119,14 +157,20 @@ func (s *Store) swap(ctx context.Context, old, newRoot *rootRecord) error {
 	}
 	lazy, err := s.mounter.Replace(ctx, old.Path, newRoot.Mounted)
 	if lazy {
-		z := &zombieRecord{ID: s.newLayerID(), Boot: s.boot, Dev: dev, Layers: old.Mounted.Dirs()}
-		s.unpin(z.ID)
-		s.log.Warn("old stack still in use, detached lazily", "path", old.Path, "dev", dev)
-		if zerr := s.db.Update(func(btx *bolt.Tx) error { return tx{btx}.putZombie(z) }); zerr != nil {
-			s.log.Error("record detached stack", "path", old.Path, "err", zerr)
-		}
+		s.recordZombie(old.Path, dev, old.Mounted)
 	}
 	return err
+}
+
+// recordZombie records a stack detached lazily because it was in use: its
+// layer dirs stay until nothing uses its superblock.
+func (s *Store) recordZombie(path string, dev uint64, st Stack) {
+	z := &zombieRecord{ID: s.newLayerID(), Boot: s.boot, Dev: dev, Layers: st.Dirs()}
+	s.unpin(z.ID)
+	s.log.Warn("old stack still in use, detached lazily", "path", path, "dev", dev)
+	if err := s.db.Update(func(btx *bolt.Tx) error { return tx{btx}.putZombie(z) }); err != nil {
+		s.log.Error("record detached stack", "path", path, "err", err)
+	}
 }
 
 // freezeOrBusy freezes the live mount, turning the kernel's EBUSY (a

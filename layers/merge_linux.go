@@ -29,9 +29,27 @@ func merge(ctx context.Context, dst string, srcs, below []string) error {
 		if err := replaceDirAttrs(src, dst); err != nil {
 			return err
 		}
-		if err := m.applyDir(ctx, src, dst, "."); err != nil {
+		if err := m.applyDir(ctx, src, dst, ".", false); err != nil {
 			return err
 		}
+		// Entries made inside changed the root's times; put them back (a
+		// squashed layer's root gives a restore its attributes).
+		if err := copyTimes(src, dst); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyTimes gives dst the atime and mtime of src.
+func copyTimes(src, dst string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(src, &st); err != nil {
+		return &os.PathError{Op: "lstat", Path: src, Err: err}
+	}
+	ts := []unix.Timespec{st.Atim, st.Mtim}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return &os.PathError{Op: "utimensat", Path: dst, Err: err}
 	}
 	return nil
 }
@@ -99,7 +117,10 @@ func setOpaque(dir string) error {
 
 // applyDir applies the entries of the layer directory src onto dst, as
 // overlayfs would show src above dst; rel is their path in the layer.
-func (m merger) applyDir(ctx context.Context, src, dst, rel string) error {
+// hidden says that dst or one of its ancestors in the merged layer is
+// opaque: nothing below shows inside dst, so no whiteout is needed there
+// (and one would be listed: dst then lives in one layer only).
+func (m merger) applyDir(ctx context.Context, src, dst, rel string, hidden bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -126,7 +147,7 @@ func (m merger) applyDir(ctx context.Context, src, dst, rel string) error {
 					return err
 				}
 			}
-			if isOpaque(dst) || !m.shownBelow(r) {
+			if hidden || isOpaque(dst) || !m.shownBelow(r) {
 				continue
 			}
 			if err := unix.Mknod(d, unix.S_IFCHR|0o000, 0); err != nil {
@@ -154,13 +175,13 @@ func (m merger) applyDir(ctx context.Context, src, dst, rel string) error {
 				if err := copyDirAttrs(s, d); err != nil {
 					return err
 				}
-				if isOpaque(s) || (dstExists && m.shownBelow(r)) {
+				if isOpaque(s) || (dstExists && !hidden && m.shownBelow(r)) {
 					if err := setOpaque(d); err != nil {
 						return err
 					}
 				}
 			}
-			if err := m.applyDir(ctx, s, d, r); err != nil {
+			if err := m.applyDir(ctx, s, d, r, hidden || isOpaque(d)); err != nil {
 				return err
 			}
 			// Entries made inside changed the times; put them back.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -32,6 +33,28 @@ func (s *Store) Capture(ctx context.Context, path, name string) (cp Checkpoint, 
 	}); err != nil {
 		return Checkpoint{}, err
 	}
+	if root != nil && root.State == rootEnrolling {
+		// An enrollment that failed after its exchange (guestd still
+		// running): finish or undo it now, then go on.
+		if err := s.resolveEnroll(ctx, root); err != nil {
+			return Checkpoint{}, err
+		}
+		if err := s.db.View(func(btx *bolt.Tx) error {
+			root, err = tx{btx}.rootByPath(path)
+			return err
+		}); err != nil {
+			return Checkpoint{}, err
+		}
+		if root != nil && root.State == rootEnrolling {
+			return Checkpoint{}, fmt.Errorf("managed root %s: interrupted enrollment cannot be resolved", path)
+		}
+		if root != nil {
+			o := s.newOp(ctx, "capture", path)
+			cp, err = s.capture(o, root, name)
+			o.done(err)
+			return cp, err
+		}
+	}
 	if root == nil {
 		o := s.newOp(ctx, "enroll", path)
 		cp, err = s.enroll(o, path, name)
@@ -52,6 +75,13 @@ func (s *Store) Capture(ctx context.Context, path, name string) (cp Checkpoint, 
 // exchange it is on by inode and finishes or undoes it.
 func (s *Store) enroll(o *op, path, name string) (Checkpoint, error) {
 	var dev, origIno uint64
+	s.enrollMu.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			s.enrollMu.Unlock()
+		}
+	}()
 	err := o.step("validate.path", func() error {
 		managed, err := s.allRoots()
 		if err != nil {
@@ -121,6 +151,13 @@ func (s *Store) enroll(o *op, path, name string) (Checkpoint, error) {
 		cleanup()
 		return Checkpoint{}, err
 	}
+	// Recorded: the next enrollment's nesting check sees this root.
+	s.enrollMu.Unlock()
+	locked = false
+	// From here the enrollment must be finished or undone: a request that
+	// ends (the client hung up) must not stop it half way, with the
+	// directory's contents in the store and its path an empty directory.
+	o.ctx = context.WithoutCancel(o.ctx)
 	undo := func(cause error) (Checkpoint, error) {
 		if err := s.abandonEnroll(root); err != nil {
 			s.log.Error("undo enrollment", "path", path, "err", err)
@@ -130,18 +167,58 @@ func (s *Store) enroll(o *op, path, name string) (Checkpoint, error) {
 	if err := o.step("exchange", func() error { return exchange(path, mountpoint) }); err != nil {
 		return undo(err)
 	}
+	// The path is now an empty directory: make it refuse writes at once,
+	// so that nothing lands where the mount will hide it.
+	immErr := setImmutable(path, true)
 	// The gate: after the exchange nothing new can enter the old contents
-	// through path, so whoever still holds them held them before.
+	// through path, so whoever still holds them held them before; and
+	// nothing may have slipped into the empty directory in between.
 	if err := o.step("busy.gate", func() error {
-		return s.busyError(o.ctx, pathpolicy.Target{Path: mountpoint, Dev: dev})
-	}); err != nil {
-		if xerr := exchange(path, mountpoint); xerr != nil {
-			s.log.Error("undo exchange", "path", path, "err", xerr)
-			return Checkpoint{}, err
+		if immErr != nil {
+			return immErr
 		}
-		return undo(err)
+		if err := s.busyError(o.ctx, pathpolicy.Target{Path: mountpoint, Dev: dev}); err != nil {
+			return err
+		}
+		if ents, err := os.ReadDir(path); err != nil || len(ents) > 0 {
+			return errors.Join(err, pathpolicy.BusyError(path, nil))
+		}
+		return nil
+	}); err != nil {
+		return s.undoExchange(root, err)
 	}
 	return s.finishEnroll(o, root)
+}
+
+// undoExchange puts the user's directory back after a refused enrollment:
+// exchange again, move anything that was written into the empty directory
+// meanwhile back into the user's (renamed aside on a name clash), forget.
+func (s *Store) undoExchange(root *rootRecord, cause error) (Checkpoint, error) {
+	path, mountpoint := root.Path, s.fsDir(root.Enroll.Base)
+	if err := setImmutable(path, false); err != nil {
+		s.log.Error("undo enrollment: clear immutable", "path", path, "err", err)
+		return Checkpoint{}, cause
+	}
+	if err := exchange(path, mountpoint); err != nil {
+		s.log.Error("undo enrollment: exchange back", "path", path, "err", err)
+		return Checkpoint{}, cause
+	}
+	ents, _ := os.ReadDir(mountpoint)
+	for _, e := range ents {
+		dst := filepath.Join(path, e.Name())
+		if _, err := os.Lstat(dst); err == nil {
+			dst += ".strata-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		}
+		if err := os.Rename(filepath.Join(mountpoint, e.Name()), dst); err != nil {
+			// Keep the store's copy rather than lose it.
+			s.log.Error("undo enrollment: a file written meanwhile stays in the store", "path", path, "name", e.Name(), "err", err)
+			return Checkpoint{}, cause
+		}
+	}
+	if err := s.abandonEnroll(root); err != nil {
+		s.log.Error("undo enrollment", "path", path, "err", err)
+	}
+	return Checkpoint{}, cause
 }
 
 // finishEnroll runs the steps after the exchange; recovery runs it too.
@@ -298,6 +375,9 @@ func (s *Store) capture(o *op, root *rootRecord, name string) (Checkpoint, error
 	if err != nil {
 		return fail(err, true)
 	}
+	// Committed: the swap must run even if the request has ended, or the
+	// directory stays frozen on the old stack.
+	o.ctx = context.WithoutCancel(o.ctx)
 	if err := o.step("mount.swap", func() error { return s.swap(o.ctx, root, &newRoot) }); err != nil {
 		return Checkpoint{}, err
 	}
@@ -357,7 +437,14 @@ func (s *Store) restore(o *op, id string) (Checkpoint, error) {
 	defer s.pin(cp.Layer)()
 	next := s.newLayerID()
 	defer s.unpin(next)
-	if err := o.step("prepare", func() error { return s.makeLayerDir(next, true, s.fsDir(cp.Layer)) }); err != nil {
+	if err := o.step("prepare", func() error {
+		if err := s.makeLayerDir(next, true, s.fsDir(cp.Layer)); err != nil {
+			return err
+		}
+		// The commit names it: its rename into layers/ must be durable
+		// first (bbolt's fdatasync does not commit the fs journal).
+		return syncDir(s.layers)
+	}); err != nil {
 		s.removeLayerDir(next)
 		return Checkpoint{}, err
 	}
@@ -390,7 +477,11 @@ func (s *Store) restore(o *op, id string) (Checkpoint, error) {
 				return err
 			}
 			newRoot.Active, newRoot.Head, newRoot.Mounted = next, cp.ID, stack
-			return t.putRoot(&newRoot)
+			if err := t.putRoot(&newRoot); err != nil {
+				return err
+			}
+			// The discarded upper may have been the last user of a branch.
+			return s.sweepRecords(t)
 		})
 	})
 	if err != nil {
@@ -400,6 +491,7 @@ func (s *Store) restore(o *op, id string) (Checkpoint, error) {
 		s.removeLayerDir(next)
 		return Checkpoint{}, err
 	}
+	o.ctx = context.WithoutCancel(o.ctx) // committed: the swap must run
 	if err := o.step("mount.swap", func() error { return s.swap(o.ctx, root, &newRoot) }); err != nil {
 		return Checkpoint{}, err
 	}
@@ -436,6 +528,7 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 		})
 	})
 	if err == nil {
+		o.ctx = context.WithoutCancel(o.ctx) // committed: report success
 		err = o.step("collect", func() error { s.collect(o.ctx); return nil })
 		s.kick(root.ID, true)
 	}

@@ -79,6 +79,11 @@ type Store struct {
 	stop       context.CancelFunc
 	workerDone chan struct{}
 
+	// enrollMu makes an enrollment's checks and its intent one step for
+	// the other enrollments: two nested directories enrolled together
+	// would each pass the nesting check before the other is recorded.
+	enrollMu sync.Mutex
+
 	mu     sync.Mutex
 	nextID uint64
 	busy   map[string]bool // paths with an operation under way
