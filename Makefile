@@ -26,10 +26,14 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
-# Every test, as root, in a private mount namespace so no mount leaks.
+# Every test, as root. Each package's test binary runs in its own private
+# mount namespace (go test -exec): no mount leaks onto the machine, and a
+# process one package starts in a new namespace cannot hold (a copy of)
+# another package's mounts.
 test: deps vet
 	@[ "$$(id -u)" = 0 ] || { echo "make test needs root (mount tests); use 'make test-short' otherwise"; exit 1; }
-	STRATA_OUTER_MNTNS=$$(readlink /proc/self/ns/mnt) unshare --mount --propagation private -- $(GO) test -count=1 -timeout 40m ./...
+	STRATA_OUTER_MNTNS=$$(readlink /proc/self/ns/mnt) $(GO) test -count=1 -timeout 40m \
+	  -exec 'unshare --mount --propagation private --' ./...
 
 test-short:
 	$(GO) test -short -count=1 ./...
