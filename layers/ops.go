@@ -378,7 +378,7 @@ func (s *Store) capture(o *op, root *rootRecord, name string) (Checkpoint, error
 	// Committed: the swap must run even if the request has ended, or the
 	// directory stays frozen on the old stack.
 	o.ctx = context.WithoutCancel(o.ctx)
-	if err := o.step("mount.swap", func() error { return s.swap(o.ctx, root, &newRoot) }); err != nil {
+	if err := o.step("mount.swap", func() error { return s.swapOrRecover(o.ctx, root, &newRoot) }); err != nil {
 		return Checkpoint{}, err
 	}
 	s.kick(root.ID, squash)
@@ -492,7 +492,7 @@ func (s *Store) restore(o *op, id string) (Checkpoint, error) {
 		return Checkpoint{}, err
 	}
 	o.ctx = context.WithoutCancel(o.ctx) // committed: the swap must run
-	if err := o.step("mount.swap", func() error { return s.swap(o.ctx, root, &newRoot) }); err != nil {
+	if err := o.step("mount.swap", func() error { return s.swapOrRecover(o.ctx, root, &newRoot) }); err != nil {
 		return Checkpoint{}, err
 	}
 	return Checkpoint{ID: cp.ID, Path: path}, nil
@@ -534,6 +534,22 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	}
 	o.done(err)
 	return err
+}
+
+// swapOrRecover swaps after a commit. The commit cannot be taken back (the
+// old upper is sealed), so a failed swap is retried the way startup would
+// do it before the operation reports failure; if that fails too, the next
+// operation on the root or the next start tries again.
+func (s *Store) swapOrRecover(ctx context.Context, old, newRoot *rootRecord) error {
+	err := s.swap(ctx, old, newRoot)
+	if err == nil {
+		return nil
+	}
+	s.log.Error("swap after commit failed; retrying as recovery would", "path", old.Path, "err", err)
+	if rerr := s.ensureMounted(ctx, newRoot); rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	return nil
 }
 
 // lookup returns checkpoint id and its root, or checkpoint_not_found.
