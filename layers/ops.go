@@ -459,12 +459,9 @@ func (s *Store) restore(o *op, id string) (Checkpoint, error) {
 			t := tx{btx}
 			// Squashing may have replaced the checkpoint's layer by one with
 			// the same content since it was read: use the current one.
-			c, err := t.checkpoint(id)
+			c, err := t.mustCheckpoint(id)
 			if err != nil {
 				return err
-			}
-			if c == nil {
-				return ErrCheckpointNotFound.With("checkpoint_id", id)
 			}
 			if err := t.deleteLayer(discarded); err != nil {
 				return err
@@ -514,12 +511,9 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	err = o.step("commit", func() error {
 		return s.db.Update(func(btx *bolt.Tx) error {
 			t := tx{btx}
-			c, err := t.checkpoint(id)
+			c, err := t.mustCheckpoint(id)
 			if err != nil {
 				return err
-			}
-			if c == nil {
-				return ErrCheckpointNotFound.With("checkpoint_id", id)
 			}
 			if err := t.deleteCheckpoint(c); err != nil {
 				return err
@@ -550,6 +544,15 @@ func (s *Store) swapOrRecover(ctx context.Context, old, newRoot *rootRecord) err
 		return errors.Join(err, rerr)
 	}
 	return nil
+}
+
+// mustCheckpoint returns checkpoint id, or checkpoint_not_found.
+func (t tx) mustCheckpoint(id string) (*checkpointRecord, error) {
+	c, err := t.checkpoint(id)
+	if err == nil && c == nil {
+		err = ErrCheckpointNotFound.With("checkpoint_id", id)
+	}
+	return c, err
 }
 
 // lookup returns checkpoint id and its root, or checkpoint_not_found.

@@ -106,8 +106,8 @@ func (a *app) treeCommand() *cobra.Command {
 		Short: "Draw each directory's checkpoint lineage, newest first",
 		Long: `Draw each directory's checkpoint lineage, newest first, as git log --graph
 does: a restore followed by a capture makes a branch. "<- live" marks the
-newest checkpoint of each directory, which the live directory continues
-from unless it was restored since (see docs/cli.md).`,
+checkpoint each live directory continues from: the last one captured or
+restored there (see docs/cli.md).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
