@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
@@ -158,6 +160,13 @@ func (s *Store) swap(ctx context.Context, old, newRoot *rootRecord) error {
 	lazy, err := s.mounter.Replace(ctx, old.Path, newRoot.Mounted)
 	if lazy {
 		s.recordZombie(old.Path, dev, old.Mounted)
+	}
+	if err == nil && !lazy && old.Mounted.Upper != 0 && old.Mounted.Upper != newRoot.Mounted.Upper {
+		// The old upper is no mount's upper any more: its overlay work
+		// dir is scratch space nobody will use again.
+		if rerr := os.RemoveAll(filepath.Join(s.layers, relWork(old.Mounted.Upper))); rerr != nil {
+			s.log.Warn("remove work dir of a sealed layer", "layer", old.Mounted.Upper, "err", rerr)
+		}
 	}
 	return err
 }

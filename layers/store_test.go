@@ -295,6 +295,22 @@ func TestRoundTrip(t *testing.T) {
 		h.restore(b.ID)
 		assertTree(t, dir, changed)
 		h.assertNoOrphans()
+		// Only the active layer keeps an overlay work dir.
+		if err := h.store.db.View(func(btx *bolt.Tx) error {
+			ls, err := tx{btx}.layers()
+			for id, l := range ls {
+				_, serr := os.Stat(filepath.Join(h.dir, "layers", relWork(id)))
+				if l.Sealed && serr == nil {
+					t.Errorf("sealed layer %d still has a work dir", id)
+				}
+				if !l.Sealed && serr != nil {
+					t.Errorf("active layer %d has no work dir: %v", id, serr)
+				}
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
 	})
 }
 
