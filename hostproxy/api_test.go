@@ -222,22 +222,22 @@ func apiCases() []apiCase {
 
 		// 5xx: fixed messages, never the guest's text.
 		{name: "insufficient_storage", setup: guestFault(hostproxytest.OpCreate, "/workspace/big", hostproxytest.Error(507, "need 10 GiB free on /var/lib/strata/layers, have 1 GiB"), create(`{"path":"/workspace/big"}`)),
-			status: 507, reachesGuest: true, notInBody: []string{"/var/lib/strata"}},
+			status: 507, code: "insufficient_storage", reachesGuest: true, notInBody: []string{"/var/lib/strata"}},
 		{name: "guest_internal_error", setup: guestFault(hostproxytest.OpCreate, "/workspace/project", hostproxytest.Error(500, "rename /var/lib/strata/layers/17/upper: input/output error"), create(`{"path":"/workspace/project"}`)),
 			status: 500, reachesGuest: true, notInBody: []string{"/var/lib/strata", "input/output"}},
 		{name: "guest_garbage", setup: guestFault(hostproxytest.OpList, "", hostproxytest.Fault{Status: 200, Body: "<html>oops</html>"}, request{method: "GET", path: cpsA1, key: keyA}),
 			status: 500, reachesGuest: true, notInBody: []string{"html"}},
 		{name: "guest_fail_without_code", setup: guestFault(hostproxytest.OpList, "", hostproxytest.Fault{Status: 409, Body: `{"status":"fail","data":{}}`}, request{method: "GET", path: cpsA1, key: keyA}),
 			status: 500, reachesGuest: true},
-		{name: "guest_unreachable", setup: fixed(request{method: "GET", path: "/v1/sandboxes/sb-dead/checkpoints", key: keyA}), status: 503, notInBody: []string{"nonexistent"}},
+		{name: "guest_unreachable", setup: fixed(request{method: "GET", path: "/v1/sandboxes/sb-dead/checkpoints", key: keyA}), status: 503, code: "guest_unavailable", notInBody: []string{"nonexistent"}},
 		{name: "guest_stopped", setup: func(s *stack) request {
 			s.guests["sb-a1"].Stop()
 			return request{method: "GET", path: cpsA1, key: keyA}
-		}, status: 503},
+		}, status: 503, code: "guest_unavailable"},
 		{name: "guest_timeout", config: func(c *hostproxy.Config) { c.Timeouts.GuestRequest = hostproxy.Duration(300 * time.Millisecond) }, setup: func(s *stack) request {
 			s.guests["sb-a1"].SetDelay(5 * time.Second)
 			return request{method: "GET", path: cpsA1, key: keyA}
-		}, status: 503, reachesGuest: true},
+		}, status: 503, code: "guest_timeout", reachesGuest: true},
 	}
 	return cases
 }

@@ -255,8 +255,16 @@ func checkJSend(t *testing.T, rep reply) string {
 		var msg string
 		_ = json.Unmarshal(env["code"], &code)
 		_ = json.Unmarshal(env["message"], &msg)
-		if status != "error" || code != rep.status || msg == "" || len(env) != 3 {
+		if status != "error" || code != rep.status || msg == "" || len(env) < 3 || len(env) > 4 {
 			t.Errorf("%d with body %s, want {status:error,message,code:%d}", rep.status, rep.body, rep.status)
+		}
+		// An optional data names the stable code of a classified error.
+		if raw, ok := env["data"]; ok {
+			var data struct{ Code string }
+			if json.Unmarshal(raw, &data) != nil || data.Code == "" {
+				t.Errorf("%d with data %s, want {code}", rep.status, raw)
+			}
+			return data.Code
 		}
 	default:
 		t.Errorf("unexpected status %d", rep.status)

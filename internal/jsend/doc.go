@@ -4,7 +4,9 @@
 //
 // Success is 200 with {"status":"success","data":…}. A client error (4xx)
 // is {"status":"fail","data":{"code","message",…fields}}. A server error
-// (5xx) is {"status":"error","message","code":<http status>}; its cause is
-// logged with the request id and never sent. Internal errors carry no
-// detail at all: the client sees "internal error" and the X-Request-Id.
+// (5xx) is {"status":"error","message","code":<http status>}, plus
+// "data":{"code":<stable code>} when the error has one (insufficient_storage,
+// guest_unavailable…); its cause is logged with the request id and never
+// sent. Internal errors carry no detail at all: the client sees
+// "internal error" and the X-Request-Id.
 package jsend

@@ -69,11 +69,14 @@ func Error(w http.ResponseWriter, log *slog.Logger, requestID string, err error)
 		if log != nil {
 			log.Error("request failed", "request_id", requestID, "code", fe.Code, "status", status, "err", err)
 		}
-		msg := fe.Message
 		if fe.Kind == fault.Internal {
-			msg = "internal error"
+			write(w, status, map[string]any{"status": "error", "message": "internal error", "code": status})
+			return
 		}
-		write(w, status, map[string]any{"status": "error", "message": msg, "code": status})
+		// A classified server error also names its stable code, in data
+		// (which JSend allows on errors): additive to the contract's shape.
+		write(w, status, map[string]any{"status": "error", "message": fe.Message, "code": status,
+			"data": map[string]any{"code": fe.Code}})
 		return
 	}
 	data := make(map[string]any, len(fe.Fields)+2)

@@ -38,7 +38,7 @@ type Token struct {
 // APIError is a JSend fail or error answer.
 type APIError struct {
 	Status    int
-	Code      string // the fail code; empty for a 5xx error
+	Code      string // the stable code; empty for an unclassified 5xx
 	Message   string
 	Fields    map[string]json.RawMessage
 	RequestID string
@@ -47,10 +47,13 @@ type APIError struct {
 }
 
 func (e *APIError) Error() string {
-	if e.Code != "" {
-		return e.Code + ": " + e.Message
+	switch {
+	case e.Status >= 500 && e.Code != "":
+		return fmt.Sprintf("server error %d: %s: %s", e.Status, e.Code, e.Message)
+	case e.Status >= 500:
+		return fmt.Sprintf("server error %d: %s", e.Status, e.Message)
 	}
-	return fmt.Sprintf("server error %d: %s", e.Status, e.Message)
+	return e.Code + ": " + e.Message
 }
 
 // call sends one request; on success it decodes data into out (when not
@@ -121,7 +124,12 @@ func (c *Client) call(ctx context.Context, method, path string, body any, out an
 		}
 		return nil, e
 	case "error":
-		return nil, &APIError{Status: resp.StatusCode, Message: env.Message, RequestID: resp.Header.Get("X-Request-Id"), Body: raw}
+		e := &APIError{Status: resp.StatusCode, Message: env.Message, RequestID: resp.Header.Get("X-Request-Id"), Body: raw}
+		var data struct{ Code string }
+		if json.Unmarshal(env.Data, &data) == nil {
+			e.Code = data.Code // a classified server error names its code
+		}
+		return nil, e
 	}
 	return nil, fmt.Errorf("%s %s: HTTP %d with JSend status %q", method, path, resp.StatusCode, env.Status)
 }
