@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -78,6 +79,9 @@ func DecodeBytes(body []byte, dst any) error {
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return ErrInvalidJSON
 	}
+	if dup := duplicateKey(body); dup != "" {
+		return ErrInvalidJSON.With("reason", fmt.Sprintf("field %q appears twice", dup))
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
@@ -87,6 +91,63 @@ func DecodeBytes(body []byte, dst any) error {
 		return ErrInvalidJSON.With("reason", "trailing data after the JSON object")
 	}
 	return nil
+}
+
+// duplicateKey returns a key that appears twice in one object of body
+// (at any depth), or "". encoding/json would silently keep the last one;
+// a request that says two things must not be read as either. Malformed
+// input returns "" and is left to the decoder to reject.
+func duplicateKey(body []byte) string {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	type frame struct {
+		keys   map[string]bool
+		object bool
+		key    bool // the next string token of an object is a key
+	}
+	var stack []frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		top := len(stack) - 1
+		switch v := tok.(type) {
+		case json.Delim:
+			switch v {
+			case '{':
+				if top >= 0 && stack[top].object {
+					stack[top].key = true
+				}
+				stack = append(stack, frame{keys: map[string]bool{}, object: true, key: true})
+			case '[':
+				if top >= 0 && stack[top].object {
+					stack[top].key = true
+				}
+				stack = append(stack, frame{})
+			default:
+				stack = stack[:top]
+				if len(stack) == 0 {
+					return ""
+				}
+			}
+		case string:
+			if top >= 0 && stack[top].object && stack[top].key {
+				if stack[top].keys[v] {
+					return v
+				}
+				stack[top].keys[v] = true
+				stack[top].key = false
+				continue
+			}
+			if top >= 0 && stack[top].object {
+				stack[top].key = true
+			}
+		default:
+			if top >= 0 && stack[top].object {
+				stack[top].key = true
+			}
+		}
+	}
 }
 
 func classifyDecodeError(err error) error {

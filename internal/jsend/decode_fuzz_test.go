@@ -89,3 +89,27 @@ func FuzzDecodeObject(f *testing.F) {
 		}
 	})
 }
+
+// TestDuplicateKeys: a body that names a field twice, at any depth, is
+// invalid_json rather than read as its last value.
+func TestDuplicateKeys(t *testing.T) {
+	tests := []struct {
+		body string
+		dup  bool
+	}{
+		{`{"path":"/a","path":"/b"}`, true},
+		{`{"path":"/a","name":"x","name":"y"}`, true},
+		{`{"inner":{"N":1,"N":2}}`, true},
+		{`{"path":"/a","inner":{"path":1}}`, false},
+		{`{"path":"path","name":"path"}`, false},
+		{`{"inner":{"N":1},"path":"/a"}`, false},
+		{`{"a":[{"x":1},{"x":2}],"b":1}`, false},
+		{`{"a":[1,"a"],"a":2}`, true},
+	}
+	for _, tc := range tests {
+		err := DecodeBytes([]byte(tc.body), &map[string]any{})
+		if got := err != nil && fault.CodeOf(err) == "invalid_json"; got != tc.dup {
+			t.Errorf("%s: error %v, duplicate %v", tc.body, err, tc.dup)
+		}
+	}
+}
