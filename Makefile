@@ -22,8 +22,11 @@ deps:
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 vet:
 	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
 # Every test, as root. Each package's test binary runs in its own private

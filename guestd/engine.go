@@ -239,29 +239,7 @@ func (e *engine) writeStores(dirs []string) error {
 	if err != nil {
 		return err
 	}
-	tmp := e.storesFile() + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, e.storesFile()); err != nil {
-		return err
-	}
-	d, err := os.Open(e.cfg.Store)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return writeFileAtomic(e.storesFile(), b)
 }
 
 // mountOf returns the mount point of the mount that holds path.

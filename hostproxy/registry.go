@@ -11,6 +11,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // SandboxState is the life-cycle state of a sandbox. Only a running
@@ -122,7 +123,7 @@ func OpenRegistry(ctx context.Context, dir string) (*Registry, error) {
 	path := filepath.Join(dir, RegistryFile)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("registry: %s is locked by another process (is another hostproxy running with this data directory?)", path)
 		}
 		return nil, fmt.Errorf("registry: open %s: %w", path, err)

@@ -49,7 +49,6 @@ type guest struct {
 	t      *testing.T
 	store  string
 	sock   string
-	env    []string
 	cmd    *exec.Cmd
 	done   chan error
 	log    *bytes.Buffer

@@ -150,7 +150,7 @@ func (m merger) applyDir(ctx context.Context, src, dst, rel string, hidden bool)
 			if hidden || isOpaque(dst) || !m.shownBelow(r) {
 				continue
 			}
-			if err := unix.Mknod(d, unix.S_IFCHR|0o000, 0); err != nil {
+			if err := unix.Mknod(d, unix.S_IFCHR, 0); err != nil {
 				return &os.PathError{Op: "mknod whiteout", Path: d, Err: err}
 			}
 		case st.Mode&unix.S_IFMT == unix.S_IFDIR:

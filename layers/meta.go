@@ -134,8 +134,6 @@ func getJSON(b *bolt.Bucket, key []byte, v any) (bool, error) {
 // tx wraps a bolt transaction with typed accessors.
 type tx struct{ *bolt.Tx }
 
-func (t tx) nextID() (uint64, error) { return t.Bucket(bucketMeta).NextSequence() }
-
 func (t tx) root(id uint64) (*rootRecord, error) {
 	var r rootRecord
 	ok, err := getJSON(t.Bucket(bucketRoots), u64key(id), &r)

@@ -2,7 +2,6 @@ package layers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 )
 
@@ -34,6 +33,3 @@ func (e *MountError) Error() string {
 }
 
 func (e *MountError) Unwrap() error { return e.Err }
-
-// errNoNewMountAPI says the kernel lacks fsopen or "lowerdir+".
-var errNoNewMountAPI = errors.New("kernel lacks the new mount API for overlayfs (fsopen with lowerdir+)")

@@ -594,9 +594,3 @@ const maxLowers = 500
 // syncCompactDepth is the stack depth at which a capture compacts in line
 // instead of leaving it to the background worker.
 const syncCompactDepth = 64
-
-// fsDirExists reports whether layer id's fs dir exists.
-func (s *Store) fsDirExists(id uint64) bool {
-	_, err := os.Lstat(s.fsDir(id))
-	return err == nil
-}

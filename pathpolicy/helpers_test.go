@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -124,11 +123,6 @@ func socket(p string) node               { return node{path: p, kind: 's'} }
 func chardev(p string, rdev uint64) node { return node{path: p, kind: 'c', rdev: rdev} }
 func blockdev(p string, rdev uint64) node {
 	return node{path: p, kind: 'b', rdev: rdev}
-}
-
-// needsRoot reports whether writing the tree takes root (device nodes).
-func needsRoot(nodes []node) bool {
-	return slices.ContainsFunc(nodes, func(n node) bool { return n.kind == 'c' || n.kind == 'b' })
 }
 
 // writeTree creates nodes under root, parents first as needed.
