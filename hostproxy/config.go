@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"regexp"
 	"strings"
 	"time"
@@ -233,6 +234,7 @@ func (c Config) resolve(getenv func(string) string) (seed, error) {
 		return s, errors.New("config: no account API key is configured; add one under accounts[].keys (or pass --key-env) before starting")
 	}
 	sandboxes := map[string]bool{}
+	guests := map[string]string{} // guest address -> sandbox
 	for i, sb := range c.Sandboxes {
 		where := fmt.Sprintf("sandboxes[%d]", i)
 		if !idPattern.MatchString(sb.ID) {
@@ -245,9 +247,24 @@ func (c Config) resolve(getenv func(string) string) (seed, error) {
 		if !accounts[sb.Account] {
 			return s, fmt.Errorf("config: %s.account %q is not an account of accounts[]", where, sb.Account)
 		}
-		if _, _, err := ParseGuestAddress(sb.Guest); err != nil {
+		scheme, addr, err := ParseGuestAddress(sb.Guest)
+		if err != nil {
 			return s, fmt.Errorf("config: %s.guest: %w", where, err)
 		}
+		// A guest serves the checkpoints and credentials of one sandbox:
+		// two sandboxes sharing one would see each other's checkpoints,
+		// across accounts too.
+		switch scheme {
+		case "unix":
+			addr = path.Clean(addr)
+		case "tcp":
+			addr = strings.ToLower(addr)
+		}
+		g := scheme + "://" + addr
+		if other, dup := guests[g]; dup {
+			return s, fmt.Errorf("config: sandboxes %q and %q have the same guest address %s; each sandbox needs its own guestd", other, sb.ID, sb.Guest)
+		}
+		guests[g] = sb.ID
 		state := sb.State
 		if state == "" {
 			state = StateRunning

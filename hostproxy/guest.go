@@ -56,7 +56,7 @@ func ParseGuestAddress(s string) (scheme, addr string, err error) {
 
 // maxGuestReply bounds what is read of a guest's answer; a list of many
 // checkpoints is well under it.
-const maxGuestReply = 64 << 20
+const maxGuestReply = 16 << 20
 
 // GuestClient calls guest daemons' local API. It keeps one connection pool
 // per guest address, so a dead guest costs its own callers a bounded dial
@@ -177,7 +177,10 @@ func (g *GuestClient) transport(guest string) (*http.Transport, error) {
 			defer cancel()
 			return dial(ctx, addr)
 		},
-		MaxIdleConnsPerHost:   4,
+		MaxIdleConnsPerHost: 4,
+		// A guest is untrusted (root inside a sandbox controls it): cap
+		// the calls in flight to it, so a slow one cannot pin host memory.
+		MaxConnsPerHost:       16,
 		IdleConnTimeout:       30 * time.Second,
 		ResponseHeaderTimeout: g.requestTimeout,
 		DisableCompression:    true,

@@ -304,6 +304,10 @@ func TestMetrics(t *testing.T) {
 	s.do(request{method: "GET", path: cpsA1, key: keyA})
 	s.do(request{method: "GET", path: "/nope"})
 	s.do(request{method: "GET", path: "/v1/sandboxes/sb-dead/checkpoints", key: keyA})
+	// Made-up methods must not each create series.
+	for i := range 3 {
+		s.do(request{method: fmt.Sprintf("X%d", i), path: "/nope"})
+	}
 	resp, err := http.Get(s.url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -318,10 +322,14 @@ func TestMetrics(t *testing.T) {
 		`strata_hostproxy_guest_request_duration_seconds_count{operation="list",outcome="ok"} 2`,
 		`strata_hostproxy_guest_request_duration_seconds_count{operation="list",outcome="error"} 1`,
 		`go_goroutines`,
+		`strata_hostproxy_requests_total{method="OTHER",route="unmatched",status="404"} 3`,
 	} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+	if strings.Contains(string(b), `method="X0"`) {
+		t.Errorf("/metrics has a series per made-up method")
 	}
 }
 
@@ -353,6 +361,10 @@ func TestRefusesToStart(t *testing.T) {
 		{"unknown account", func(c *hostproxy.Config) { c.Sandboxes[0].Account = "acct-z" }, `"acct-z" is not an account`},
 		{"bad state", func(c *hostproxy.Config) { c.Sandboxes[0].State = "sleeping" }, "want running, paused or stopped"},
 		{"duplicate sandbox", func(c *hostproxy.Config) { c.Sandboxes[1].ID = c.Sandboxes[0].ID }, "listed twice"},
+		{"shared guest", func(c *hostproxy.Config) {
+			// sb-b1 (account B) on sb-a1's guest would list and restore A's checkpoints.
+			c.Sandboxes[2].Guest = strings.Replace(c.Sandboxes[0].Guest, "/nonexistent/", "/nonexistent//", 1)
+		}, "same guest address"},
 		{"no data dir", func(c *hostproxy.Config) { c.DataDir = "" }, "no data directory"},
 		{"data dir in use", func(c *hostproxy.Config) { c.DataDir = locked }, "locked by another process"},
 	}

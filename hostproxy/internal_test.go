@@ -2,6 +2,7 @@ package hostproxy
 
 import (
 	"bytes"
+	"fmt"
 	"net/http/httptest"
 	"path"
 	"strings"
@@ -144,6 +145,20 @@ func TestLimiters(t *testing.T) {
 	l.allow("late", now.Add(time.Hour))
 	if n := len(l.buckets); n > 2 {
 		t.Errorf("%d buckets after a sweep", n)
+	}
+
+	// A flood of new keys past the threshold sweeps at most once per
+	// limiterSweepEvery, not once per key.
+	l = newLimiters(2, 3)
+	for i := range 3 * limiterSweepAt {
+		l.allow(fmt.Sprintf("addr:%d", i), now)
+	}
+	if l.sweeps != 1 {
+		t.Errorf("%d sweeps for one instant's flood, want 1", l.sweeps)
+	}
+	l.allow("later", now.Add(limiterSweepEvery))
+	if l.sweeps != 2 {
+		t.Errorf("%d sweeps after limiterSweepEvery, want 2", l.sweeps)
 	}
 }
 

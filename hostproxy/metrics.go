@@ -50,8 +50,20 @@ func newMetrics() *metrics {
 
 func (m *metrics) observe(route, method string, status int, d time.Duration) {
 	s := strconv.Itoa(status)
+	method = metricMethod(method)
 	m.requests.WithLabelValues(route, method, s).Inc()
 	m.duration.WithLabelValues(route, method, s).Observe(d.Seconds())
+}
+
+// metricMethod bounds the method label: net/http accepts any token as a
+// method, so a client could otherwise create series without end.
+func metricMethod(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+		http.MethodPatch, http.MethodDelete, http.MethodOptions:
+		return m
+	}
+	return "OTHER"
 }
 
 func (m *metrics) handler() http.Handler {

@@ -18,6 +18,11 @@ type limiters struct {
 
 	mu      sync.Mutex
 	buckets map[string]*bucket
+	// nextSweep spaces sweeps: a full sweep per new key once the map is
+	// over limiterSweepAt would make a flood of new keys (one per client
+	// address of an IPv6 range) quadratic, under the mutex.
+	nextSweep time.Time
+	sweeps    int // sweeps done, for tests
 }
 
 type bucket struct {
@@ -25,7 +30,10 @@ type bucket struct {
 	last time.Time
 }
 
-const limiterSweepAt = 4096
+const (
+	limiterSweepAt    = 4096
+	limiterSweepEvery = time.Second
+)
 
 func newLimiters(perSecond float64, burst int) *limiters {
 	return &limiters{limit: rate.Limit(perSecond), burst: burst, buckets: map[string]*bucket{}}
@@ -38,8 +46,9 @@ func (l *limiters) allow(key string, now time.Time) (bool, time.Duration) {
 	defer l.mu.Unlock()
 	b := l.buckets[key]
 	if b == nil {
-		if len(l.buckets) >= limiterSweepAt {
+		if len(l.buckets) >= limiterSweepAt && !now.Before(l.nextSweep) {
 			l.sweep(now)
+			l.nextSweep = now.Add(limiterSweepEvery)
 		}
 		b = &bucket{lim: rate.NewLimiter(l.limit, l.burst)}
 		l.buckets[key] = b
@@ -58,6 +67,7 @@ func (l *limiters) allow(key string, now time.Time) (bool, time.Duration) {
 
 // sweep drops buckets that have been idle long enough to be full again.
 func (l *limiters) sweep(now time.Time) {
+	l.sweeps++
 	full := time.Duration(float64(l.burst)/float64(l.limit)*float64(time.Second)) + time.Second
 	for k, b := range l.buckets {
 		if now.Sub(b.last) > full {
