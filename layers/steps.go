@@ -37,7 +37,7 @@ func (o *op) step(name string, fn func() error) error {
 		o.log.Info("step failed", "step", name, "ms", ms(d), "err", err)
 		return err
 	}
-	o.log.Debug("step", "step", name, "ms", ms(d))
+	o.log.Info("step", "step", name, "ms", ms(d))
 	failpoint.Hit(o.name + "." + name)
 	return nil
 }
