@@ -31,7 +31,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	store := fs.String("store", "/var/lib/strata", "layer store directory (on the filesystem of the managed directories)")
 	legacy := fs.Bool("legacy-mount", false, "use mount(2) instead of the new mount API")
 	creds := fs.String("credentials", guestd.DefaultCredentials, "env file written for processes in the sandbox (API address, sandbox id, access token)")
-	debug := fs.Bool("debug", false, "log every step of every operation")
+	debug := fs.Bool("debug", false, "debug logging (freed layers, processes that cannot be inspected)")
 	noCompaction := fs.Bool("no-compaction", false, "do not compact layers in the background (tests)")
 	var allow []string
 	fs.Func("allow-mount", "a mount point whose mount may hold managed directories (repeatable; default /, /tmp and /var/tmp)", func(v string) error {
