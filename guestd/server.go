@@ -279,10 +279,7 @@ func (s *Server) create(r *http.Request) (any, error) {
 }
 
 func (s *Server) list(r *http.Request) (any, error) {
-	if err := jsend.RejectQuery(r); err != nil {
-		return nil, err
-	}
-	if err := jsend.RejectBody(r); err != nil {
+	if err := jsend.RejectQueryAndBody(r); err != nil {
 		return nil, err
 	}
 	cps, err := s.engine.list(r.Context())
@@ -309,10 +306,7 @@ func checkpointID(r *http.Request) (string, error) {
 // directories is an extension: each managed directory and the checkpoint
 // its live content continues from.
 func (s *Server) directories(r *http.Request) (any, error) {
-	if err := jsend.RejectQuery(r); err != nil {
-		return nil, err
-	}
-	if err := jsend.RejectBody(r); err != nil {
+	if err := jsend.RejectQueryAndBody(r); err != nil {
 		return nil, err
 	}
 	ds, err := s.engine.directories()
@@ -327,10 +321,7 @@ func (s *Server) directories(r *http.Request) (any, error) {
 }
 
 func (s *Server) restore(r *http.Request) (any, error) {
-	if err := jsend.RejectQuery(r); err != nil {
-		return nil, err
-	}
-	if err := jsend.RejectBody(r); err != nil {
+	if err := jsend.RejectQueryAndBody(r); err != nil {
 		return nil, err
 	}
 	id, err := checkpointID(r)
@@ -345,10 +336,7 @@ func (s *Server) restore(r *http.Request) (any, error) {
 }
 
 func (s *Server) delete(r *http.Request) (any, error) {
-	if err := jsend.RejectQuery(r); err != nil {
-		return nil, err
-	}
-	if err := jsend.RejectBody(r); err != nil {
+	if err := jsend.RejectQueryAndBody(r); err != nil {
 		return nil, err
 	}
 	id, err := checkpointID(r)

@@ -252,7 +252,7 @@ func (g *FakeGuest) route(r *http.Request) (any, error) {
 		g.mu.Unlock()
 		return struct{}{}, nil
 	case len(parts) == 1 && parts[0] == "directories" && r.Method == http.MethodGet:
-		if err := rejectQueryBody(r); err != nil {
+		if err := jsend.RejectQueryAndBody(r); err != nil {
 			return nil, err
 		}
 		return g.directories(), nil
@@ -270,24 +270,17 @@ func (g *FakeGuest) route(r *http.Request) (any, error) {
 			return g.list()
 		}
 	case len(parts) == 3 && parts[0] == "checkpoints" && parts[2] == "restore" && r.Method == http.MethodPost:
-		if err := rejectQueryBody(r); err != nil {
+		if err := jsend.RejectQueryAndBody(r); err != nil {
 			return nil, err
 		}
 		return g.restore(parts[1])
 	case len(parts) == 2 && parts[0] == "checkpoints" && r.Method == http.MethodDelete:
-		if err := rejectQueryBody(r); err != nil {
+		if err := jsend.RejectQueryAndBody(r); err != nil {
 			return nil, err
 		}
 		return g.delete(parts[1])
 	}
 	return nil, errNotFound
-}
-
-func rejectQueryBody(r *http.Request) error {
-	if err := jsend.RejectQuery(r); err != nil {
-		return err
-	}
-	return jsend.RejectBody(r)
 }
 
 func (g *FakeGuest) faultFor(op Op, path string) error {

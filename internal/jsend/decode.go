@@ -50,6 +50,15 @@ func RejectBody(r *http.Request) error {
 	return nil
 }
 
+// RejectQueryAndBody is RejectQuery then RejectBody: the checks of every
+// operation that takes neither.
+func RejectQueryAndBody(r *http.Request) error {
+	if err := RejectQuery(r); err != nil {
+		return err
+	}
+	return RejectBody(r)
+}
+
 // DecodeObject reads r's body as exactly one JSON object into dst (a
 // pointer to a struct), rejecting non-JSON content types, bodies over
 // MaxBody, unknown fields, fields of the wrong type and trailing data.

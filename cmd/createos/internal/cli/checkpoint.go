@@ -31,11 +31,7 @@ answers directory_busy when it finds one, and lists them.`,
 		Example: "  createos sandbox checkpoint create sb-local --path /workspace/project --name before-update",
 		Args:    cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			sb, _, err := a.sandboxArg(args, 0)
+			c, sb, _, err := a.start(args, 0)
 			if err != nil {
 				return err
 			}
@@ -67,11 +63,7 @@ func (a *app) listCommand() *cobra.Command {
 		Short:   "List every checkpoint of a sandbox, oldest first",
 		Args:    cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			sb, _, err := a.sandboxArg(args, 0)
+			c, sb, _, err := a.start(args, 0)
 			if err != nil {
 				return err
 			}
@@ -110,11 +102,7 @@ checkpoint each live directory continues from: the last one captured or
 restored there (see docs/cli.md).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			sb, _, err := a.sandboxArg(args, 0)
+			c, sb, _, err := a.start(args, 0)
 			if err != nil {
 				return err
 			}
@@ -156,11 +144,7 @@ checkpoint that were not captured are discarded from the live directory;
 later checkpoints stay restorable. Capture first to keep them.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			sb, rest, err := a.sandboxArg(args, 1)
+			c, sb, rest, err := a.start(args, 1)
 			if err != nil {
 				return err
 			}
@@ -186,11 +170,7 @@ func (a *app) deleteCommand() *cobra.Command {
 		Short:   "Delete a checkpoint record (the live directory is not changed)",
 		Args:    cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			sb, rest, err := a.sandboxArg(args, 1)
+			c, sb, rest, err := a.start(args, 1)
 			if err != nil {
 				return err
 			}

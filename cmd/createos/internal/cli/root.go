@@ -131,6 +131,17 @@ func firstOf(vs ...string) string {
 
 // sandboxArg splits args into the sandbox (args[0] when there are want+1
 // arguments, else $CREATEOS_SANDBOX_ID) and the rest.
+// start is the beginning of every command: the API client, the sandbox
+// and the other arguments.
+func (a *app) start(args []string, want int) (*Client, string, []string, error) {
+	c, err := a.client()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	sb, rest, err := a.sandboxArg(args, want)
+	return c, sb, rest, err
+}
+
 func (a *app) sandboxArg(args []string, want int) (string, []string, error) {
 	if len(args) == want+1 {
 		return args[0], args[1:], nil

@@ -25,11 +25,7 @@ nothing else. Only an account API key can issue, show, rotate or revoke it.`,
 			Short: o.short,
 			Args:  cobra.MaximumNArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				c, err := a.client()
-				if err != nil {
-					return err
-				}
-				sb, _, err := a.sandboxArg(args, 0)
+				c, sb, _, err := a.start(args, 0)
 				if err != nil {
 					return err
 				}
