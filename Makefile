@@ -15,27 +15,31 @@ all: build
 
 deps:
 	@command -v $(GO) >/dev/null || { echo "Go 1.26 is required at /usr/local/go/bin (see README)"; exit 1; }
-	@missing=""; for c in unshare mount tar curl; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
-	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq util-linux mount tar curl; fi
+	@missing=""; for c in unshare mount tar curl gcc; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq util-linux mount tar curl gcc; fi
 	$(GO) mod download
 
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-
+# staticcheck is pinned as a tool in go.mod (go get -tool …@version), so
+# every machine runs the same version, from the module cache that deps
+# fills. go.mod and go.sum must be tidy: a dependency added or dropped
+# without `go mod tidy` fails here, not in someone else's build.
 vet:
+	@$(GO) mod tidy -diff >/dev/null 2>&1 || { $(GO) mod tidy -diff; echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit the result"; exit 1; }
 	$(GO) vet ./...
-	$(GO) run $(STATICCHECK) ./...
+	$(GO) tool staticcheck ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
-# Every test, as root. Each package's test binary runs in its own private
+# Every test, as root, with the race detector (which needs cgo: gcc comes
+# with deps). Each package's test binary runs in its own private
 # mount namespace (go test -exec): no mount leaks onto the machine, and a
 # process one package starts in a new namespace cannot hold (a copy of)
 # another package's mounts.
 test: deps vet
 	@[ "$$(id -u)" = 0 ] || { echo "make test needs root (mount tests); use 'make test-short' otherwise"; exit 1; }
-	STRATA_OUTER_MNTNS=$$(readlink /proc/self/ns/mnt) $(GO) test -count=1 -timeout 40m \
+	STRATA_OUTER_MNTNS=$$(readlink /proc/self/ns/mnt) $(GO) test -race -count=1 -timeout 40m \
 	  -exec 'unshare --mount --propagation private --' ./...
 
 test-short:
