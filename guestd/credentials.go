@@ -13,7 +13,9 @@ import (
 )
 
 // DefaultCredentials is where guestd writes what processes in the sandbox
-// need to call the API themselves.
+// need to call the API themselves, and where createos looks for it. Outside
+// a real guest (make run, tests) guestd --credentials puts the file in the
+// daemon's own state instead of the machine's /run.
 const DefaultCredentials = "/run/strata/credentials.env"
 
 // credentials handles PUT /v1/credentials: the host sends the API address,

@@ -3,15 +3,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"strata/guestd"
+	"strata/internal/logx"
 	"strata/pathpolicy"
 )
 
@@ -19,43 +20,72 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "guestd:", err)
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "guestd:", err)
+		}
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string, stderr io.Writer) error {
+// options are guestd's command line.
+type options struct {
+	listen string
+	config guestd.Config // all but the logger
+	log    logx.Options
+}
+
+// parse reads the command line; usage and flag errors go to stderr.
+func parse(args []string, stderr io.Writer) (options, error) {
+	var o options
 	fs := flag.NewFlagSet("guestd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	listen := fs.String("listen", "unix:///run/strata/guestd.sock", "listen address: unix:///path or tcp://127.0.0.1:PORT")
-	store := fs.String("store", "/var/lib/strata", "layer store directory (on the filesystem of the managed directories)")
-	legacy := fs.Bool("legacy-mount", false, "use mount(2) instead of the new mount API")
-	creds := fs.String("credentials", guestd.DefaultCredentials, "env file written for processes in the sandbox (API address, sandbox id, access token)")
-	debug := fs.Bool("debug", false, "debug logging (freed layers, processes that cannot be inspected)")
-	noCompaction := fs.Bool("no-compaction", false, "do not compact layers in the background (tests)")
+	fs.StringVar(&o.listen, "listen", "unix:///run/strata/guestd.sock", "listen `address`: unix:///path or tcp://127.0.0.1:PORT")
+	fs.StringVar(&o.config.Store, "store", "/var/lib/strata", "layer store `directory` (on the filesystem of the managed directories)")
+	fs.BoolVar(&o.config.LegacyMount, "legacy-mount", false, "use mount(2) instead of the new mount API")
+	fs.StringVar(&o.config.Credentials, "credentials", guestd.DefaultCredentials,
+		"env `file` written for processes in the sandbox (API address, sandbox id, access token); make run puts it under its STATE")
+	fs.BoolVar(&o.config.NoCompaction, "no-compaction", false, "do not compact layers in the background (tests)")
+	o.log.AddFlags(fs, "debug logging: each step of an operation, freed layers, processes that cannot be inspected")
 	var allow []string
 	fs.Func("allow-mount", "a mount point whose mount may hold managed directories (repeatable; default /, /tmp and /var/tmp)", func(v string) error {
 		allow = append(allow, v)
 		return nil
 	})
 	if err := fs.Parse(args); err != nil {
+		return options{}, err
+	}
+	if fs.NArg() > 0 {
+		return options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.config.Credentials == "" {
+		return options{}, errors.New("--credentials: want a file path")
+	}
+	o.config.Policy = &pathpolicy.Policy{AllowedMounts: allow}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	o, err := parse(args, stderr)
+	if err != nil {
 		return err
 	}
-	level := slog.LevelInfo
-	if *debug {
-		level = slog.LevelDebug
+	log, err := logx.New(stderr, "guestd", o.log)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
-	srv, err := guestd.New(ctx, guestd.Config{Store: *store, Logger: log, LegacyMount: *legacy, NoCompaction: *noCompaction, Credentials: *creds,
-		Policy: &pathpolicy.Policy{AllowedMounts: allow}})
+	cfg := o.config
+	cfg.Logger = log
+	srv, err := guestd.New(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
-	ln, err := guestd.Listen(*listen)
+	ln, err := guestd.Listen(o.listen)
 	if err != nil {
 		return err
 	}
-	log.Info("guestd serving", "listen", *listen, "store", *store, "mounter", srv.Mounter())
-	return srv.Serve(ctx, ln)
+	log.Info("listening", "addr", o.listen, "store", cfg.Store, "mounter", srv.Mounter())
+	err = srv.Serve(ctx, ln)
+	log.Info("stopped")
+	return err
 }
