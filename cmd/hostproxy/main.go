@@ -13,7 +13,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -21,6 +20,7 @@ import (
 	"syscall"
 
 	"strata/hostproxy"
+	"strata/internal/logx"
 )
 
 func main() {
@@ -61,16 +61,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		dataDir    = fs.String("data", "", "data `directory` of the registry (overrides the config)")
 		account    = fs.String("account", "local", "`id` of the account that --key-env and --sandbox add to")
 		keyEnv     = fs.String("key-env", "", "add the account API key held in this environment `variable`")
-		logFormat  = fs.String("log-format", "text", "log format: text or json")
 		newKey     = fs.Bool("print-new-key", false, "print a new random account API key and exit")
 		sandboxes  sandboxFlags
+		logOpts    logx.Options
 	)
 	fs.Var(&sandboxes, "sandbox", "add a running sandbox as `ID=GUEST` (unix:///path.sock or tcp://host:port); repeatable")
+	logOpts.AddFlags(fs, "debug logging (accepted as guestd does; hostproxy writes no debug lines yet)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	log, err := logx.New(stderr, "hostproxy", logOpts)
+	if err != nil {
+		return err
 	}
 	if *newKey {
 		key, err := hostproxy.NewSecret(rand.Reader, hostproxy.KeyPrefix)
@@ -112,17 +117,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		}
 	}
 
-	var handler slog.Handler
-	switch *logFormat {
-	case "text":
-		handler = slog.NewTextHandler(stderr, nil)
-	case "json":
-		handler = slog.NewJSONHandler(stderr, nil)
-	default:
-		return fmt.Errorf("--log-format %q: want text or json", *logFormat)
-	}
-	log := slog.New(handler)
-
 	srv, err := hostproxy.New(ctx, hostproxy.Options{Config: cfg, Getenv: getenv, Logger: log})
 	if err != nil {
 		return err
@@ -132,10 +126,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if err != nil {
 		return err
 	}
-	log.Info("hostproxy listening", "url", "http://"+ln.Addr().String(), "data", cfg.DataDir,
-		"accounts", len(cfg.Accounts), "sandboxes", len(cfg.Sandboxes))
+	log.Info("listening", "url", "http://"+ln.Addr().String(), "data", cfg.DataDir, "sandboxes", len(cfg.Sandboxes))
 	err = srv.Serve(ctx, ln)
-	log.Info("hostproxy stopped")
+	log.Info("stopped")
 	return err
 }
 

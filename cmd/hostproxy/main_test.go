@@ -15,7 +15,9 @@ import (
 
 // TestRunBootstrap starts hostproxy from flags alone, as make run does,
 // answers a request with the key from the environment, and stops cleanly
-// when its context ends.
+// when its context ends; its log is in the daemons' shared text format
+// (internal/logx): a short listening line, one line per request, a stopped
+// line, each naming daemon=hostproxy.
 func TestRunBootstrap(t *testing.T) {
 	key := "sk_bootstrap_test_key_0123456789"
 	getenv := func(k string) string {
@@ -28,11 +30,11 @@ func TestRunBootstrap(t *testing.T) {
 	var stderr syncWriter
 	done := make(chan error, 1)
 	args := []string{"--listen", "127.0.0.1:0", "--data", t.TempDir(), "--key-env", "CREATEOS_API_KEY",
-		"--sandbox", "sb-local=unix:///nonexistent/guestd.sock", "--log-format", "json"}
+		"--sandbox", "sb-local=unix:///nonexistent/guestd.sock"}
 	go func() { done <- run(ctx, args, &bytes.Buffer{}, &stderr, getenv) }()
 
 	var url string
-	re := regexp.MustCompile(`"url":"(http://[^"]+)"`)
+	re := regexp.MustCompile(`(?m)^time=\S+ level=INFO msg=listening daemon=hostproxy url=(http://\S+) data=\S+ sandboxes=1$`)
 	for deadline := time.Now().Add(5 * time.Second); url == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if m := re.FindStringSubmatch(stderr.String()); m != nil {
 			url = m[1]
@@ -60,6 +62,15 @@ func TestRunBootstrap(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("run did not return after cancel")
+	}
+	logged := stderr.String()
+	for _, want := range []string{
+		`(?m)^time=\S+ level=INFO msg=request daemon=hostproxy request_id=\S+ method=GET route=/v1/sandboxes/:id/access-token status=200 `,
+		`(?m)^time=\S+ level=INFO msg=stopped daemon=hostproxy$`,
+	} {
+		if !regexp.MustCompile(want).MatchString(logged) {
+			t.Errorf("no line matching %s in the log:\n%s", want, logged)
+		}
 	}
 }
 
