@@ -39,7 +39,15 @@ func TestHostileBodies(t *testing.T) {
 		{"many keys over the limit", "{" + strings.Repeat(`"path":"/a",`, 1500) + `"path":"/b"}`, false, 413, "body_too_large"},
 		// Duplicate keys: a body that says two things is not read as either.
 		{"many duplicate keys", "{" + strings.Repeat(`"path":"/a",`, 1300) + `"path":"/b"}`, false, 400, "invalid_json"},
-		{"invalid UTF-8", "{\"path\":\"/workspace/\xff\xfe\"}", false, 200, ""},
+		// Invalid UTF-8 was read with U+FFFD in place of the bad bytes (issue 6, defect 7).
+		{"invalid UTF-8", "{\"path\":\"/workspace/\xff\xfe\"}", false, 400, "invalid_json"},
+		{"invalid UTF-8 in a name", "{\"path\":\"/workspace/project\",\"name\":\"a\xc0\xafb\"}", false, 400, "invalid_json"},
+		{"lone surrogate escape", `{"path":"/workspace/project","name":"\udc00"}`, false, 400, "invalid_json"},
+		// Field names of any other case were taken for the field (issue 6, defect 7).
+		{"field name in upper case", `{"PATH":"/workspace/project"}`, false, 400, "unknown_field"},
+		{"one field in two cases", `{"path":"/workspace/project","Path":"/etc"}`, false, 400, "unknown_field"},
+		{"bidi override in a name", `{"path":"/workspace/project","name":"\u202Egpj.exe"}`, false, 400, "invalid_field"},
+		{"line separator in a path", `{"path":"/workspace/a\u2028b"}`, false, 400, "invalid_field"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

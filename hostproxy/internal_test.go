@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"strata/internal/api"
 	"strata/internal/fault"
@@ -18,8 +19,9 @@ import (
 // FuzzCreateBody checks the edge's create validation on any body: it
 // never panics, fails only with the codes of a malformed request or of the
 // two path rules it owns, and what it accepts is a request a guest can
-// take: an absolute, clean, unprotected path and a short name without
-// control characters.
+// take: an absolute, clean, unprotected path and a short name, both valid
+// UTF-8 without control, format (zero-width, bidi) or line/paragraph
+// separator characters.
 func FuzzCreateBody(f *testing.F) {
 	for _, seed := range []string{
 		`{"path":"/etc"}`, `{"path":"/var"}`, `{"path":"/tmp"}`, `{"path":"/tmp/project"}`,
@@ -27,6 +29,7 @@ func FuzzCreateBody(f *testing.F) {
 		`{"path":"/workspace/project/"}`, `{"path":"workspace"}`, `{"path":"/a/../b"}`,
 		`{"path":""}`, `{"path":null,"name":null}`, `{"name":"x"}`, `{"path":"/a","name":"\u0007"}`,
 		`{"path":"/a","name":"` + strings.Repeat("é", 70) + `"}`, `{"path":"/\u0000"}`, `{"path":"//a"}`,
+		`{"path":"/a","name":"\u202e"}`, `{"path":"/a\u2028b"}`, `{"PATH":"/a"}`, "{\"path\":\"/a\xff\"}",
 	} {
 		f.Add([]byte(seed))
 	}
@@ -48,11 +51,18 @@ func FuzzCreateBody(f *testing.F) {
 			strings.ContainsRune(req.Path, 0) || pathpolicy.CheckSyntax(req.Path, nil) != nil {
 			t.Fatalf("accepted path %q", req.Path)
 		}
-		if req.Name != nil && (len(*req.Name) > api.MaxNameBytes || strings.ContainsFunc(*req.Name, unicode.IsControl)) {
-			t.Fatalf("accepted name %q", *req.Name)
+		if strings.ContainsFunc(req.Path, hidden) || !utf8.ValidString(req.Path) {
+			t.Fatalf("accepted path %+q", req.Path)
+		}
+		if req.Name != nil && (len(*req.Name) > api.MaxNameBytes || strings.ContainsFunc(*req.Name, hidden) || !utf8.ValidString(*req.Name)) {
+			t.Fatalf("accepted name %+q", *req.Name)
 		}
 	})
 }
+
+// hidden is the character rule of names and paths as the contract states
+// it, apart from api.HiddenRune: categories Cc, Cf, Zl and Zp.
+func hidden(r rune) bool { return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) }
 
 func TestParseGuestAddress(t *testing.T) {
 	cases := []struct {

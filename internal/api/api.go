@@ -5,6 +5,7 @@
 package api
 
 import (
+	"fmt"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -62,13 +63,17 @@ func FormatTime(t time.Time) string { return t.UTC().Format(TimeFormat) }
 
 // Validate checks the fields of a create request and returns the path
 // and name. The path's own rules (absolute, clean, allowed) are the
-// guest's policy; here it must only be a non-empty string.
+// guest's policy; here it must only be a non-empty string without the
+// characters that names refuse (see HiddenRune).
 func (r CreateRequest) Validate() (path, name string, err error) {
 	if r.Path == nil {
 		return "", "", jsend.InvalidField("path", "path is required")
 	}
 	if *r.Path == "" {
 		return "", "", jsend.InvalidField("path", "path must not be empty")
+	}
+	if err := checkRunes("path", *r.Path); err != nil {
+		return "", "", err
 	}
 	if r.Name != nil {
 		name = *r.Name
@@ -79,18 +84,38 @@ func (r CreateRequest) Validate() (path, name string, err error) {
 	return *r.Path, name, nil
 }
 
-// ValidateName checks a display name: at most 128 bytes of UTF-8 with no
-// control characters.
+// ValidateName checks a display name: at most 128 bytes of valid UTF-8,
+// with no control, format or line and paragraph separator characters
+// (HiddenRune).
 func ValidateName(name string) error {
 	if len(name) > MaxNameBytes {
 		return jsend.InvalidField("name", "name must be at most 128 bytes").With("limit", MaxNameBytes)
 	}
-	if !utf8.ValidString(name) {
-		return jsend.InvalidField("name", "name must be valid UTF-8")
+	return checkRunes("name", name)
+}
+
+// HiddenRune reports whether r is a character that names and paths must
+// not contain: a control character (Cc: NUL, newline, escape, DEL, C1), a
+// format character (Cf: zero-width spaces and joiners U+200B–U+200D, the
+// direction marks and overrides U+200E–U+200F, U+202A–U+202E and
+// U+2066–U+2069, the byte order mark U+FEFF, the soft hyphen…), or a line
+// or paragraph separator (Zl U+2028, Zp U+2029). Each is invisible, or
+// changes how the text around it is shown, so a name holding one can pass
+// for another in a list, a log or a terminal.
+func HiddenRune(r rune) bool {
+	return unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
+}
+
+// checkRunes fails with invalid_field for field unless s is valid UTF-8
+// without a HiddenRune; the error names the first such character.
+func checkRunes(field, s string) error {
+	if !utf8.ValidString(s) {
+		return jsend.InvalidField(field, field+" must be valid UTF-8")
 	}
-	for _, r := range name {
-		if unicode.IsControl(r) {
-			return jsend.InvalidField("name", "name must not contain control characters")
+	for _, r := range s {
+		if HiddenRune(r) {
+			return jsend.InvalidField(field, fmt.Sprintf("%s contains %U; control, format (zero-width, bidi) and line separator characters are not allowed", field, r)).
+				With("character", fmt.Sprintf("%U", r))
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"strata/internal/fault"
 )
@@ -21,7 +22,9 @@ type fuzzBody struct {
 
 // FuzzDecodeObject checks DecodeObject's contract on any input: it never
 // panics; it fails only with the documented codes of its kind; and what it
-// accepts is exactly one valid JSON object that decodes the same way again.
+// accepts is exactly one valid JSON object of valid UTF-8, whose keys name
+// fuzzBody's fields exactly (case included), in which no character was
+// replaced by U+FFFD, and which decodes the same way again.
 func FuzzDecodeObject(f *testing.F) {
 	for _, seed := range []string{
 		`{"path":"/workspace/project","name":"before-update"}`,
@@ -37,6 +40,9 @@ func FuzzDecodeObject(f *testing.F) {
 		strings.Repeat("[", 20000),
 		`{"inner":` + strings.Repeat(`{"N":`, 3000) + `1` + strings.Repeat("}", 3000) + `}`,
 		``, `null`, `{}`, `{`, `}`,
+		`{"PATH":"/a"}`, `{"path":"/etc","Path":"/x"}`, `{"inner":{"n":1}}`, `{"p\u0061th":"/a"}`,
+		"{\"path\":\"/a\xff\"}", `{"path":"\ud800"}`, `{"path":"\udc00\ud800"}`, `{"path":"\ud83d\ude00"}`,
+		`{"path":"\\ud800"}`, `{"path":"\ufffd"}`,
 	} {
 		f.Add([]byte(seed), "application/json")
 	}
@@ -79,6 +85,11 @@ func FuzzDecodeObject(f *testing.F) {
 		if trimmed := bytes.TrimLeft(body, " \t\r\n"); trimmed[0] != '{' {
 			t.Fatalf("accepted a non-object %q", body)
 		}
+		if !utf8.Valid(body) {
+			t.Fatalf("accepted invalid UTF-8 %q", body)
+		}
+		checkExactKeys(t, body)
+		checkNothingReplaced(t, body)
 		again, _ := json.Marshal(got)
 		var round fuzzBody
 		if err := DecodeBytes(again, &round); err != nil {
@@ -111,5 +122,163 @@ func TestDuplicateKeys(t *testing.T) {
 		if got := err != nil && fault.CodeOf(err) == "invalid_json"; got != tc.dup {
 			t.Errorf("%s: error %v, duplicate %v", tc.body, err, tc.dup)
 		}
+	}
+}
+
+// checkExactKeys fails unless every key of the accepted body names a field
+// of fuzzBody as its tag spells it: encoding/json alone would also take
+// "PATH" for "path".
+func checkExactKeys(t *testing.T, body []byte) {
+	t.Helper()
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		t.Fatalf("accepted body is not an object: %v", err)
+	}
+	for k := range top {
+		if k != "path" && k != "name" && k != "inner" {
+			t.Fatalf("accepted key %q in %q", k, body)
+		}
+	}
+	if raw, ok := top["inner"]; ok && string(raw) != "null" {
+		var inner map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &inner); err != nil {
+			t.Fatalf("accepted inner %s: %v", raw, err)
+		}
+		for k := range inner {
+			if k != "N" {
+				t.Fatalf("accepted inner key %q in %q", k, body)
+			}
+		}
+	}
+}
+
+// checkNothingReplaced fails when decoding the accepted body yields more
+// U+FFFD than the body spells, literally or as a \ufffd escape: the
+// decoder put one in for a bad byte or a lone surrogate.
+func checkNothingReplaced(t *testing.T, body []byte) {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatalf("accepted body: %v", err)
+	}
+	var decoded int
+	var walk func(any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case string:
+			decoded += strings.Count(v, "\uFFFD")
+		case []any:
+			for _, e := range v {
+				walk(e)
+			}
+		case map[string]any:
+			for k, e := range v {
+				decoded += strings.Count(k, "\uFFFD")
+				walk(e)
+			}
+		}
+	}
+	walk(v)
+	lower := []byte(strings.Map(func(r rune) rune {
+		if r >= 'A' && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return r
+	}, string(body)))
+	spelled := bytes.Count(body, []byte("\uFFFD")) + bytes.Count(lower, []byte(`\ufffd`))
+	if decoded > spelled {
+		t.Fatalf("decoding %q replaced %d characters with U+FFFD", body, decoded-spelled)
+	}
+}
+
+// TestExactFieldNames pins defect 7 of issue 6: encoding/json matched
+// field names without regard to case, so {"PATH":…} was read as a path and
+// {"path":"/etc","Path":"/x"} slipped past the rule against a field named
+// twice. A key must spell a field exactly; any other is unknown_field.
+func TestExactFieldNames(t *testing.T) {
+	tests := []struct {
+		name, body  string
+		code, field string // "" code: accepted
+	}{
+		{"upper case", `{"PATH":"/a"}`, "unknown_field", "PATH"},
+		{"title case", `{"Path":"/a"}`, "unknown_field", "Path"},
+		{"two cases of one field", `{"path":"/etc","Path":"/x"}`, "unknown_field", "Path"},
+		{"two cases, other order", `{"Path":"/x","path":"/etc"}`, "unknown_field", "Path"},
+		{"nested struct field", `{"inner":{"n":1}}`, "unknown_field", "n"},
+		{"nested exact", `{"inner":{"N":1}}`, "", ""},
+		{"escape spelling the exact name", `{"p\u0061th":"/a"}`, "", ""},
+		{"escape spelling another case", `{"P\u0061th":"/a"}`, "unknown_field", "Path"},
+		{"exact names", `{"path":"/a","name":"n"}`, "", ""},
+		{"same name twice", `{"path":"/a","path":"/a"}`, "invalid_json", ""},
+		{"unknown then malformed", `{"PATH":"/a",`, "invalid_json", ""},
+		{"unknown then trailing data", `{"PATH":"/a"} x`, "unknown_field", "PATH"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var got fuzzBody
+			err := DecodeBytes([]byte(tc.body), &got)
+			if tc.code == "" {
+				if err != nil {
+					t.Fatalf("%s: %v", tc.body, err)
+				}
+				return
+			}
+			fe := fault.As(err)
+			if fe == nil || fe.Code != tc.code {
+				t.Fatalf("%s: error %v, want %s", tc.body, err, tc.code)
+			}
+			if tc.field != "" && fe.Fields["field"] != tc.field {
+				t.Errorf("%s: field %v, want %q", tc.body, fe.Fields["field"], tc.field)
+			}
+		})
+	}
+	// A map takes any key, of any case, each once.
+	var m map[string]any
+	if err := DecodeBytes([]byte(`{"Any":1,"any":2,"ANY":{"x":1,"X":2}}`), &m); err != nil || len(m) != 3 {
+		t.Errorf("map: %v %v", m, err)
+	}
+}
+
+// TestInvalidUTF8 pins defect 7 of issue 6: invalid UTF-8, and escapes of
+// half a surrogate pair, were silently replaced with U+FFFD; now the body
+// is invalid_json.
+func TestInvalidUTF8(t *testing.T) {
+	tests := []struct {
+		name, body string
+		want       string // the decoded path; "" when refused
+	}{
+		{"bad byte in a value", "{\"path\":\"/a\xff\"}", ""},
+		{"bad byte in a key", "{\"path\xfe\":\"/a\"}", ""},
+		{"truncated sequence", "{\"path\":\"/\xe2\x82\"}", ""},
+		{"overlong encoding", "{\"path\":\"/\xc0\xaf\"}", ""},
+		{"encoded surrogate", "{\"path\":\"/\xed\xa0\x80\"}", ""},
+		{"bad byte outside strings", "{\"path\":\"/a\"}\xff", ""},
+		{"lone high surrogate", `{"path":"\ud800"}`, ""},
+		{"lone low surrogate", `{"path":"\udc00"}`, ""},
+		{"high then text", `{"path":"\ud800x"}`, ""},
+		{"high then a non-surrogate escape", `{"path":"\ud800\u0041"}`, ""},
+		{"pair reversed", `{"path":"\udc00\ud800"}`, ""},
+		{"lone surrogate after an escaped quote", `{"path":"\"\ud800"}`, ""},
+		{"lone surrogate in a key", `{"\ud800":1}`, ""},
+		{"surrogate pair", `{"path":"\ud83d\ude00"}`, "\U0001F600"},
+		{"upper case pair", `{"path":"\uD83D\uDE00"}`, "\U0001F600"},
+		{"escaped backslash then text", `{"path":"\\ud800"}`, `\ud800`},
+		{"replacement character spelled", `{"path":"\ufffd\uFFFD"}`, "\uFFFD\uFFFD"},
+		{"multibyte text", `{"path":"/é€😀"}`, "/é€😀"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var got fuzzBody
+			err := DecodeBytes([]byte(tc.body), &got)
+			if tc.want == "" {
+				if fault.CodeOf(err) != "invalid_json" {
+					t.Fatalf("%q: error %v, want invalid_json", tc.body, err)
+				}
+				return
+			}
+			if err != nil || got.Path == nil || *got.Path != tc.want {
+				t.Fatalf("%q: got %v, %v; want path %q", tc.body, got.Path, err, tc.want)
+			}
+		})
 	}
 }
