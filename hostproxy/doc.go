@@ -27,7 +27,9 @@
 // checkpoint state, and does not start, pause or stop sandboxes (their state
 // comes from the configuration, or Registry.SetSandboxState).
 //
-// Order of checks on a checkpoint route: credential (401), rate limit (429),
+// Order of checks on a checkpoint route: the client address's limit on
+// failed authentications (429, whatever key it sends), credential (401,
+// also for a request that sends X-Api-Key twice), rate limit (429),
 // scope (403 for a token of another sandbox, 404 sandbox_not_found for an
 // account key and a sandbox it does not own), request shape (400, 413, 415,
 // 422 for the path rules checked here), sandbox state (409

@@ -324,32 +324,54 @@ func (s *Server) writeError(c echo.Context, err error) error {
 
 // authenticate resolves X-Api-Key to a principal and applies its rate
 // limit. Failed attempts are limited per client address too, so that
-// guessing keys is slow.
+// guessing keys is slow: once an address is limited, every request from it
+// is refused until its bucket refills, one with a correct key included
+// (else the guess that succeeds would be answered at full speed, and tell
+// the guesser it was right). A request with two X-Api-Key headers is
+// refused rather than read as either.
 func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		ctx := c.Request().Context()
 		now := time.Now()
-		p, err := s.reg.Authenticate(ctx, c.Request().Header.Get("X-Api-Key"))
+		addr := "addr:" + c.RealIP()
+		if limited, wait := s.failures.blocked(addr, now); limited {
+			return s.rateLimited(c, errLoginsLimited, wait)
+		}
+		p, err := s.principal(ctx, c.Request().Header.Values("X-Api-Key"))
 		if err != nil {
 			if fault.KindOf(err) == fault.Unauthorized {
-				if ok, wait := s.failures.allow("addr:"+c.RealIP(), now); !ok {
-					return s.rateLimited(c, wait)
+				if ok, wait := s.failures.allow(addr, now); !ok {
+					return s.rateLimited(c, errLoginsLimited, wait)
 				}
 			}
 			return err
 		}
 		c.Set(keyPrincipal, p)
 		if ok, wait := s.limits.allow(p.ID, now); !ok {
-			return s.rateLimited(c, wait)
+			return s.rateLimited(c, errRateLimited, wait)
 		}
 		return next(c)
 	}
 }
 
-func (s *Server) rateLimited(c echo.Context, wait time.Duration) error {
+// principal authenticates the X-Api-Key header, which must be sent
+// exactly once: with two, a proxy and hostproxy could each act on a
+// different one.
+func (s *Server) principal(ctx context.Context, keys []string) (Principal, error) {
+	switch len(keys) {
+	case 0:
+		return Principal{}, errUnauthorized
+	case 1:
+		return s.reg.Authenticate(ctx, keys[0])
+	default:
+		return Principal{}, errTwoKeys
+	}
+}
+
+func (s *Server) rateLimited(c echo.Context, limit *fault.Error, wait time.Duration) error {
 	secs := retryAfterSeconds(wait)
 	c.Response().Header().Set("Retry-After", strconv.Itoa(secs))
-	return errRateLimited.With("retry_after", secs)
+	return limit.With("retry_after", secs)
 }
 
 func newRequestID() string {
