@@ -47,27 +47,57 @@ test-short:
 
 # guestd and hostproxy in the foreground with the local sandbox sb-local,
 # whose guest is this machine. The account key is $$CREATEOS_API_KEY, or
-# one generated on the first run and kept in $(STATE)/api-key. Ctrl-C
-# stops both; the next run finds every managed directory as it was.
-run: build
-	@[ "$$(id -u)" = 0 ] || { echo "make run needs root (it mounts overlays)"; exit 1; }
-	@mkdir -p $(STATE) /workspace/project; chmod 700 $(STATE); \
+# one generated on the first run and kept in $(STATE)/api-key. guestd
+# writes the sandbox's credentials file to $(STATE)/credentials.env (a real
+# guest's is /run/strata/credentials.env). DEBUG=1 adds the daemons' debug
+# lines (each step of each operation).
+#
+# A second run on the same STATE would share the first one's store: the
+# lock on $(STATE)/run.lock, taken before anything is printed and inherited
+# by both daemons (it lasts as long as either lives), refuses it at once,
+# naming the holder. The export lines are printed once both daemons serve.
+# Ctrl-C stops both; the next run finds every managed directory as it was.
+RUN_LOCK = $(STATE)/run.lock
+run:
+	@[ "$$(id -u)" = 0 ] || { echo "make run needs root (it mounts overlays)" >&2; exit 1; }
+	@command -v flock >/dev/null || { echo "make run needs flock (util-linux): make deps" >&2; exit 1; }
+	@mkdir -p $(STATE); chmod 700 $(STATE); exec 9<>$(RUN_LOCK); \
+	if ! flock -n 9; then \
+	  pid=$$(cat $(RUN_LOCK) 2>/dev/null); kill -0 "$$pid" 2>/dev/null || pid=""; \
+	  echo "make run: strata is already running with STATE=$(STATE)$${pid:+ (pid $$pid)}; stop it, or pass another STATE" >&2; \
+	  exit 1; \
+	fi; \
+	echo $$$$ > $(RUN_LOCK); \
+	listen="$(LISTEN)"; port=$${listen##*:}; host=$${listen%:*}; host=$${host#[}; host=$${host%]}; host=$${host:-127.0.0.1}; \
+	serving() { timeout 1 bash -c "exec 3<>/dev/tcp/$$host/$$port" 2>/dev/null; }; \
+	if serving; then echo "make run: LISTEN=$(LISTEN) is in use by another program; pass another LISTEN" >&2; exit 1; fi; \
+	$(MAKE) -s --no-print-directory build || exit 1; \
+	mkdir -p /workspace/project; \
 	[ -n "$$(ls -A /workspace/project)" ] || echo "hello from strata" > /workspace/project/README; \
 	KEY="$${CREATEOS_API_KEY:-}"; \
 	if [ -z "$$KEY" ]; then \
 	  [ -s $(STATE)/api-key ] || (umask 077; $(BIN)/hostproxy --print-new-key > $(STATE)/api-key); \
 	  KEY="$$(cat $(STATE)/api-key)"; \
 	fi; \
-	echo; echo "strata is starting. In another shell:"; echo; \
-	echo "  export CREATEOS_API_URL=http://$(LISTEN)"; \
-	echo "  export CREATEOS_API_KEY=$$KEY"; \
-	echo "  export CREATEOS_SANDBOX_ID=sb-local"; \
-	echo "  export PATH=$(BIN):\$$PATH"; \
-	echo "  createos sandbox checkpoint create sb-local --path /workspace/project --name first"; echo; \
-	$(BIN)/guestd --listen unix://$(STATE)/guestd.sock --store $(STATE)/guestd & G=$$!; \
-	CREATEOS_API_KEY="$$KEY" $(BIN)/hostproxy --listen $(LISTEN) --data $(STATE)/hostproxy \
+	$(BIN)/guestd --listen unix://$(STATE)/guestd.sock --store $(STATE)/guestd \
+	  --credentials $(STATE)/credentials.env $(if $(DEBUG),--debug) & G=$$!; \
+	CREATEOS_API_KEY="$$KEY" $(BIN)/hostproxy --listen $(LISTEN) --data $(STATE)/hostproxy $(if $(DEBUG),--debug) \
 	  --account local --key-env CREATEOS_API_KEY --sandbox sb-local=unix://$(STATE)/guestd.sock & H=$$!; \
-	trap 'kill -TERM $$H $$G 2>/dev/null' INT TERM; wait $$H; wait $$G
+	trap 'kill -TERM $$G $$H 2>/dev/null' INT TERM; \
+	alive() { kill -0 $$G 2>/dev/null && kill -0 $$H 2>/dev/null; }; \
+	until [ -n "$$(find $(STATE)/guestd.sock -newer $(RUN_LOCK) 2>/dev/null)" ] && serving; do alive || break; sleep 0.1; done; \
+	if alive; then \
+	  echo; echo "strata is running (state in $(STATE)). In another shell:"; echo; \
+	  echo "  export CREATEOS_API_URL=http://$(LISTEN)"; \
+	  echo "  export CREATEOS_API_KEY=$$KEY"; \
+	  echo "  export CREATEOS_SANDBOX_ID=sb-local"; \
+	  echo "  export PATH=$(BIN):\$$PATH"; \
+	  echo "  createos sandbox checkpoint create sb-local --path /workspace/project --name first"; echo; \
+	  echo "Once an access token is issued, the sandbox's credentials are in $(STATE)/credentials.env;"; \
+	  echo "a process inside the sandbox would run: CREATEOS_CREDENTIALS=$(STATE)/credentials.env createos ..."; echo; \
+	fi; \
+	while alive; do sleep 0.2; done; kill -TERM $$G $$H 2>/dev/null; \
+	wait $$G; g=$$?; wait $$H; h=$$?; [ $$g = 0 ] && [ $$h = 0 ]
 
 bench: build
 	unshare --mount --propagation private -- $(GO) run ./integration/cmd/benchtable $(BENCHFLAGS)
