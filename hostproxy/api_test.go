@@ -117,6 +117,7 @@ func apiCases() []apiCase {
 		{name: "invalid_field_name_too_long", setup: fixed(create(`{"path":"/workspace/project","name":"` + strings.Repeat("n", 129) + `"}`)), status: 400, code: "invalid_field"},
 		{name: "invalid_field_name_control", setup: fixed(create(`{"path":"/workspace/project","name":"a\nb"}`)), status: 400, code: "invalid_field"},
 		{name: "invalid_field_name_bidi", setup: fixed(create(`{"path":"/workspace/project","name":"invoice\u202Egpj.exe"}`)), status: 400, code: "invalid_field"},
+		{name: "invalid_field_idempotency_key", setup: fixed(request{method: "POST", path: cpsA1, key: keyA, body: `{"path":"/workspace/project"}`, more: http.Header{"Idempotency-Key": {"k1", "k2"}}}), status: 400, code: "invalid_field"},
 		{name: "query_not_allowed_create", setup: fixed(request{method: "POST", path: cpsA1 + "?path=/x", key: keyA, body: `{"path":"/workspace/project"}`}), status: 400, code: "query_not_allowed"},
 		{name: "query_not_allowed_list", setup: fixed(request{method: "GET", path: cpsA1 + "?limit=10", key: keyA}), status: 400, code: "query_not_allowed"},
 		{name: "query_not_allowed_list_empty", setup: fixed(request{method: "GET", path: cpsA1 + "?", key: keyA}), status: 400, code: "query_not_allowed"},
@@ -188,6 +189,11 @@ func apiCases() []apiCase {
 			return request{method: "POST", path: cpsA1 + "/" + cp.ID + "/restore", key: keyA}
 		}, status: 409, code: "directory_busy", reachesGuest: true},
 		{name: "operation_in_progress", setup: guestFault(hostproxytest.OpCreate, "/workspace/project", hostproxytest.Fail(409, "operation_in_progress", "another operation on this directory is under way", map[string]any{"path": "/workspace/project"}), create(`{"path":"/workspace/project"}`)), status: 409, code: "operation_in_progress", reachesGuest: true},
+		// 422 from the guest: an Idempotency-Key used for another request.
+		{name: "idempotency_key_reused", setup: func(s *stack) request {
+			s.mustData(request{method: "POST", path: cpsA1, key: keyA, body: `{"path":"/workspace/project","name":"first"}`, more: http.Header{"Idempotency-Key": {"retry-1"}}}, nil)
+			return request{method: "POST", path: cpsA1, key: keyA, body: `{"path":"/workspace/project","name":"second"}`, more: http.Header{"Idempotency-Key": {"retry-1"}}}
+		}, status: 422, code: "idempotency_key_reused", reachesGuest: true},
 		{name: "token_exists", setup: func(s *stack) request {
 			s.issueToken(keyA, "sb-a1")
 			return request{method: "POST", path: tokenA1, key: keyA}
@@ -294,7 +300,7 @@ func TestAPICoversEveryCode(t *testing.T) {
 		"body_too_large", "unsupported_media_type",
 		"path_not_absolute", "path_not_clean", "path_not_found", "path_not_directory", "path_protected",
 		"path_symlink", "path_mount", "path_nested", "path_hardlink", "path_special_file",
-		"token_exists", "token_not_found", "rate_limited",
+		"token_exists", "token_not_found", "rate_limited", "idempotency_key_reused",
 	}
 	have := map[string]bool{}
 	statuses := map[int]bool{}

@@ -15,6 +15,9 @@
 //     fields, wrong types, trailing data, malformed ids, bad names, and
 //     paths that break the rules of the string alone (pathpolicy.CheckSyntax:
 //     absolute, clean, not protected), with the codes guestd would use;
+//   - checks the Idempotency-Key header of create and restore
+//     (api.IdempotencyKey) and forwards it unchanged: guestd keeps the
+//     answers, so a retry is answered by the guest that did the work;
 //   - relays guestd's answer: a success's data and a fail's code, message and
 //     fields as they were sent; a 5xx becomes a JSend error with a fixed
 //     message; an unreachable or silent guest becomes 503 within the dial and

@@ -11,11 +11,11 @@ import (
 	"net/http"
 	"net/url"
 	"path"
-	"strata/internal/api"
 	"strings"
 	"sync"
 	"time"
 
+	"strata/internal/api"
 	"strata/internal/jsend"
 )
 
@@ -99,24 +99,26 @@ type CreateRequest struct {
 	Name *string `json:"name,omitempty"`
 }
 
-// CreateCheckpoint captures a directory; it returns guestd's data unchanged.
-func (g *GuestClient) CreateCheckpoint(ctx context.Context, guest string, req CreateRequest) (json.RawMessage, error) {
+// CreateCheckpoint captures a directory; it returns guestd's data
+// unchanged. A non-empty idempotencyKey is sent as the Idempotency-Key
+// header, for guestd to answer a retry with the first answer.
+func (g *GuestClient) CreateCheckpoint(ctx context.Context, guest string, req CreateRequest, idempotencyKey string) (json.RawMessage, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
-	return g.call(ctx, guest, http.MethodPost, "/v1/checkpoints", body)
+	return g.call(ctx, guest, http.MethodPost, "/v1/checkpoints", body, idempotencyKey)
 }
 
 // ListCheckpoints lists every checkpoint of the sandbox, oldest first.
 func (g *GuestClient) ListCheckpoints(ctx context.Context, guest string) (json.RawMessage, error) {
-	return g.call(ctx, guest, http.MethodGet, "/v1/checkpoints", nil)
+	return g.call(ctx, guest, http.MethodGet, "/v1/checkpoints", nil, "")
 }
 
 // ListDirectories lists the managed directories and where each stands
 // (extension).
 func (g *GuestClient) ListDirectories(ctx context.Context, guest string) (json.RawMessage, error) {
-	return g.call(ctx, guest, http.MethodGet, "/v1/directories", nil)
+	return g.call(ctx, guest, http.MethodGet, "/v1/directories", nil, "")
 }
 
 // PutCredentials hands the guest what processes inside it need to call
@@ -127,23 +129,24 @@ func (g *GuestClient) PutCredentials(ctx context.Context, guest string, c api.Cr
 	if err != nil {
 		return err
 	}
-	_, err = g.call(ctx, guest, http.MethodPut, "/v1/credentials", body)
+	_, err = g.call(ctx, guest, http.MethodPut, "/v1/credentials", body, "")
 	return err
 }
 
-// RestoreCheckpoint restores a checkpoint at its original path.
-func (g *GuestClient) RestoreCheckpoint(ctx context.Context, guest, checkpointID string) (json.RawMessage, error) {
-	return g.call(ctx, guest, http.MethodPost, "/v1/checkpoints/"+url.PathEscape(checkpointID)+"/restore", nil)
+// RestoreCheckpoint restores a checkpoint at its original path; a
+// non-empty idempotencyKey is sent as the Idempotency-Key header.
+func (g *GuestClient) RestoreCheckpoint(ctx context.Context, guest, checkpointID, idempotencyKey string) (json.RawMessage, error) {
+	return g.call(ctx, guest, http.MethodPost, "/v1/checkpoints/"+url.PathEscape(checkpointID)+"/restore", nil, idempotencyKey)
 }
 
 // DeleteCheckpoint removes a checkpoint record.
 func (g *GuestClient) DeleteCheckpoint(ctx context.Context, guest, checkpointID string) (json.RawMessage, error) {
-	return g.call(ctx, guest, http.MethodDelete, "/v1/checkpoints/"+url.PathEscape(checkpointID), nil)
+	return g.call(ctx, guest, http.MethodDelete, "/v1/checkpoints/"+url.PathEscape(checkpointID), nil, "")
 }
 
 // Health asks the guest daemon whether it is up.
 func (g *GuestClient) Health(ctx context.Context, guest string) (json.RawMessage, error) {
-	return g.call(ctx, guest, http.MethodGet, "/v1/health", nil)
+	return g.call(ctx, guest, http.MethodGet, "/v1/health", nil, "")
 }
 
 // Close drops idle connections to every guest.
@@ -199,8 +202,10 @@ func withRequestID(ctx context.Context, id string) context.Context {
 
 // call sends one request and turns the answer into data or an error: a
 // guest's fail is relayed as the same *fault.Error; a 5xx, an unreachable
-// guest or a timeout become errors without the guest's text.
-func (g *GuestClient) call(ctx context.Context, guest, method, p string, body []byte) (json.RawMessage, error) {
+// guest or a timeout become errors without the guest's text. A non-empty
+// idempotencyKey goes out as the Idempotency-Key header, as the client
+// sent it (checked by api.IdempotencyKey).
+func (g *GuestClient) call(ctx context.Context, guest, method, p string, body []byte, idempotencyKey string) (json.RawMessage, error) {
 	t, err := g.transport(guest)
 	if err != nil {
 		return nil, fmt.Errorf("guest %s: %w", guest, err)
@@ -220,6 +225,9 @@ func (g *GuestClient) call(ctx context.Context, guest, method, p string, body []
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json")
+	if idempotencyKey != "" {
+		req.Header.Set(api.HeaderIdempotencyKey, idempotencyKey)
+	}
 	if id, ok := ctx.Value(requestIDKey{}).(string); ok {
 		req.Header.Set(jsend.HeaderRequestID, id)
 	}

@@ -70,15 +70,19 @@ func (s *Server) checkpointRoute(c echo.Context, body func(r *http.Request) erro
 
 func (s *Server) createCheckpoint(c echo.Context) (any, error) {
 	var req CreateRequest
+	var key string
 	sb, err := s.checkpointRoute(c, func(r *http.Request) (err error) {
-		req, err = decodeCreate(r)
+		if req, err = decodeCreate(r); err != nil {
+			return err
+		}
+		key, err = api.IdempotencyKey(r.Header.Values(api.HeaderIdempotencyKey))
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return s.guestCall(c, "create", func() (json.RawMessage, error) {
-		return s.guests.CreateCheckpoint(c.Request().Context(), sb.Guest, req)
+		return s.guests.CreateCheckpoint(c.Request().Context(), sb.Guest, req, key)
 	})
 }
 
@@ -105,7 +109,14 @@ func (s *Server) listCheckpoints(c echo.Context) (any, error) {
 }
 
 func (s *Server) restoreCheckpoint(c echo.Context) (any, error) {
-	sb, err := s.checkpointRoute(c, jsend.RejectBody)
+	var key string
+	sb, err := s.checkpointRoute(c, func(r *http.Request) (err error) {
+		if err := jsend.RejectBody(r); err != nil {
+			return err
+		}
+		key, err = api.IdempotencyKey(r.Header.Values(api.HeaderIdempotencyKey))
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +125,7 @@ func (s *Server) restoreCheckpoint(c echo.Context) (any, error) {
 		return nil, err
 	}
 	return s.guestCall(c, "restore", func() (json.RawMessage, error) {
-		return s.guests.RestoreCheckpoint(c.Request().Context(), sb.Guest, id)
+		return s.guests.RestoreCheckpoint(c.Request().Context(), sb.Guest, id, key)
 	})
 }
 

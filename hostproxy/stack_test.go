@@ -149,6 +149,9 @@ func (s *stack) stop() {
 type request struct {
 	method, path, key, body string
 	header                  map[string]string
+	// more holds headers sent with every value, after header: a header
+	// named twice, or an empty one.
+	more http.Header
 }
 
 // reply is a response, read whole.
@@ -184,6 +187,11 @@ func (s *stack) do(r request) reply {
 			req.Header.Del(k)
 		} else {
 			req.Header.Set(k, v)
+		}
+	}
+	for k, vs := range r.more {
+		for _, v := range vs {
+			req.Header.Add(k, v)
 		}
 	}
 	resp, err := s.client.Do(req)

@@ -10,6 +10,14 @@
 // path, or the checkpoint last restored) and path_nested, and it fails on
 // demand (SetFault) or stalls (SetDelay). It never touches a filesystem.
 // The real guestd is exercised by the integration tests.
+//
+// Like guestd, it honours the Idempotency-Key header of create and
+// restore: the first successful answer under a key is kept for
+// IdempotencyWindow (on the double's clock, SetClock); a retry with the
+// same key and the same request (create: path and name; restore: the
+// checkpoint id) gets that answer again and changes nothing; the same key
+// with another request is 422 idempotency_key_reused. A request that
+// failed did nothing and is not kept: its retry runs again.
 package hostproxytest
 
 import (
@@ -71,6 +79,23 @@ func Error(status int, message string) Fault {
 // Checkpoint is a checkpoint record as guestd returns it.
 type Checkpoint = api.Checkpoint
 
+// IdempotencyWindow is how long an answer is kept under its
+// Idempotency-Key.
+const IdempotencyWindow = 24 * time.Hour
+
+// errIdempotencyKeyReused is guestd's answer to a key sent again with
+// another request.
+var errIdempotencyKeyReused = fault.New(fault.Unprocessable, "idempotency_key_reused",
+	"This Idempotency-Key was already used with a different request.")
+
+// kept is an answer kept under an Idempotency-Key: what was asked, what
+// was answered, and when.
+type kept struct {
+	request string
+	data    any
+	at      time.Time
+}
+
 type faultKey struct {
 	op   Op
 	path string
@@ -97,6 +122,8 @@ type FakeGuest struct {
 	seq         uint64
 	requests    int
 	lastHeader  http.Header
+	answers     map[string]kept // by Idempotency-Key
+	now         func() time.Time
 }
 
 // Epoch is the created_at of a FakeGuest's first checkpoint; each next one
@@ -120,6 +147,7 @@ func StartFakeGuest(t testing.TB, name string) *FakeGuest {
 	g := &FakeGuest{
 		Addr: "unix://" + sock, Socket: sock, name: name,
 		head: map[string]string{}, faults: map[faultKey]Fault{}, done: make(chan struct{}),
+		answers: map[string]kept{}, now: time.Now,
 	}
 	g.srv = &http.Server{Handler: g, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
@@ -161,6 +189,14 @@ func (g *FakeGuest) SetDelay(d time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.delay = d
+}
+
+// SetClock sets the clock that ages answers kept under an
+// Idempotency-Key (time.Now by default).
+func (g *FakeGuest) SetClock(now func() time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.now = now
 }
 
 // Requests is how many requests reached the double.
@@ -273,7 +309,11 @@ func (g *FakeGuest) route(r *http.Request) (any, error) {
 		if err := jsend.RejectQueryAndBody(r); err != nil {
 			return nil, err
 		}
-		return g.restore(parts[1])
+		key, err := api.IdempotencyKey(r.Header.Values(api.HeaderIdempotencyKey))
+		if err != nil {
+			return nil, err
+		}
+		return g.restore(parts[1], key)
 	case len(parts) == 2 && parts[0] == "checkpoints" && r.Method == http.MethodDelete:
 		if err := jsend.RejectQueryAndBody(r); err != nil {
 			return nil, err
@@ -302,8 +342,16 @@ func (g *FakeGuest) create(r *http.Request) (any, error) {
 	if err := pathpolicy.CheckSyntax(p, nil); err != nil {
 		return nil, err
 	}
+	key, err := api.IdempotencyKey(r.Header.Values(api.HeaderIdempotencyKey))
+	if err != nil {
+		return nil, err
+	}
+	request := "create\x00" + p + "\x00" + name
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if data, ok, err := g.replay(key, request); ok {
+		return data, err
+	}
 	if err := g.faultFor(OpCreate, p); err != nil {
 		return nil, err
 	}
@@ -322,7 +370,33 @@ func (g *FakeGuest) create(r *http.Request) (any, error) {
 	}
 	g.head[p] = cp.ID
 	g.checkpoints = append(g.checkpoints, cp)
+	g.keep(key, request, cp)
 	return cp, nil
+}
+
+// replay answers a request that carries an Idempotency-Key already used:
+// with the kept answer when the request is the same, with 422
+// idempotency_key_reused when it is not. ok is false when the request
+// must run (no key, or none kept under it within IdempotencyWindow).
+func (g *FakeGuest) replay(key, request string) (data any, ok bool, err error) {
+	if key == "" {
+		return nil, false, nil
+	}
+	k, found := g.answers[key]
+	if !found || g.now().Sub(k.at) > IdempotencyWindow {
+		return nil, false, nil
+	}
+	if k.request != request {
+		return nil, true, errIdempotencyKeyReused.With("idempotency_key", key)
+	}
+	return k.data, true, nil
+}
+
+// keep records the successful answer to request under key.
+func (g *FakeGuest) keep(key, request string, data any) {
+	if key != "" {
+		g.answers[key] = kept{request: request, data: data, at: g.now()}
+	}
 }
 
 // newID is cp_ and 16 bytes in base64url, derived from the double's name
@@ -368,9 +442,13 @@ func (g *FakeGuest) find(id string) (int, error) {
 	return -1, fault.New(fault.NotFound, "checkpoint_not_found", "no checkpoint has this id").With("checkpoint_id", id)
 }
 
-func (g *FakeGuest) restore(id string) (any, error) {
+func (g *FakeGuest) restore(id, key string) (any, error) {
+	request := "restore\x00" + id
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if data, ok, err := g.replay(key, request); ok {
+		return data, err
+	}
 	i, err := g.find(id)
 	if err != nil {
 		return nil, err
@@ -380,7 +458,9 @@ func (g *FakeGuest) restore(id string) (any, error) {
 		return nil, err
 	}
 	g.head[cp.Path] = cp.ID
-	return map[string]string{"checkpoint_id": cp.ID, "path": cp.Path}, nil
+	data := map[string]string{"checkpoint_id": cp.ID, "path": cp.Path}
+	g.keep(key, request, data)
+	return data, nil
 }
 
 // delete removes the record only. The live directory still continues from

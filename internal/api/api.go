@@ -41,6 +41,12 @@ type Checkpoint struct {
 type Directory struct {
 	Path         string `json:"path"`
 	CheckpointID string `json:"checkpoint_id"`
+	// State is "ready", "moved" (the path no longer leads to the managed
+	// directory: a parent was renamed; now_at says where its live mount
+	// is when known) or "unavailable" (problem says why).
+	State   string `json:"state"`
+	NowAt   string `json:"now_at,omitempty"`
+	Problem string `json:"problem,omitempty"`
 }
 
 // Credentials is what the host gives a guest for the processes inside it
@@ -119,6 +125,44 @@ func checkRunes(field, s string) error {
 		}
 	}
 	return nil
+}
+
+// HeaderIdempotencyKey names the optional request header of create and
+// restore (extension) that makes a retry return the first answer instead
+// of acting again. hostproxy checks it and forwards it unchanged; guestd
+// keeps the answers.
+const HeaderIdempotencyKey = "Idempotency-Key"
+
+// MaxIdempotencyKey is the longest Idempotency-Key accepted, in bytes.
+const MaxIdempotencyKey = 255
+
+// IdempotencyKey returns the Idempotency-Key of a request from the values
+// of its header (http.Header.Values): "" when there is none; the key when
+// it is sent once with 1 to 255 printable ASCII characters (0x20–0x7E);
+// otherwise invalid_field naming the header, for a key that is empty,
+// too long, holds any other byte, or is sent twice (a retry must not be
+// matched on one of two keys).
+func IdempotencyKey(values []string) (string, error) {
+	const field = HeaderIdempotencyKey
+	switch {
+	case len(values) == 0:
+		return "", nil
+	case len(values) > 1:
+		return "", jsend.InvalidField(field, "send the Idempotency-Key header once")
+	}
+	key := values[0]
+	switch {
+	case key == "":
+		return "", jsend.InvalidField(field, "Idempotency-Key must not be empty")
+	case len(key) > MaxIdempotencyKey:
+		return "", jsend.InvalidField(field, "Idempotency-Key must be at most 255 characters").With("limit", MaxIdempotencyKey)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return "", jsend.InvalidField(field, "Idempotency-Key must be printable ASCII characters only")
+		}
+	}
+	return key, nil
 }
 
 // ValidCheckpointID reports whether id has the shape of a checkpoint id:

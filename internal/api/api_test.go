@@ -186,3 +186,74 @@ func TestCreateRequestValidate(t *testing.T) {
 		})
 	}
 }
+
+// FuzzIdempotencyKey checks the Idempotency-Key rule on any value, sent
+// once or twice: a key is accepted exactly when it is sent once and is 1
+// to 255 printable ASCII characters, comes back unchanged, and anything
+// else is invalid_field naming the header.
+func FuzzIdempotencyKey(f *testing.F) {
+	for _, seed := range []string{"", "retry-1", "a b", "\x7f", "é", "k\x00", strings.Repeat("k", 255), strings.Repeat("k", 256)} {
+		f.Add(seed, false)
+		f.Add(seed, true)
+	}
+	f.Fuzz(func(t *testing.T, key string, twice bool) {
+		values := []string{key}
+		if twice {
+			values = append(values, key)
+		}
+		got, err := IdempotencyKey(values)
+		valid := !twice && len(key) >= 1 && len(key) <= 255
+		for _, c := range []byte(key) {
+			valid = valid && c >= ' ' && c <= '~'
+		}
+		if valid {
+			if err != nil || got != key {
+				t.Fatalf("IdempotencyKey(%+q) = %+q, %v", values, got, err)
+			}
+			return
+		}
+		fe := fault.As(err)
+		if got != "" || fe == nil || fe.Code != "invalid_field" || fe.Fields["field"] != HeaderIdempotencyKey {
+			t.Fatalf("IdempotencyKey(%+q) = %+q, %v; want invalid_field naming Idempotency-Key", values, got, err)
+		}
+	})
+}
+
+// TestIdempotencyKey: the header of create and restore (issue 6): absent
+// is no key; present, it is 1 to 255 printable ASCII characters sent once.
+func TestIdempotencyKey(t *testing.T) {
+	tests := []struct {
+		name   string
+		values []string
+		want   string
+		ok     bool
+	}{
+		{"absent", nil, "", true},
+		{"uuid", []string{"3f2b8c1e-9d4a-4e6b-8f0a-1c2d3e4f5a6b"}, "3f2b8c1e-9d4a-4e6b-8f0a-1c2d3e4f5a6b", true},
+		{"one character", []string{"k"}, "k", true},
+		{"every printable", []string{" !~azAZ09"}, " !~azAZ09", true},
+		{"255 characters", []string{strings.Repeat("k", 255)}, strings.Repeat("k", 255), true},
+		{"empty", []string{""}, "", false},
+		{"256 characters", []string{strings.Repeat("k", 256)}, "", false},
+		{"tab", []string{"a\tb"}, "", false},
+		{"DEL", []string{"a\x7fb"}, "", false},
+		{"non-ASCII", []string{"clé"}, "", false},
+		{"twice, the same", []string{"k", "k"}, "", false},
+		{"twice, different", []string{"k", "l"}, "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := IdempotencyKey(tc.values)
+			if tc.ok {
+				if err != nil || got != tc.want {
+					t.Fatalf("got %q, %v; want %q", got, err, tc.want)
+				}
+				return
+			}
+			fe := fault.As(err)
+			if fe == nil || fe.Code != "invalid_field" || fe.Fields["field"] != "Idempotency-Key" {
+				t.Fatalf("got %q, %v; want invalid_field naming Idempotency-Key", got, err)
+			}
+		})
+	}
+}
