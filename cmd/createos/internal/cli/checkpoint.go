@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"strata/internal/api"
 )
 
 func (a *app) checkpointCommand() *cobra.Command {
@@ -20,17 +22,25 @@ func (a *app) checkpointCommand() *cobra.Command {
 }
 
 func (a *app) createCommand() *cobra.Command {
-	var dir, name string
+	var dir, name, key string
 	cmd := &cobra.Command{
-		Use:   "create [SANDBOX] --path DIR [--name NAME]",
+		Use:   "create [SANDBOX] --path DIR [--name NAME] [--idempotency-key KEY]",
 		Short: "Capture a directory's current file state",
 		Long: `Capture a directory's current file state as a new checkpoint.
 
 Stop processes and file transfers that use the directory first: the API
-answers directory_busy when it finds one, and lists them.`,
-		Example: "  createos sandbox checkpoint create sb-local --path /workspace/project --name before-update",
-		Args:    cobra.MaximumNArgs(1),
+answers directory_busy when it finds one, and lists them.
+
+With --idempotency-key, running the same command again with the same key
+(within 24 hours) prints the checkpoint the first run made instead of
+making another: safe to retry after a timeout.`,
+		Example: "  createos sandbox checkpoint create sb-local --path /workspace/project --name before-update\n" +
+			"  createos sandbox checkpoint create sb-local --path /workspace/project --idempotency-key \"$(uuidgen)\"",
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkIdempotencyFlag(cmd, key); err != nil {
+				return err
+			}
 			c, sb, _, err := a.start(args, 0)
 			if err != nil {
 				return err
@@ -39,7 +49,7 @@ answers directory_busy when it finds one, and lists them.`,
 			if cmd.Flags().Changed("name") {
 				namePtr = &name
 			}
-			cp, raw, err := c.CreateCheckpoint(cmd.Context(), sb, dir, namePtr)
+			cp, raw, err := c.CreateCheckpoint(cmd.Context(), sb, dir, namePtr, key)
 			if err != nil {
 				return wrap(err)
 			}
@@ -51,6 +61,7 @@ answers directory_busy when it finds one, and lists them.`,
 	}
 	cmd.Flags().StringVar(&dir, "path", "", "absolute path of the directory to capture (required)")
 	cmd.Flags().StringVar(&name, "name", "", "display name of the checkpoint (at most 128 bytes)")
+	idempotencyFlag(cmd, &key, "a retry with the same key gets the first run's checkpoint instead of a new one")
 	_ = cmd.MarkFlagRequired("path")
 	_ = cmd.MarkFlagDirname("path")
 	return cmd
@@ -136,19 +147,27 @@ restored there (see docs/cli.md).`,
 }
 
 func (a *app) restoreCommand() *cobra.Command {
+	var key string
 	cmd := &cobra.Command{
-		Use:   "restore [SANDBOX] CHECKPOINT",
+		Use:   "restore [SANDBOX] CHECKPOINT [--idempotency-key KEY]",
 		Short: "Restore a checkpoint at its original path",
 		Long: `Restore a checkpoint at its original path. Changes made since that
 checkpoint that were not captured are discarded from the live directory;
-later checkpoints stay restorable. Capture first to keep them.`,
+later checkpoints stay restorable. Capture first to keep them.
+
+With --idempotency-key, running the same command again with the same key
+(within 24 hours) prints the first run's answer and restores nothing
+again, even if the directory changed since.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkIdempotencyFlag(cmd, key); err != nil {
+				return err
+			}
 			c, sb, rest, err := a.start(args, 1)
 			if err != nil {
 				return err
 			}
-			r, raw, err := c.RestoreCheckpoint(cmd.Context(), sb, rest[0])
+			r, raw, err := c.RestoreCheckpoint(cmd.Context(), sb, rest[0], key)
 			if err != nil {
 				return wrap(err)
 			}
@@ -159,8 +178,28 @@ later checkpoints stay restorable. Capture first to keep them.`,
 			return err
 		},
 	}
+	idempotencyFlag(cmd, &key, "a retry with the same key gets the first run's answer and restores nothing again")
 	cmd.ValidArgsFunction = a.completeCheckpoint
 	return cmd
+}
+
+// idempotencyFlag adds --idempotency-key to cmd.
+func idempotencyFlag(cmd *cobra.Command, key *string, what string) {
+	cmd.Flags().StringVar(key, "idempotency-key", "", "send this Idempotency-Key (1-255 printable ASCII characters): "+what)
+	_ = cmd.RegisterFlagCompletionFunc("idempotency-key", cobra.NoFileCompletions)
+}
+
+// checkIdempotencyFlag refuses, as a usage error, a --idempotency-key
+// that the API would refuse: given but empty, too long, or not printable
+// ASCII.
+func checkIdempotencyFlag(cmd *cobra.Command, key string) error {
+	if !cmd.Flags().Changed("idempotency-key") {
+		return nil
+	}
+	if _, err := api.IdempotencyKey([]string{key}); err != nil {
+		return fmt.Errorf("--idempotency-key %q: want 1 to 255 printable ASCII characters", key)
+	}
+	return nil
 }
 
 func (a *app) deleteCommand() *cobra.Command {

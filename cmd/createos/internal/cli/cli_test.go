@@ -29,7 +29,9 @@ const (
 
 // env is a CLI test's world: a hostproxy on 127.0.0.1:0 with fake guests
 // (hostproxytest.FakeGuest, the guestd test double) for sb-a1 and sb-a2 of
-// account A, sb-b1 of account B, and the environment variables createos reads.
+// account A, sb-b1 of account B, and the environment variables createos
+// reads. Its credentials file is in t.TempDir() and absent, never the
+// machine's /run/strata/credentials.env.
 type env struct {
 	t      *testing.T
 	url    string
@@ -76,13 +78,17 @@ func startEnv(t *testing.T) *env {
 		srv.Close()
 	})
 	e.url = "http://" + ln.Addr().String()
-	e.vars = map[string]string{EnvAPIURL: e.url, EnvAPIKey: keyA, EnvSandboxID: "sb-a1"}
+	e.vars = map[string]string{
+		EnvAPIURL: e.url, EnvAPIKey: keyA, EnvSandboxID: "sb-a1",
+		EnvCredentials: filepath.Join(t.TempDir(), "credentials.env"),
+	}
 	return e
 }
 
 // run runs one createos command line in-process.
 func (e *env) run(args ...string) (stdout, stderr string, code int) {
 	e.t.Helper()
+	checkHermetic(e.t, e.vars)
 	var out, errb bytes.Buffer
 	code = Run(context.Background(), args, &out, &errb, func(k string) string { return e.vars[k] })
 	return out.String(), errb.String(), code
@@ -107,6 +113,17 @@ func (e *env) create(sandbox, path, name string) Checkpoint {
 		e.t.Fatalf("create -o json printed %q: %v", out, err)
 	}
 	return cp
+}
+
+// checkHermetic fails a test whose createos would read the machine's own
+// credentials file: left by `make run` or a real sandbox, it would make
+// the test's outcome depend on the machine (issue 6, defect 8).
+func checkHermetic(t *testing.T, vars map[string]string) {
+	t.Helper()
+	f := vars[EnvCredentials]
+	if f == "" || !filepath.IsAbs(f) || filepath.Clean(f) == DefaultCredentials || strings.HasPrefix(f, "/run/strata/") || strings.HasPrefix(f, "/var/lib/strata/") {
+		t.Fatalf("%s=%q: point it at a file under t.TempDir()", EnvCredentials, f)
+	}
 }
 
 func checkGoldenText(t *testing.T, name, got string) {
@@ -347,5 +364,141 @@ func TestTimeout(t *testing.T) {
 	_, errOut, code := e.run("sandbox", "checkpoint", "list", "--timeout", "300ms")
 	if code != 1 || time.Since(start) > 3*time.Second || !strings.Contains(errOut, "Timeout") {
 		t.Errorf("exit %d after %v: %s", code, time.Since(start), errOut)
+	}
+}
+
+// TestCredentialsFileIsNamed pins defect 8 of issue 6: createos read
+// /run/strata/credentials.env without a word, so a stale key left there
+// by `make run` failed as though the user had given it, and a CLI test
+// passed or failed with the machine's state. The file is
+// $CREATEOS_CREDENTIALS (here in a temp dir), and an error names every
+// value that came from it.
+func TestCredentialsFileIsNamed(t *testing.T) {
+	e := startEnv(t)
+	file := filepath.Join(t.TempDir(), "credentials.env")
+	write := func(content string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("CREATEOS_API_URL='" + e.url + "'\nCREATEOS_API_KEY='sk_stale_key_stale_key_stale_key'\nCREATEOS_SANDBOX_ID='sb-a1'\n")
+	e.vars = map[string]string{EnvCredentials: file}
+	note := func(what, name string) string {
+		return "note: " + what + " came from " + file + " (" + name + " there)"
+	}
+	keyNote, urlNote, sbNote := note("the API key", EnvAPIKey), note("the API address", EnvAPIURL), note("the sandbox", EnvSandboxID)
+
+	cases := []struct {
+		name    string
+		vars    map[string]string // added to the environment
+		args    []string
+		code    int
+		want    []string
+		wantNot []string
+	}{
+		{"stale key from the file", nil, []string{"sandbox", "checkpoint", "list"}, 1,
+			[]string{"unauthorized", keyNote, urlNote, sbNote}, nil},
+		{"key from the flag", nil, []string{"sandbox", "checkpoint", "list", "sb-b1", "--api-key", keyA}, 1,
+			[]string{"sandbox_not_found", urlNote}, []string{keyNote, sbNote}},
+		{"key from the environment", map[string]string{EnvAPIKey: "sk_env_key_env_key_env_key_env"}, []string{"sandbox", "checkpoint", "list", "sb-a1"}, 1,
+			[]string{"unauthorized", urlNote}, []string{keyNote, sbNote}},
+		{"everything from flags", nil, []string{"sandbox", "checkpoint", "list", "sb-a1", "--api-key", "sk_flag_key_flag_key_flag_key", "--api-url", e.url}, 1,
+			[]string{"unauthorized"}, []string{"note:"}},
+		{"-o json keeps stderr the server's answer", nil, []string{"sandbox", "checkpoint", "list", "-o", "json"}, 1,
+			[]string{`"code":"unauthorized"`}, []string{"note:"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e.vars = map[string]string{EnvCredentials: file}
+			for k, v := range tc.vars {
+				e.vars[k] = v
+			}
+			_, errOut, code := e.run(tc.args...)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d:\n%s", code, tc.code, errOut)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errOut, w) {
+					t.Errorf("stderr lacks %q:\n%s", w, errOut)
+				}
+			}
+			for _, w := range tc.wantNot {
+				if strings.Contains(errOut, w) {
+					t.Errorf("stderr has %q:\n%s", w, errOut)
+				}
+			}
+		})
+	}
+
+	// The file's values work when they are right, silently.
+	write("CREATEOS_API_URL='" + e.url + "'\nCREATEOS_API_KEY='" + keyA + "'\nCREATEOS_SANDBOX_ID='sb-a1'\n")
+	e.vars = map[string]string{EnvCredentials: file}
+	if out, errOut, code := e.run("sandbox", "checkpoint", "list"); code != 0 || out != "No checkpoints.\n" || errOut != "" {
+		t.Errorf("with a good file: exit %d, %q, %q", code, out, errOut)
+	}
+	// A missing value names the file that lacked it too.
+	write("")
+	if _, errOut, code := e.run("sandbox", "checkpoint", "list"); code != 2 || !strings.Contains(errOut, "no API address") || !strings.Contains(errOut, file) {
+		t.Errorf("empty file: exit %d: %s", code, errOut)
+	}
+}
+
+// TestIdempotencyKeyFlag: --idempotency-key on create and restore sends
+// the Idempotency-Key header (issue 6), so running the same command again
+// prints the first run's answer instead of acting twice; a key the API
+// would refuse is a usage error before any call.
+func TestIdempotencyKeyFlag(t *testing.T) {
+	e := startEnv(t)
+	g := e.guests["sb-a1"]
+	create := func(name, key string) []string {
+		return []string{"sandbox", "checkpoint", "create", "sb-a1", "--path", "/workspace/project", "--name", name, "--idempotency-key", key, "-o", "json"}
+	}
+	first := e.ok(create("first", "create-1")...)
+	if got := g.LastHeader().Get("Idempotency-Key"); got != "create-1" {
+		t.Errorf("the guest got Idempotency-Key %q", got)
+	}
+	if again := e.ok(create("first", "create-1")...); again != first {
+		t.Errorf("retry printed %s, want the first answer %s", again, first)
+	}
+	if n := len(g.Checkpoints()); n != 1 {
+		t.Errorf("%d checkpoints after a retry, want 1", n)
+	}
+	if _, errOut, code := e.run(create("second", "create-1")...); code != 1 || !strings.Contains(errOut, "idempotency_key_reused") {
+		t.Errorf("same key, another name: exit %d: %s", code, errOut)
+	}
+	// Without the flag, no header.
+	e.ok("sandbox", "checkpoint", "create", "--path", "/workspace/project")
+	if _, ok := g.LastHeader()["Idempotency-Key"]; ok {
+		t.Errorf("Idempotency-Key sent without the flag")
+	}
+
+	var cp Checkpoint
+	if err := json.Unmarshal([]byte(first), &cp); err != nil {
+		t.Fatal(err)
+	}
+	restored := e.ok("sandbox", "checkpoint", "restore", cp.ID, "--idempotency-key", "restore-1")
+	if got := g.LastHeader().Get("Idempotency-Key"); got != "restore-1" {
+		t.Errorf("restore: the guest got Idempotency-Key %q", got)
+	}
+	latest := e.create("sb-a1", "/workspace/project", "latest")
+	if again := e.ok("sandbox", "checkpoint", "restore", cp.ID, "--idempotency-key", "restore-1"); again != restored {
+		t.Errorf("restore retry printed %q, want %q", again, restored)
+	}
+	if h := g.Head("/workspace/project"); h != latest.ID {
+		t.Errorf("the restore retry restored again: head %s, want %s", h, latest.ID)
+	}
+
+	before := g.Requests()
+	for _, bad := range []string{"", strings.Repeat("k", 256), "clé", "a\tb"} {
+		if _, errOut, code := e.run("sandbox", "checkpoint", "create", "--path", "/workspace/project", "--idempotency-key", bad); code != 2 || !strings.Contains(errOut, "--idempotency-key") {
+			t.Errorf("--idempotency-key %q: exit %d: %s", bad, code, errOut)
+		}
+		if _, _, code := e.run("sandbox", "checkpoint", "restore", cp.ID, "--idempotency-key", bad); code != 2 {
+			t.Errorf("restore --idempotency-key %q: exit %d", bad, code)
+		}
+	}
+	if g.Requests() != before {
+		t.Errorf("a refused --idempotency-key reached the guest")
 	}
 }

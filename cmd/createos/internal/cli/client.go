@@ -59,6 +59,11 @@ func (e *APIError) Error() string {
 // call sends one request; on success it decodes data into out (when not
 // nil) and returns the raw data too.
 func (c *Client) call(ctx context.Context, method, path string, body any, out any) (json.RawMessage, error) {
+	return c.callWith(ctx, method, path, nil, body, out)
+}
+
+// callWith is call with extra request headers.
+func (c *Client) callWith(ctx context.Context, method, path string, header http.Header, body any, out any) (json.RawMessage, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -74,6 +79,11 @@ func (c *Client) call(ctx context.Context, method, path string, body any, out an
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, vs := range header {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
 	}
 	req.Header.Set("X-Api-Key", c.Key)
 	req.Header.Set("Accept", "application/json")
@@ -142,14 +152,25 @@ func sandboxPath(sandbox string, rest ...string) string {
 	return p
 }
 
-// CreateCheckpoint captures dir; name is sent only when set.
-func (c *Client) CreateCheckpoint(ctx context.Context, sandbox, dir string, name *string) (Checkpoint, json.RawMessage, error) {
+// idempotency is the Idempotency-Key header of create and restore, or
+// none for an empty key.
+func idempotency(key string) http.Header {
+	if key == "" {
+		return nil
+	}
+	return http.Header{api.HeaderIdempotencyKey: {key}}
+}
+
+// CreateCheckpoint captures dir; name is sent only when set. A non-empty
+// idempotencyKey is sent as the Idempotency-Key header: a retry with the
+// same key gets the first answer instead of a second checkpoint.
+func (c *Client) CreateCheckpoint(ctx context.Context, sandbox, dir string, name *string, idempotencyKey string) (Checkpoint, json.RawMessage, error) {
 	body := map[string]string{"path": dir}
 	if name != nil {
 		body["name"] = *name
 	}
 	var cp Checkpoint
-	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "checkpoints"), body, &cp)
+	raw, err := c.callWith(ctx, http.MethodPost, sandboxPath(sandbox, "checkpoints"), idempotency(idempotencyKey), body, &cp)
 	return cp, raw, err
 }
 
@@ -168,10 +189,11 @@ func (c *Client) ListDirectories(ctx context.Context, sandbox string) ([]api.Dir
 	return list, err
 }
 
-// RestoreCheckpoint restores a checkpoint at its path.
-func (c *Client) RestoreCheckpoint(ctx context.Context, sandbox, id string) (Restored, json.RawMessage, error) {
+// RestoreCheckpoint restores a checkpoint at its path; a non-empty
+// idempotencyKey is sent as the Idempotency-Key header.
+func (c *Client) RestoreCheckpoint(ctx context.Context, sandbox, id, idempotencyKey string) (Restored, json.RawMessage, error) {
 	var r Restored
-	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "checkpoints", id, "restore"), nil, &r)
+	raw, err := c.callWith(ctx, http.MethodPost, sandboxPath(sandbox, "checkpoints", id, "restore"), idempotency(idempotencyKey), nil, &r)
 	return r, raw, err
 }
 

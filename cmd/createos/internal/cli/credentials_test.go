@@ -6,29 +6,47 @@ import (
 	"testing"
 )
 
+// TestCredentialsFile: what the environment lacks comes from the file that
+// $CREATEOS_CREDENTIALS names, and the environment knows which values did.
 func TestCredentialsFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "credentials.env")
-	os.WriteFile(path, []byte("CREATEOS_API_URL='http://10.0.0.1:8080'\nCREATEOS_SANDBOX_ID='sb-1'\nCREATEOS_API_KEY='sbt_abc'\n"), 0o600)
-	env := map[string]string{EnvCredentials: path, EnvSandboxID: "sb-from-env"}
-	get := withCredentialsFile(func(k string) string { return env[k] })
-	tests := []struct{ name, want string }{
-		{EnvAPIURL, "http://10.0.0.1:8080"},
-		{EnvAPIKey, "sbt_abc"},
-		{EnvSandboxID, "sb-from-env"}, // the environment wins
-		{"OTHER", ""},
+	if err := os.WriteFile(path, []byte("CREATEOS_API_URL='http://10.0.0.1:8080'\nCREATEOS_SANDBOX_ID='sb-1'\nCREATEOS_API_KEY='sbt_abc'\n# CREATEOS_OTHER='x'\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{EnvCredentials: path, EnvSandboxID: "sb-from-env"}
+	env := newEnvironment(func(k string) string { return vars[k] })
+	if env.File != path {
+		t.Fatalf("file %q, want %q", env.File, path)
+	}
+	tests := []struct {
+		name, want string
+		inFile     bool
+	}{
+		{EnvAPIURL, "http://10.0.0.1:8080", true},
+		{EnvAPIKey, "sbt_abc", true},
+		{EnvSandboxID, "sb-from-env", false}, // the environment wins
+		{"CREATEOS_OTHER", "", false},
+		{"OTHER", "", false},
 	}
 	for _, tc := range tests {
-		if got := get(tc.name); got != tc.want {
+		if got := env.get(tc.name); got != tc.want {
 			t.Errorf("%s = %q, want %q", tc.name, got, tc.want)
 		}
+		if env.inFile(tc.name) != tc.inFile {
+			t.Errorf("%s: inFile %v, want %v", tc.name, env.inFile(tc.name), tc.inFile)
+		}
 	}
-	none := withCredentialsFile(func(k string) string {
+	missing := filepath.Join(t.TempDir(), "missing")
+	none := newEnvironment(func(k string) string {
 		if k == EnvCredentials {
-			return filepath.Join(t.TempDir(), "missing")
+			return missing
 		}
 		return ""
 	})
-	if v := none(EnvAPIKey); v != "" {
+	if v := none.get(EnvAPIKey); v != "" || none.inFile(EnvAPIKey) {
 		t.Errorf("missing file gave %q", v)
+	}
+	if d := newEnvironment(func(string) string { return "" }); d.File != DefaultCredentials {
+		t.Errorf("default file %q, want %q", d.File, DefaultCredentials)
 	}
 }

@@ -6,7 +6,10 @@
 // 1 when the API or the network fails (the server's code and message are
 // printed), 2 on a usage error. The API address and key come from flags or
 // the environment (CREATEOS_API_URL, CREATEOS_API_KEY); a command's SANDBOX
-// argument defaults to CREATEOS_SANDBOX_ID.
+// argument defaults to CREATEOS_SANDBOX_ID. What those leave unset comes
+// from the sandbox's credentials file (CREATEOS_CREDENTIALS, default
+// /run/strata/credentials.env), and a failure says which values did, so
+// that a stale file is never used silently.
 //
 // It keeps no state between runs: the tree command draws what the list
 // endpoint returns, nothing more (see docs/cli.md for what that can and

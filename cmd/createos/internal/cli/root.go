@@ -20,15 +20,25 @@ const (
 	EnvAPIURL    = "CREATEOS_API_URL"
 	EnvAPIKey    = "CREATEOS_API_KEY"
 	EnvSandboxID = "CREATEOS_SANDBOX_ID"
-	// EnvCredentials names the env file guestd writes inside a sandbox.
+	// EnvCredentials names the env file guestd writes inside a sandbox,
+	// from which createos takes what its flags and environment lack.
 	EnvCredentials = "CREATEOS_CREDENTIALS"
-	// DefaultCredentials is that file's default path.
+	// DefaultCredentials is that file's path when EnvCredentials is unset.
 	DefaultCredentials = "/run/strata/credentials.env"
 )
 
+// fileValues are the values createos may take from the credentials file,
+// and what each is, for the notes that say so.
+var fileValues = []struct{ name, what string }{
+	{EnvAPIURL, "the API address"},
+	{EnvAPIKey, "the API key"},
+	{EnvSandboxID, "the sandbox"},
+}
+
 // Run executes one createos command line and returns its exit status.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{stdout: stdout, stderr: stderr, getenv: withCredentialsFile(getenv)}
+	env := newEnvironment(getenv)
+	a := &app{stdout: stdout, stderr: stderr, env: env, getenv: env.get, used: map[string]bool{}}
 	root := a.rootCommand()
 	root.SetArgs(args)
 	root.SetOut(stdout)
@@ -42,14 +52,30 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	switch {
 	case errors.As(err, &apiErr):
 		a.printAPIError(apiErr)
+		if a.output != "json" {
+			a.printFileNotes()
+		}
 		return 1
 	case errors.As(err, &callErr):
 		fmt.Fprintln(stderr, "createos:", callErr.err)
+		a.printFileNotes()
 		return 1
 	default:
 		fmt.Fprintln(stderr, "createos:", err)
+		a.printFileNotes()
 		fmt.Fprintln(stderr, "Run 'createos --help' for usage.")
 		return 2
+	}
+}
+
+// printFileNotes says which of the values used came from the credentials
+// file rather than from a flag or the environment: a stale key left there
+// must not fail as though it were the one the user gave.
+func (a *app) printFileNotes() {
+	for _, v := range fileValues {
+		if a.used[v.name] && a.env.inFile(v.name) {
+			fmt.Fprintf(a.stderr, "  note: %s came from %s (%s there), not from a flag or the environment\n", v.what, a.env.File, v.name)
+		}
 	}
 }
 
@@ -61,7 +87,11 @@ func (e *callError) Unwrap() error { return e.err }
 
 type app struct {
 	stdout, stderr io.Writer
-	getenv         func(string) string
+	env            *environment
+	getenv         func(string) string // env.get
+	// used names the variables whose values a command used (not
+	// overridden by a flag), for printFileNotes.
+	used map[string]bool
 
 	apiURL, apiKey, output string
 	timeout                time.Duration
@@ -76,7 +106,10 @@ list and draw its checkpoints, restore one, delete one, and manage the
 sandbox's access token.
 
 The API address comes from --api-url or $CREATEOS_API_URL, the key from
---api-key or $CREATEOS_API_KEY, and SANDBOX defaults to $CREATEOS_SANDBOX_ID.`,
+--api-key or $CREATEOS_API_KEY, and SANDBOX defaults to $CREATEOS_SANDBOX_ID.
+What these leave unset is read from the sandbox's credentials file
+($CREATEOS_CREDENTIALS, default /run/strata/credentials.env), and an error
+says which values came from there.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -98,16 +131,22 @@ func (a *app) client() (*Client, error) {
 	if a.output != "table" && a.output != "json" {
 		return nil, fmt.Errorf("--output %q: want table or json", a.output)
 	}
-	url := firstOf(a.apiURL, a.getenv(EnvAPIURL))
+	url := a.apiURL
 	if url == "" {
-		return nil, fmt.Errorf("no API address: pass --api-url or set %s", EnvAPIURL)
+		url = a.fromEnv(EnvAPIURL)
+	}
+	if url == "" {
+		return nil, fmt.Errorf("no API address: pass --api-url or set %s (%s has none either)", EnvAPIURL, a.env.File)
 	}
 	if !strings.HasPrefix(url, "http://") && !strings.HasPrefix(url, "https://") {
 		return nil, fmt.Errorf("API address %q: want an http:// or https:// URL", url)
 	}
-	key := firstOf(a.apiKey, a.getenv(EnvAPIKey))
+	key := a.apiKey
 	if key == "" {
-		return nil, fmt.Errorf("no API key: pass --api-key or set %s", EnvAPIKey)
+		key = a.fromEnv(EnvAPIKey)
+	}
+	if key == "" {
+		return nil, fmt.Errorf("no API key: pass --api-key or set %s (%s has none either)", EnvAPIKey, a.env.File)
 	}
 	return &Client{BaseURL: url, Key: key, HTTP: newHTTPClient(a.timeout)}, nil
 }
@@ -120,17 +159,13 @@ func group(cmd *cobra.Command) *cobra.Command {
 	return cmd
 }
 
-func firstOf(vs ...string) string {
-	for _, v := range vs {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
+// fromEnv is a.getenv(name), marking name as used; call it only where a
+// flag did not already give the value.
+func (a *app) fromEnv(name string) string {
+	a.used[name] = true
+	return a.getenv(name)
 }
 
-// sandboxArg splits args into the sandbox (args[0] when there are want+1
-// arguments, else $CREATEOS_SANDBOX_ID) and the rest.
 // start is the beginning of every command: the API client, the sandbox
 // and the other arguments.
 func (a *app) start(args []string, want int) (*Client, string, []string, error) {
@@ -142,13 +177,15 @@ func (a *app) start(args []string, want int) (*Client, string, []string, error) 
 	return c, sb, rest, err
 }
 
+// sandboxArg splits args into the sandbox (args[0] when there are want+1
+// arguments, else $CREATEOS_SANDBOX_ID) and the rest.
 func (a *app) sandboxArg(args []string, want int) (string, []string, error) {
 	if len(args) == want+1 {
 		return args[0], args[1:], nil
 	}
-	sb := a.getenv(EnvSandboxID)
+	sb := a.fromEnv(EnvSandboxID)
 	if sb == "" {
-		return "", nil, fmt.Errorf("no sandbox: give SANDBOX or set %s", EnvSandboxID)
+		return "", nil, fmt.Errorf("no sandbox: give SANDBOX or set %s (%s has none either)", EnvSandboxID, a.env.File)
 	}
 	return sb, args, nil
 }
