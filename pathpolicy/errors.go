@@ -44,6 +44,13 @@ func violation(code, path, offending, message string) *fault.Error {
 	return &fault.Error{Kind: fault.Unprocessable, Code: code, Message: message, Fields: fields}
 }
 
+// Violation is the 422 error for a broken path rule found outside this
+// package (a check on an open handle that closes a race with the path
+// checks here).
+func Violation(code, path, offending, message string) error {
+	return violation(code, path, offending, message)
+}
+
 // invalidPath is the 400 error for a path that is not a path at all. The
 // value is not echoed back: it may be 4 KiB of garbage or hold a NUL byte.
 func invalidPath(message string) *fault.Error {

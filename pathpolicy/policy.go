@@ -59,6 +59,17 @@ type Policy struct {
 // The walk watches ctx and returns ctx.Err() when cancelled. Failures to
 // read the filesystem or the mount table are unclassified (internal) errors.
 func (p *Policy) CheckEnroll(ctx context.Context, path string, managed []string) error {
+	if err := p.CheckEnrollPath(path, managed); err != nil {
+		return err
+	}
+	return CheckTree(ctx, p.fsPath(path), false, displayUnder(path))
+}
+
+// CheckEnrollPath runs the rules of CheckEnroll that concern the path and
+// the mount table (1 to 4), not the tree below it. guestd runs it, then
+// opens the directory by handle and runs CheckTreeFD on that handle, so
+// that the tree it checks is the one it enrolls.
+func (p *Policy) CheckEnrollPath(path string, managed []string) error {
 	if err := CheckSyntax(path, p.ExtraProtected); err != nil {
 		return err
 	}
@@ -72,16 +83,18 @@ func (p *Policy) CheckEnroll(ctx context.Context, path string, managed []string)
 	if err != nil {
 		return err
 	}
-	if err := p.checkMounts(path, mounts); err != nil {
-		return err
-	}
-	display := func(rel string) string {
+	return p.checkMounts(path, mounts)
+}
+
+// displayUnder maps a path relative to the directory path to the path the
+// user sees.
+func displayUnder(path string) func(rel string) string {
+	return func(rel string) string {
 		if rel == "" {
 			return path
 		}
 		return path + "/" + rel
 	}
-	return CheckTree(ctx, p.fsPath(path), false, display)
 }
 
 // CheckNoMountsBelow fails with path_mount when a mount point lies strictly

@@ -46,6 +46,26 @@ func CheckTree(ctx context.Context, dir string, whiteouts bool, display func(rel
 	if err != nil {
 		return fmt.Errorf("pathpolicy: open %s: %w", dir, err)
 	}
+	return checkTreeFD(ctx, fd, dir, whiteouts, display)
+}
+
+// CheckTreeFD is CheckTree on the directory open at fd (which stays open):
+// the walk starts at that inode, whatever its path now leads to. path is
+// the directory's path for messages; display maps relative paths to what
+// the user sees, as in CheckTree.
+func CheckTreeFD(ctx context.Context, fd int, path string, whiteouts bool, display func(rel string) string) error {
+	if display == nil {
+		display = displayUnder(path)
+	}
+	dup, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("pathpolicy: open %s: %w", path, err)
+	}
+	return checkTreeFD(ctx, dup, path, whiteouts, display)
+}
+
+// checkTreeFD walks the directory open at fd, which it closes.
+func checkTreeFD(ctx context.Context, fd int, dir string, whiteouts bool, display func(rel string) string) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
