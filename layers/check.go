@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -80,6 +81,22 @@ func Check(dir string) (*Report, error) {
 				rep.Problems = append(rep.Problems, fmt.Sprintf("checkpoint %s: %v", c.ID, err))
 			}
 		}
+		zs, err := t.zombies()
+		if err != nil {
+			return err
+		}
+		for _, z := range zs {
+			for _, d := range z.Layers {
+				if known[d] == "" {
+					known[d] = "detached"
+				}
+			}
+		}
+		table, err := mountinfo.GetMounts(nil)
+		if err != nil {
+			return err
+		}
+		rep.Problems = append(rep.Problems, mountProblems(filepath.Join(dir, "layers"), rs, table)...)
 		return nil
 	})
 	if err != nil {
@@ -112,4 +129,67 @@ func Check(dir string) (*Report, error) {
 	}
 	slices.Sort(rep.Problems)
 	return rep, nil
+}
+
+// CheckMounts lists what is wrong with the live mounts of an open store
+// (see mountProblems); nil when nothing is.
+func (s *Store) CheckMounts() ([]string, error) {
+	var rs []*rootRecord
+	if err := s.view(func(t tx) (err error) {
+		rs, err = t.roots()
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	table, err := mountinfo.GetMounts(nil)
+	if err != nil {
+		return nil, err
+	}
+	return mountProblems(s.layers, rs, table), nil
+}
+
+// mountProblems checks the invariant that keeps sealed layers sealed: an
+// upper layer is the upper of at most one writable overlay superblock
+// (bind mounts of one superblock count once), and each ready root has
+// exactly one writable overlay of this store, on top at its path, with
+// the recorded stack.
+func mountProblems(layers string, roots []*rootRecord, table []*mountinfo.Info) []string {
+	var out []string
+	probe := &Store{layers: layers}
+	writers := map[uint64]map[uint64]string{} // upper -> superblock -> a mountpoint
+	for _, m := range table {
+		up, ok := probe.upperOf(m)
+		if !ok || superReadOnly(m.VFSOptions) {
+			continue
+		}
+		if writers[up] == nil {
+			writers[up] = map[uint64]string{}
+		}
+		writers[up][mountDev(m)] = m.Mountpoint
+	}
+	for up, sbs := range writers {
+		if len(sbs) > 1 {
+			var at []string
+			for _, mp := range sbs {
+				at = append(at, mp)
+			}
+			slices.Sort(at)
+			out = append(out, fmt.Sprintf("layer %d is the upper of %d writable overlays (%v)", up, len(sbs), at))
+		}
+	}
+	for _, r := range roots {
+		if r.State != rootReady {
+			continue
+		}
+		sbs := writers[r.Mounted.Upper]
+		if len(sbs) == 0 {
+			out = append(out, fmt.Sprintf("root %s: no writable overlay has its upper layer %d", r.Path, r.Mounted.Upper))
+			continue
+		}
+		stack := stackAt(table, r.Path)
+		if len(stack) == 0 || !r.Mounted.Matches(stack[0].VFSOptions) {
+			out = append(out, fmt.Sprintf("root %s: the overlay on top of it is not the recorded stack", r.Path))
+		}
+	}
+	return out
 }

@@ -123,13 +123,13 @@ func (s *Store) buildSpan(ctx context.Context, rootID uint64, upper, lower segme
 	id := s.newLayerID()
 	defer s.unpin(id)
 	defer s.pin(append([]uint64{upper.dir, lower.dir}, below...)...)()
-	o := s.newOp(ctx, "compact", "")
+	o := s.newOp(ctx, opCompact, "")
 	if err := s.buildMerged(o, id, lower.dir, upper.dir, below); err != nil {
 		o.done(err)
 		return err
 	}
 	sp := &spanRecord{ID: id, Root: rootID, Top: upper.top, Bottom: lower.bottom, Count: upper.count + lower.count}
-	err := o.step("commit", func() error {
+	err := o.step(stepCommit, func() error {
 		return s.db.Update(func(btx *bolt.Tx) error {
 			t := tx{btx}
 			// The covered run must be intact: walk it again, and count
@@ -168,14 +168,14 @@ func (s *Store) buildMerged(o *op, id, lower, upper uint64, below []uint64) erro
 		belowDirs[i] = s.fsDir(b)
 	}
 	stage := filepath.Join(s.tmp, layerName(id))
-	err := o.step("merge", func() error {
+	err := o.step(stepMerge, func() error {
 		if err := os.MkdirAll(filepath.Join(stage, "fs"), 0o755); err != nil {
 			return err
 		}
 		return merge(o.ctx, filepath.Join(stage, "fs"), []string{s.fsDir(lower), s.fsDir(upper)}, belowDirs)
 	})
 	if err == nil {
-		err = o.step("sync", func() error {
+		err = o.step(stepSync, func() error {
 			if err := syncFS(stage); err != nil {
 				return err
 			}

@@ -3,10 +3,17 @@ package layers
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"strata/internal/fault"
 )
 
 // overlayXattrPrefix names the xattrs overlayfs keeps for itself in a
@@ -22,18 +29,11 @@ func lstatIno(path string) (uint64, error) {
 	return st.Ino, nil
 }
 
-func statDev(path string) (uint64, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return 0, &os.PathError{Op: "stat", Path: path, Err: err}
-	}
-	return st.Dev, nil
-}
-
-// exchange swaps two paths atomically (renameat2 RENAME_EXCHANGE).
-func exchange(a, b string) error {
-	if err := unix.Renameat2(unix.AT_FDCWD, a, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE); err != nil {
-		return &os.LinkError{Op: "rename exchange", Old: a, New: b, Err: err}
+// exchangeAt swaps the entry name of the directory open at dir with the
+// store path b atomically (renameat2 RENAME_EXCHANGE).
+func exchangeAt(dir int, name, b string) error {
+	if err := unix.Renameat2(dir, name, unix.AT_FDCWD, b, unix.RENAME_EXCHANGE); err != nil {
+		return &os.LinkError{Op: "rename exchange", Old: name, New: b, Err: err}
 	}
 	return nil
 }
@@ -65,9 +65,20 @@ func syncDir(path string) error {
 // directories. overlayfs takes the merged root's attributes from the upper
 // layer's root, so each new upper must start as a copy of the old one.
 func copyDirAttrs(src, dst string) error {
+	fd, err := unix.Open(src, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: src, Err: err}
+	}
+	defer unix.Close(fd)
+	return copyDirAttrsFD(fd, dst)
+}
+
+// copyDirAttrsFD is copyDirAttrs from the directory open at src; dst is a
+// directory of the store's own.
+func copyDirAttrsFD(src int, dst string) error {
 	var st unix.Stat_t
-	if err := unix.Lstat(src, &st); err != nil {
-		return &os.PathError{Op: "lstat", Path: src, Err: err}
+	if err := unix.Fstat(src, &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: dst, Err: err}
 	}
 	if err := unix.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
 		return &os.PathError{Op: "chown", Path: dst, Err: err}
@@ -75,7 +86,7 @@ func copyDirAttrs(src, dst string) error {
 	if err := unix.Chmod(dst, st.Mode&07777); err != nil {
 		return &os.PathError{Op: "chmod", Path: dst, Err: err}
 	}
-	if err := copyXattrs(src, dst); err != nil {
+	if err := copyXattrsFD(src, dst); err != nil {
 		return err
 	}
 	ts := []unix.Timespec{st.Atim, st.Mtim}
@@ -85,10 +96,20 @@ func copyDirAttrs(src, dst string) error {
 	return nil
 }
 
-// copyXattrs copies every xattr of src to dst except overlayfs's own
-// (user xattrs that overlayfs escaped as trusted.overlay.overlay.* stay).
+// copyXattrs copies every xattr of src to dst (paths in the store, not
+// followed) except overlayfs's own (user xattrs that overlayfs escaped as
+// trusted.overlay.overlay.* stay).
 func copyXattrs(src, dst string) error {
-	names, err := listXattrs(src)
+	return copyXattrsWith(dst, func() ([]string, error) { return listXattrs(src) }, func(n string) ([]byte, error) { return getXattr(src, n) })
+}
+
+// copyXattrsFD is copyXattrs from the file open at src.
+func copyXattrsFD(src int, dst string) error {
+	return copyXattrsWith(dst, func() ([]string, error) { return listXattrsFD(src) }, func(n string) ([]byte, error) { return getXattrFD(src, n) })
+}
+
+func copyXattrsWith(dst string, list func() ([]string, error), get func(string) ([]byte, error)) error {
+	names, err := list()
 	if err != nil {
 		return err
 	}
@@ -96,7 +117,7 @@ func copyXattrs(src, dst string) error {
 		if strings.HasPrefix(n, overlayXattrPrefix) && !strings.HasPrefix(n, overlayXattrPrefix+"overlay.") {
 			continue
 		}
-		v, err := getXattr(src, n)
+		v, err := get(n)
 		if err != nil {
 			return err
 		}
@@ -108,9 +129,17 @@ func copyXattrs(src, dst string) error {
 }
 
 func listXattrs(path string) ([]string, error) {
+	return listXattrsWith(func(b []byte) (int, error) { return unix.Llistxattr(path, b) })
+}
+
+func listXattrsFD(fd int) ([]string, error) {
+	return listXattrsWith(func(b []byte) (int, error) { return unix.Flistxattr(fd, b) })
+}
+
+func listXattrsWith(list func([]byte) (int, error)) ([]string, error) {
 	buf := make([]byte, 1024)
 	for {
-		n, err := unix.Llistxattr(path, buf)
+		n, err := list(buf)
 		if errors.Is(err, unix.ERANGE) {
 			buf = make([]byte, len(buf)*4)
 			continue
@@ -119,7 +148,7 @@ func listXattrs(path string) ([]string, error) {
 			return nil, nil
 		}
 		if err != nil {
-			return nil, &os.PathError{Op: "listxattr", Path: path, Err: err}
+			return nil, &os.PathError{Op: "listxattr", Path: "", Err: err}
 		}
 		var out []string
 		for _, b := range bytes.Split(buf[:n], []byte{0}) {
@@ -132,27 +161,26 @@ func listXattrs(path string) ([]string, error) {
 }
 
 func getXattr(path, name string) ([]byte, error) {
+	return getXattrWith(name, func(b []byte) (int, error) { return unix.Lgetxattr(path, name, b) })
+}
+
+func getXattrFD(fd int, name string) ([]byte, error) {
+	return getXattrWith(name, func(b []byte) (int, error) { return unix.Fgetxattr(fd, name, b) })
+}
+
+func getXattrWith(name string, get func([]byte) (int, error)) ([]byte, error) {
 	buf := make([]byte, 256)
 	for {
-		n, err := unix.Lgetxattr(path, name, buf)
+		n, err := get(buf)
 		if errors.Is(err, unix.ERANGE) {
 			buf = make([]byte, len(buf)*4)
 			continue
 		}
 		if err != nil {
-			return nil, &os.PathError{Op: "getxattr " + name, Path: path, Err: err}
+			return nil, &os.PathError{Op: "getxattr " + name, Path: "", Err: err}
 		}
 		return buf[:n], nil
 	}
-}
-
-// freeBytes returns the space available to root on path's filesystem.
-func freeBytes(path string) (uint64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
-		return 0, &os.PathError{Op: "statfs", Path: path, Err: err}
-	}
-	return st.Bfree * uint64(st.Bsize), nil
 }
 
 // bootID identifies this boot of the kernel: mounts never outlive it.
@@ -162,4 +190,75 @@ func bootID() string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// space is what statfs says of a filesystem, for root.
+type space struct {
+	totalBytes, freeBytes   uint64
+	totalInodes, freeInodes uint64
+}
+
+func statSpace(path string) (space, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return space{}, &os.PathError{Op: "statfs", Path: path, Err: err}
+	}
+	bs := uint64(st.Bsize)
+	return space{totalBytes: st.Blocks * bs, freeBytes: st.Bfree * bs, totalInodes: st.Files, freeInodes: st.Ffree}, nil
+}
+
+// isNoSpace reports whether err is the filesystem running out of blocks,
+// inodes or quota.
+func isNoSpace(err error) bool {
+	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT)
+}
+
+// classifyNoSpace turns an out-of-space failure of any step into 507
+// insufficient_storage; every step undoes what it did on failure, so the
+// client can free space and retry.
+func classifyNoSpace(err error) error {
+	if err == nil || !isNoSpace(err) || fault.As(err) != nil {
+		return err
+	}
+	return ErrNoSpace.Wrap(err)
+}
+
+// lockStore takes the store's lock file (flock, exclusive, not waiting)
+// and writes this process's pid into it. A store already held fails with
+// a message that names the store and the holder.
+func lockStore(dir string) (*os.File, error) {
+	path := filepath.Join(dir, "lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, classifyNoSpace(fmt.Errorf("open store lock: %w", err))
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		pid, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			holder := strings.TrimSpace(string(pid))
+			if holder == "" {
+				holder = "unknown"
+			}
+			return nil, fmt.Errorf("store %s is in use by another guestd (pid %s): stop it first", dir, holder)
+		}
+		return nil, fmt.Errorf("lock store %s: %w", dir, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return f, nil
+}
+
+// detachUnder lazily unmounts every mount at or below dir (a probe mount
+// left by a crash).
+func detachUnder(dir string) {
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	if err != nil {
+		return
+	}
+	// Deepest first.
+	for i := len(ms) - 1; i >= 0; i-- {
+		unix.Unmount(ms[i].Mountpoint, unix.MNT_DETACH)
+	}
 }

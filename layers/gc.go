@@ -87,7 +87,6 @@ func (s *Store) collect(ctx context.Context) {
 	for id := range s.pins {
 		keep[id] = true
 	}
-	var paths []string
 	err := s.db.View(func(btx *bolt.Tx) error {
 		t := tx{btx}
 		ls, err := t.layers()
@@ -109,7 +108,6 @@ func (s *Store) collect(ctx context.Context) {
 			return err
 		}
 		for _, r := range rs {
-			paths = append(paths, r.Path)
 			for _, id := range r.Mounted.Dirs() {
 				keep[id] = true
 			}
@@ -127,7 +125,7 @@ func (s *Store) collect(ctx context.Context) {
 		// crash between a commit and its swap, a swap that failed) is in
 		// use: keep its dirs until it is replaced.
 		var ids []uint64
-		ids, err = s.mountedDirs(paths)
+		ids, err = s.mountedDirs()
 		for _, id := range ids {
 			keep[id] = true
 		}
@@ -164,17 +162,12 @@ func (s *Store) collect(ctx context.Context) {
 	_ = clearDir(s.trash)
 }
 
-// mountedDirs returns the layer dirs of our overlay mounts at paths.
-func (s *Store) mountedDirs(paths []string) ([]uint64, error) {
-	if len(paths) == 0 {
-		return nil, nil
-	}
-	want := map[string]bool{}
-	for _, p := range paths {
-		want[p] = true
-	}
+// mountedDirs returns the layer dirs of every overlay mount of ours in
+// the mount table, wherever it is mounted: a root whose parent was
+// renamed keeps using its layers at its new place.
+func (s *Store) mountedDirs() ([]uint64, error) {
 	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
-		return !want[m.Mountpoint] || m.FSType != "overlay", false
+		return m.FSType != "overlay", false
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read mountinfo: %w", err)
@@ -284,8 +277,11 @@ func (s *Store) recover(ctx context.Context) error {
 		if r.State != rootEnrolling {
 			continue
 		}
+		// An enrollment that cannot be finished is reported for its root
+		// and never keeps the others from being served.
 		if err := s.resolveEnroll(ctx, r); err != nil {
-			return err
+			s.log.Error("interrupted enrollment could not be finished", "path", r.Path, "err", err)
+			s.setProblem(r.ID, err)
 		}
 	}
 	if err := s.db.Update(func(btx *bolt.Tx) error { return s.sweepRecords(tx{btx}) }); err != nil {
@@ -298,10 +294,14 @@ func (s *Store) recover(ctx context.Context) error {
 		return err
 	}
 	for _, r := range roots {
+		if r.State != rootReady {
+			continue // an enrollment left alone above is not mounted
+		}
 		if err := s.ensureMounted(ctx, r); err != nil {
 			// One broken root must not keep the others from being served;
 			// operations on it retry and report the failure.
 			s.log.Error("remount managed root", "path", r.Path, "err", err)
+			s.setProblem(r.ID, err)
 		} else {
 			s.log.Info("managed root mounted", "path", r.Path, "layers", len(r.Mounted.Dirs()))
 		}
@@ -321,15 +321,14 @@ func (s *Store) resolveEnroll(ctx context.Context, r *rootRecord) error {
 	switch {
 	case err == nil && ino == in.OrigIno:
 		s.log.Info("finishing interrupted enrollment", "path", r.Path)
-		o := s.newOp(ctx, "recover.enroll", r.Path)
-		_, err := s.finishEnroll(o, r)
+		o := s.newOp(context.WithoutCancel(ctx), opRecoverEnroll, r.Path)
+		_, err := s.finishEnroll(o, r, nil)
 		o.done(err)
 		return err
 	case errors.Is(err, os.ErrNotExist) || (err == nil && ino == in.MountpointIno):
 		s.log.Info("undoing interrupted enrollment", "path", r.Path)
 		return s.abandonEnroll(r)
 	default:
-		s.log.Error("interrupted enrollment left alone: the store's copy is neither the user's directory nor the prepared one", "path", r.Path, "err", err)
-		return nil
+		return fmt.Errorf("interrupted enrollment of %s left alone: the store's copy is neither the user's directory nor the prepared one (%v)", r.Path, err)
 	}
 }

@@ -15,40 +15,6 @@ import (
 	"strata/pathpolicy"
 )
 
-// topMount returns the mount on top of path, or nil when nothing is
-// mounted exactly there. Mounts stacked on one mountpoint are chained by
-// parent id; a mount moved beneath sits between the old top and its parent.
-func topMount(path string) (*mountinfo.Info, error) {
-	top, _, err := mountsAt(path)
-	return top, err
-}
-
-// mountsAt returns the mount on top of path and the one right under it
-// at the same path (nil when there is none).
-func mountsAt(path string) (top, under *mountinfo.Info, err error) {
-	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
-	if err != nil {
-		return nil, nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	if len(ms) == 0 {
-		return nil, nil, nil
-	}
-	parents := map[int]bool{}
-	byID := map[int]*mountinfo.Info{}
-	for _, m := range ms {
-		parents[m.Parent] = true
-		byID[m.ID] = m
-	}
-	top = ms[len(ms)-1]
-	for _, m := range ms {
-		if !parents[m.ID] {
-			top = m
-			break
-		}
-	}
-	return top, byID[top.Parent], nil
-}
-
 func superReadOnly(vfsOpts string) bool {
 	return vfsOpts == "ro" || strings.HasPrefix(vfsOpts, "ro,")
 }
@@ -63,60 +29,90 @@ func (s *Store) ours(m *mountinfo.Info) bool {
 	return strings.HasPrefix(upper, s.layers+"/")
 }
 
-// ensureMounted makes the live mount at root.Path the one the metadata
-// says: kept when it already is (a guestd restart must not disturb the
-// directory's users), thawed if a crash left it frozen, mounted when
-// missing (cold boot), swapped when another of our stacks is on top.
+// ensureMounted opens root by identity and makes its live mount the one
+// the metadata says (see settle).
 func (s *Store) ensureMounted(ctx context.Context, root *rootRecord) error {
-	m, under, err := mountsAt(root.Path)
+	h, err := s.openRoot(root)
 	if err != nil {
 		return err
 	}
+	defer h.Close()
+	_, err = s.settle(ctx, root, h)
+	return err
+}
+
+// settle makes the live mount at the open root h the one the metadata
+// says: kept when it already is (a guestd restart must not disturb the
+// directory's users), thawed if a crash left it frozen, mounted when
+// missing (cold boot), swapped when another of our stacks is on top, and
+// a half-done swap (the recorded stack slid beneath a frozen old one)
+// finished. changed reports that the mounts at the root are not what h
+// saw any more: the caller reopens it.
+func (s *Store) settle(ctx context.Context, root *rootRecord, h *rootHandle) (changed bool, err error) {
+	m := h.top()
 	if m == nil {
-		if err := setImmutable(root.Path, true); err != nil {
-			return err
+		if err := s.checkOneWriter(h.table, root.Mounted.Upper, nil); err != nil {
+			return false, err
 		}
-		return s.mounter.Mount(ctx, root.Path, root.Mounted)
+		if err := s.immutableAt(root, h); err != nil {
+			return false, err
+		}
+		return true, s.mounter.Mount(ctx, h.target(), root.Mounted)
 	}
 	if !s.ours(m) {
-		return fmt.Errorf("managed root %s is covered by a %s mount that is not strata's", root.Path, m.FSType)
+		return false, fmt.Errorf("managed root %s is covered by a %s mount that is not strata's", root.Path, m.FSType)
 	}
 	if root.Mounted.Matches(m.VFSOptions) {
 		if superReadOnly(m.VFSOptions) {
-			return thaw(root.Path)
+			return false, thaw(h.target())
 		}
-		return nil
+		return false, nil
 	}
 	// A stack from before a crash: freeze it (it may share its upper with
 	// the stack we want) and swap.
 	if !superReadOnly(m.VFSOptions) {
-		if err := s.freezeOrBusy(ctx, root); err != nil {
-			return err
+		if err := s.freezeOrBusy(ctx, root, h); err != nil {
+			return false, err
 		}
 	}
-	if under != nil && s.ours(under) && root.Mounted.Matches(under.VFSOptions) {
+	if len(h.stack) > 1 && s.ours(h.stack[1]) && root.Mounted.Matches(h.stack[1].VFSOptions) {
 		// A crash between sliding the recorded stack beneath and
 		// unmounting the old one: finish that swap rather than mount a
 		// second copy of the same upper.
-		dev, err := statDev(root.Path)
+		under := h.stack[1]
+		lazy, err := unmountTop(h.target())
 		if err != nil {
-			return err
-		}
-		lazy, err := unmountTop(root.Path)
-		if err != nil {
-			return err
+			return false, err
 		}
 		if lazy {
-			s.recordZombie(root.Path, dev, stackOf(s.layers, m))
+			s.recordZombie(root.Path, mountDev(m), stackOf(s.layers, m))
 		}
 		if superReadOnly(under.VFSOptions) {
-			return thaw(root.Path)
+			return true, thaw(h.target())
 		}
-		return nil
+		return true, nil
 	}
 	old := *root
 	old.Mounted = stackOf(s.layers, m)
-	return s.swap(ctx, &old, root)
+	return true, s.swap(ctx, h, &old, root)
+}
+
+// immutableAt sets the immutable flag on the unmounted mountpoint of the
+// open root h, checking that the directory it opened is the root's.
+func (s *Store) immutableAt(root *rootRecord, h *rootHandle) error {
+	fd, err := openDirAt(h.parent, h.name)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Ino != root.Ino || st.Dev != root.Dev {
+		return ErrDirectoryMoved.With("path", root.Path)
+	}
+	return setImmutableFD(fd, true)
 }
 
 // stackOf describes a mounted overlay of ours as a read-only Stack (its
@@ -149,17 +145,20 @@ func layerIDOf(layers, dir string) (uint64, bool) {
 	return id, true
 }
 
-// swap replaces the (frozen) stack of old with newRoot's. An old stack
-// still in use is detached lazily and recorded as a zombie, so that its
-// layer dirs outlive it.
-func (s *Store) swap(ctx context.Context, old, newRoot *rootRecord) error {
-	dev, err := statDev(old.Path)
-	if err != nil {
+// swap replaces the (frozen) stack of old at the open root h with
+// newRoot's. An old stack still in use is detached lazily and recorded as
+// a zombie, so that its layer dirs outlive it.
+func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *rootRecord) error {
+	top := h.top()
+	if top == nil {
+		return fmt.Errorf("managed root %s: nothing mounted to swap", old.Path)
+	}
+	if err := s.checkOneWriter(h.table, newRoot.Mounted.Upper, top); err != nil {
 		return err
 	}
-	lazy, err := s.mounter.Replace(ctx, old.Path, newRoot.Mounted)
+	lazy, err := s.mounter.Replace(ctx, h.target(), newRoot.Mounted)
 	if lazy {
-		s.recordZombie(old.Path, dev, old.Mounted)
+		s.recordZombie(old.Path, mountDev(top), old.Mounted)
 	}
 	if err == nil && !lazy && old.Mounted.Upper != 0 && old.Mounted.Upper != newRoot.Mounted.Upper {
 		// The old upper is no mount's upper any more: its overlay work
@@ -182,26 +181,27 @@ func (s *Store) recordZombie(path string, dev uint64, st Stack) {
 	}
 }
 
-// freezeOrBusy freezes the live mount, turning the kernel's EBUSY (a
-// writer the advisory scan did not see) into 409 directory_busy.
-func (s *Store) freezeOrBusy(ctx context.Context, root *rootRecord) error {
-	err := freeze(root.Path)
+// freezeOrBusy freezes the live mount of the open root h, turning the
+// kernel's EBUSY (a writer the advisory scan did not see) into 409
+// directory_busy.
+func (s *Store) freezeOrBusy(ctx context.Context, root *rootRecord, h *rootHandle) error {
+	err := freeze(h.target())
 	if err == nil || !errors.Is(err, unix.EBUSY) {
 		return err
 	}
-	holders, _ := s.holdersMounted(ctx, root)
+	holders, _ := s.holdersMounted(ctx, root, h)
 	if err := s.busyFrom(root.Path, holders); err != nil {
 		return err
 	}
 	return pathpolicy.BusyError(root.Path, nil)
 }
 
-func (s *Store) holdersMounted(ctx context.Context, root *rootRecord) ([]pathpolicy.Holder, error) {
-	dev, err := statDev(root.Path)
-	if err != nil {
-		return nil, err
+func (s *Store) holdersMounted(ctx context.Context, root *rootRecord, h *rootHandle) ([]pathpolicy.Holder, error) {
+	top := h.top()
+	if top == nil {
+		return nil, fmt.Errorf("managed root %s is not mounted", root.Path)
 	}
-	t := pathpolicy.Target{Path: root.Path, Dev: dev, WholeDev: true}
+	t := pathpolicy.Target{Path: root.Path, Dev: mountDev(top), WholeDev: true}
 	for _, id := range root.Mounted.Dirs() {
 		t.BackingDirs = append(t.BackingDirs, s.fsDir(id))
 	}
@@ -209,8 +209,8 @@ func (s *Store) holdersMounted(ctx context.Context, root *rootRecord) ([]pathpol
 }
 
 // busyCheckMounted is the advisory scan of a managed root.
-func (s *Store) busyCheckMounted(ctx context.Context, root *rootRecord) error {
-	holders, err := s.holdersMounted(ctx, root)
+func (s *Store) busyCheckMounted(ctx context.Context, root *rootRecord, h *rootHandle) error {
+	holders, err := s.holdersMounted(ctx, root, h)
 	if err != nil {
 		return err
 	}

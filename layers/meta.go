@@ -22,7 +22,8 @@ var (
 	bucketZombies      = []byte("zombies")
 	bucketSpans        = []byte("spans")
 	bucketLayerRefs    = []byte("layer_checkpoints")
-	allBuckets         = [][]byte{bucketMeta, bucketRoots, bucketLayers, bucketCheckpoints, bucketCheckpointID, bucketZombies, bucketSpans, bucketLayerRefs}
+	bucketIdempotency  = []byte("idempotency")
+	allBuckets         = [][]byte{bucketMeta, bucketRoots, bucketLayers, bucketCheckpoints, bucketCheckpointID, bucketZombies, bucketSpans, bucketLayerRefs, bucketIdempotency}
 	keySchema          = []byte("schema")
 )
 
@@ -39,8 +40,13 @@ const (
 
 // rootRecord is a managed mount root.
 type rootRecord struct {
-	ID     uint64 `json:"id"`
-	Path   string `json:"path"`
+	ID   uint64 `json:"id"`
+	Path string `json:"path"`
+	// Dev and Ino identify the root: the empty mountpoint directory that
+	// enrollment left at Path. Path is only where it is expected; an
+	// operation checks that Path still leads to this inode.
+	Dev    uint64 `json:"dev,omitempty"`
+	Ino    uint64 `json:"ino,omitempty"`
 	State  string `json:"state"`
 	Active uint64 `json:"active"` // the read-write layer
 	// Head is the checkpoint the live directory continues from: the newest
@@ -62,6 +68,18 @@ type enrollIntent struct {
 	Checkpoint    string    `json:"checkpoint"`
 	Name          string    `json:"name"`
 	Created       time.Time `json:"created"`
+	// Idempotency is the create request's key, recorded at the commit.
+	Idempotency *idemRecord `json:"idempotency,omitempty"`
+}
+
+// idemRecord is the first answer to a request that carried an
+// Idempotency-Key: a retry with the same key and request gets Result
+// again; the same key with another request is refused.
+type idemRecord struct {
+	Key     string     `json:"key"`
+	Request string     `json:"request"`
+	Result  Checkpoint `json:"result"`
+	Created time.Time  `json:"created"`
 }
 
 // layerRecord is a layer: base (Parent 0), sealed, or active.
@@ -285,6 +303,38 @@ func (t tx) checkpoints() ([]*checkpointRecord, error) {
 		return nil
 	})
 	return out, err
+}
+
+func (t tx) idempotency(key string) (*idemRecord, error) {
+	var r idemRecord
+	ok, err := getJSON(t.Bucket(bucketIdempotency), []byte(key), &r)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &r, nil
+}
+
+func (t tx) putIdempotency(r *idemRecord) error {
+	return putJSON(t.Bucket(bucketIdempotency), []byte(r.Key), r)
+}
+
+// pruneIdempotency forgets answers older than idempotencyTTL.
+func (t tx) pruneIdempotency(now time.Time) error {
+	b := t.Bucket(bucketIdempotency)
+	var old [][]byte
+	err := b.ForEach(func(k, v []byte) error {
+		var r idemRecord
+		if json.Unmarshal(v, &r) != nil || now.Sub(r.Created) > idempotencyTTL {
+			old = append(old, append([]byte(nil), k...))
+		}
+		return nil
+	})
+	for _, k := range old {
+		if err == nil {
+			err = b.Delete(k)
+		}
+	}
+	return err
 }
 
 func (t tx) zombies() ([]*zombieRecord, error) {

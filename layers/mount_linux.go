@@ -5,8 +5,11 @@ import (
 	"errors"
 	"os"
 	"runtime"
+	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"strata/internal/failpoint"
 )
 
 // moveMountBeneath is MOVE_MOUNT_BENEATH (Linux 6.5), not yet named in x/sys.
@@ -41,42 +44,45 @@ func (m *fsMounter) build(s Stack) (int, error) {
 	return mfd, nil
 }
 
-func (m *fsMounter) Mount(ctx context.Context, target string, s Stack) error {
+func (m *fsMounter) Mount(ctx context.Context, t target, s Stack) error {
 	mfd, err := m.build(s)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(mfd)
-	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return &MountError{Op: "move_mount", Target: target, Err: err}
+	if err := unix.MoveMount(mfd, "", t.Dir, t.Name, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return &MountError{Op: "move_mount", Target: t.Name, Err: err}
 	}
 	return nil
 }
 
-func (m *fsMounter) Replace(ctx context.Context, target string, s Stack) (bool, error) {
+func (m *fsMounter) Replace(ctx context.Context, t target, s Stack) (bool, error) {
 	mfd, err := m.build(s)
 	if err != nil {
 		return false, err
 	}
 	defer unix.Close(mfd)
-	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH|moveMountBeneath); err != nil {
-		return false, &MountError{Op: "move_mount beneath", Target: target, Err: err}
+	if err := unix.MoveMount(mfd, "", t.Dir, t.Name, unix.MOVE_MOUNT_F_EMPTY_PATH|moveMountBeneath); err != nil {
+		return false, &MountError{Op: "move_mount beneath", Target: t.Name, Err: err}
 	}
-	return unmountTop(target)
+	// The new stack is beneath the old one: a crash here leaves both, the
+	// frozen old one on top, and recovery finishes the swap.
+	failpoint.Hit(fpSwapBeneath)
+	return unmountTop(t)
 }
 
-// unmountTop removes the top mount at target: a plain umount when nothing
-// uses it, a lazy detach when something does.
-func unmountTop(target string) (lazy bool, err error) {
-	err = unix.Unmount(target, 0)
+// unmountTop removes the top mount at t: a plain umount when nothing uses
+// it, a lazy detach when something does.
+func unmountTop(t target) (lazy bool, err error) {
+	err = unix.Unmount(t.Path(), unix.UMOUNT_NOFOLLOW)
 	if err == nil {
 		return false, nil
 	}
 	if !errors.Is(err, unix.EBUSY) {
-		return false, &MountError{Op: "umount", Target: target, Err: err}
+		return false, &MountError{Op: "umount", Target: t.Name, Err: err}
 	}
-	if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {
-		return false, &MountError{Op: "umount lazy", Target: target, Err: err}
+	if err := unix.Unmount(t.Path(), unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+		return false, &MountError{Op: "umount lazy", Target: t.Name, Err: err}
 	}
 	return true, nil
 }
@@ -88,10 +94,10 @@ type legacyMounter struct{}
 
 func (legacyMounter) Name() string { return "mount2" }
 
-func (legacyMounter) Mount(ctx context.Context, target string, s Stack) error {
+func (legacyMounter) Mount(ctx context.Context, t target, s Stack) error {
 	data := s.LegacyData()
 	if len(data) >= os.Getpagesize() {
-		return &MountError{Op: "mount", Target: target, Err: errors.New("overlay options exceed one page")}
+		return &MountError{Op: "mount", Target: t.Name, Err: errors.New("overlay options exceed one page")}
 	}
 	errc := make(chan error, 1)
 	go func() {
@@ -99,15 +105,15 @@ func (legacyMounter) Mount(ctx context.Context, target string, s Stack) error {
 		// Unlock makes the runtime discard the thread when this goroutine ends.
 		runtime.LockOSThread()
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			errc <- &MountError{Op: "unshare CLONE_FS", Target: target, Err: err}
+			errc <- &MountError{Op: "unshare CLONE_FS", Target: t.Name, Err: err}
 			return
 		}
 		if err := unix.Chdir(s.Layers); err != nil {
 			errc <- &MountError{Op: "chdir", Target: s.Layers, Err: err}
 			return
 		}
-		if err := unix.Mount("overlay", target, "overlay", 0, data); err != nil {
-			errc <- &MountError{Op: "mount", Target: target, Err: err}
+		if err := unix.Mount("overlay", t.Path(), "overlay", 0, data); err != nil {
+			errc <- &MountError{Op: "mount", Target: t.Name, Err: err}
 			return
 		}
 		errc <- nil
@@ -115,42 +121,52 @@ func (legacyMounter) Mount(ctx context.Context, target string, s Stack) error {
 	return <-errc
 }
 
-func (l legacyMounter) Replace(ctx context.Context, target string, s Stack) (bool, error) {
-	lazy, err := unmountTop(target)
+func (l legacyMounter) Replace(ctx context.Context, t target, s Stack) (bool, error) {
+	lazy, err := unmountTop(t)
 	if err != nil {
 		return false, err
 	}
-	return lazy, l.Mount(ctx, target, s)
+	// Nothing is mounted: a crash here leaves the immutable mountpoint,
+	// and recovery mounts the recorded stack.
+	failpoint.Hit(fpSwapUnmounted)
+	return lazy, l.Mount(ctx, t, s)
 }
 
-// freeze makes the overlay superblock at target read-only. It fails with
+// freeze makes the overlay superblock at t read-only. It fails with
 // EBUSY while any process has a file open for writing on it (a writable
 // shared mapping too): the atomic gate of every capture and restore.
-func freeze(target string) error {
-	if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
-		return &MountError{Op: "remount ro", Target: target, Err: err}
+func freeze(t target) error {
+	if err := unix.Mount("", t.Path(), "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		return &MountError{Op: "remount ro", Target: t.Name, Err: err}
 	}
 	return nil
 }
 
-// thaw makes the overlay superblock at target writable again.
-func thaw(target string) error {
-	if err := unix.Mount("", target, "", unix.MS_REMOUNT, ""); err != nil {
-		return &MountError{Op: "remount rw", Target: target, Err: err}
+// thaw makes the overlay superblock at t writable again.
+func thaw(t target) error {
+	if err := unix.Mount("", t.Path(), "", unix.MS_REMOUNT, ""); err != nil {
+		return &MountError{Op: "remount rw", Target: t.Name, Err: err}
 	}
 	return nil
 }
 
-// setImmutable sets or clears FS_IMMUTABLE_FL on the directory dir. An
-// immutable empty mountpoint refuses every write that would land under a
-// mount while the mount is away, and mounting over it still works.
+// setImmutable sets or clears FS_IMMUTABLE_FL on the directory dir (a
+// path the store controls). An immutable empty mountpoint refuses every
+// write that would land under a mount while the mount is away, and
+// mounting over it still works.
 func setImmutable(dir string, on bool) error {
-	const fsImmutableFL = 0x10
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return &os.PathError{Op: "open", Path: dir, Err: err}
 	}
 	defer unix.Close(fd)
+	return setImmutableFD(fd, on)
+}
+
+// setImmutableFD is setImmutable on an open directory.
+func setImmutableFD(fd int, on bool) error {
+	const fsImmutableFL = 0x10
+	dir := "fd " + strconv.Itoa(fd)
 	flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
 	if err != nil {
 		return &os.PathError{Op: "FS_IOC_GETFLAGS", Path: dir, Err: err}
@@ -197,16 +213,39 @@ func probeOne(ctx context.Context, scratch string, m Mounter) error {
 			return err
 		}
 	}
-	target := scratch + "/m"
-	if err := m.Mount(ctx, target, s); err != nil {
+	dfd, err := openDirAt(unix.AT_FDCWD, scratch)
+	if err != nil {
 		return err
 	}
-	defer unix.Unmount(target, unix.MNT_DETACH)
-	if err := freeze(target); err != nil {
+	defer unix.Close(dfd)
+	t := target{Dir: dfd, Name: "m"}
+	if err := m.Mount(ctx, t, s); err != nil {
 		return err
 	}
-	if _, err := m.Replace(ctx, target, Stack{Layers: scratch, Upper: 4, Lowers: []uint64{3, 2, 1}}); err != nil {
+	defer unix.Unmount(t.Path(), unix.MNT_DETACH)
+	if err := freeze(t); err != nil {
 		return err
 	}
-	return unix.Unmount(target, 0)
+	if _, err := m.Replace(ctx, t, Stack{Layers: scratch, Upper: 4, Lowers: []uint64{3, 2, 1}}); err != nil {
+		return err
+	}
+	return unix.Unmount(t.Path(), 0)
+}
+
+// probeNoWrite picks a Mounter without creating anything (the store's
+// filesystem is full): the new mount API when the kernel's overlayfs
+// takes "lowerdir+" (6.8+), mount(2) otherwise. Nothing is mounted.
+func probeNoWrite(dir string, legacy bool) (Mounter, error) {
+	if legacy {
+		return legacyMounter{}, nil
+	}
+	fd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return legacyMounter{}, nil
+	}
+	defer unix.Close(fd)
+	if err := unix.FsconfigSetString(fd, "lowerdir+", dir); err != nil {
+		return legacyMounter{}, nil
+	}
+	return &fsMounter{}, nil
 }

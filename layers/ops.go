@@ -12,35 +12,46 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
+	"strata/internal/fault"
 	"strata/pathpolicy"
 )
 
 // Capture checkpoints the directory at path. The first capture of a
 // directory enrolls it as a managed mount root.
-func (s *Store) Capture(ctx context.Context, path, name string) (cp Checkpoint, err error) {
+func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) (cp Checkpoint, err error) {
 	if err := pathpolicy.CheckSyntax(path, s.policy().ExtraProtected); err != nil {
 		return Checkpoint{}, err
 	}
+	req := createRequest(applyOptions(opts).idemKey, path, name)
 	release, err := s.begin(path)
 	if err != nil {
 		return Checkpoint{}, err
 	}
 	defer release()
 	var root *rootRecord
-	if err := s.db.View(func(btx *bolt.Tx) error {
-		root, err = tx{btx}.rootByPath(path)
+	var prior *Checkpoint
+	if err := s.view(func(t tx) error {
+		if prior, err = t.replay(req, time.Now()); err != nil || prior != nil {
+			return err
+		}
+		root, err = t.rootByPath(path)
 		return err
 	}); err != nil {
 		return Checkpoint{}, err
 	}
+	if prior != nil {
+		return *prior, nil
+	}
 	if root != nil && root.State == rootEnrolling {
 		// An enrollment that failed after its exchange (guestd still
-		// running): finish or undo it now, then go on.
-		if err := s.resolveEnroll(ctx, root); err != nil {
+		// running): finish or undo it now, then go on. Finishing does not
+		// depend on this request: a client that hangs up must not leave
+		// the directory half enrolled.
+		if err := s.resolveEnroll(context.WithoutCancel(ctx), root); err != nil {
 			return Checkpoint{}, err
 		}
-		if err := s.db.View(func(btx *bolt.Tx) error {
-			root, err = tx{btx}.rootByPath(path)
+		if err := s.view(func(t tx) error {
+			root, err = t.rootByPath(path)
 			return err
 		}); err != nil {
 			return Checkpoint{}, err
@@ -48,23 +59,86 @@ func (s *Store) Capture(ctx context.Context, path, name string) (cp Checkpoint, 
 		if root != nil && root.State == rootEnrolling {
 			return Checkpoint{}, fmt.Errorf("managed root %s: interrupted enrollment cannot be resolved", path)
 		}
-		if root != nil {
-			o := s.newOp(ctx, "capture", path)
-			cp, err = s.capture(o, root, name)
-			o.done(err)
-			return cp, err
-		}
 	}
 	if root == nil {
-		o := s.newOp(ctx, "enroll", path)
-		cp, err = s.enroll(o, path, name)
+		o := s.newOp(ctx, opEnroll, path)
+		cp, err = s.enroll(o, path, name, req)
 		o.done(err)
 		return cp, err
 	}
-	o := s.newOp(ctx, "capture", path)
-	cp, err = s.capture(o, root, name)
+	o := s.newOp(ctx, opCapture, path)
+	cp, err = s.capture(o, root, name, req)
 	o.done(err)
 	return cp, err
+}
+
+// enrollee is the plain directory being enrolled, held open: its parent
+// and itself, opened without following symlinks once the path rules
+// passed. Every later step uses these fds, so a rename or a symlink
+// swapped into the path after the checks cannot redirect the enrollment
+// to another directory.
+type enrollee struct {
+	path   string
+	parent int
+	name   string
+	dir    int
+	dev    uint64
+	ino    uint64
+}
+
+func (e *enrollee) close() {
+	if e == nil {
+		return
+	}
+	unix.Close(e.dir)
+	unix.Close(e.parent)
+}
+
+// openEnrollee opens path's parent and path by handle and checks what the
+// path rules checked by name: no symlink on the way, a directory, not a
+// mount point.
+func openEnrollee(path string) (*enrollee, error) {
+	e := &enrollee{path: path, parent: -1, dir: -1, name: filepath.Base(path)}
+	classify := func(err error, offending string) error {
+		switch {
+		case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
+			return pathpolicy.Violation(pathpolicy.CodePathSymlink, path, offending, "The path contains a symlink.")
+		case errors.Is(err, unix.ENOENT):
+			return pathpolicy.Violation(pathpolicy.CodePathNotFound, path, offending, "The directory does not exist.")
+		case errors.Is(err, unix.ENOTDIR):
+			return pathpolicy.Violation(pathpolicy.CodePathNotDirectory, path, offending, "The path is not a directory.")
+		}
+		return err
+	}
+	var err error
+	if e.parent, err = openDirAt(unix.AT_FDCWD, filepath.Dir(path)); err != nil {
+		return nil, classify(err, filepath.Dir(path))
+	}
+	if e.dir, err = openDirAt(e.parent, e.name); err != nil {
+		unix.Close(e.parent)
+		return nil, classify(err, path)
+	}
+	fail := func(err error) (*enrollee, error) {
+		e.close()
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(e.dir, &st); err != nil {
+		return fail(err)
+	}
+	e.dev, e.ino = st.Dev, st.Ino
+	pm, err := mountIDAt(e.parent, "")
+	if err != nil {
+		return fail(err)
+	}
+	dm, err := mountIDAt(e.dir, "")
+	if err != nil {
+		return fail(err)
+	}
+	if pm != dm {
+		return fail(pathpolicy.Violation(pathpolicy.CodePathMount, path, path, "The directory is a mount point."))
+	}
+	return e, nil
 }
 
 // enroll turns the plain directory path into a managed mount root and
@@ -73,8 +147,9 @@ func (s *Store) Capture(ctx context.Context, path, name string) (cp Checkpoint, 
 // rename exchange moves the contents into the store and an empty
 // immutable directory to path; recovery finds out which side of that
 // exchange it is on by inode and finishes or undoes it.
-func (s *Store) enroll(o *op, path, name string) (Checkpoint, error) {
-	var dev, origIno uint64
+func (s *Store) enroll(o *op, path, name string, req idem) (Checkpoint, error) {
+	var e *enrollee
+	defer func() { e.close() }()
 	s.enrollMu.Lock()
 	locked := true
 	defer func() {
@@ -82,47 +157,50 @@ func (s *Store) enroll(o *op, path, name string) (Checkpoint, error) {
 			s.enrollMu.Unlock()
 		}
 	}()
-	err := o.step("validate.path", func() error {
+	err := o.step(stepValidatePath, func() error {
 		managed, err := s.allRoots()
 		if err != nil {
 			return err
 		}
-		if err := s.policy().CheckEnroll(o.ctx, path, managed); err != nil {
+		if err := s.policy().CheckEnrollPath(path, managed); err != nil {
 			return err
 		}
-		var st unix.Stat_t
-		if err := unix.Lstat(path, &st); err != nil {
+		if e, err = openEnrollee(path); err != nil {
 			return err
 		}
-		dev, origIno = st.Dev, st.Ino
-		return nil
+		// The tree rules run on the handle: the tree checked is the
+		// tree enrolled.
+		return pathpolicy.CheckTreeFD(o.ctx, e.dir, path, false, nil)
 	})
 	if err != nil {
 		return Checkpoint{}, err
 	}
-	if err := o.step("busy.check", func() error {
-		return s.busyError(o.ctx, pathpolicy.Target{Path: path, Dev: dev})
+	if err := o.step(stepBusyCheck, func() error {
+		return s.busyError(o.ctx, pathpolicy.Target{Path: path, Dev: e.dev})
 	}); err != nil {
 		return Checkpoint{}, err
 	}
-	if err := o.step("space.check", func() error { return s.checkSpace(path) }); err != nil {
+	if err := o.step(stepSpaceCheck, func() error { return s.checkSpace(path, false) }); err != nil {
 		return Checkpoint{}, err
 	}
 	base, upper := s.newLayerID(), s.newLayerID()
 	defer s.unpin(base, upper)
 	rootID := s.newLayerID() // ids share one sequence; a root id never names a dir
 	defer s.unpin(rootID)
-	intent := &enrollIntent{OrigIno: origIno, Base: base, Checkpoint: newCheckpointID(), Name: name, Created: time.Now().UTC()}
+	intent := &enrollIntent{OrigIno: e.ino, Base: base, Checkpoint: newCheckpointID(), Name: name, Created: time.Now().UTC()}
+	if req.key != "" {
+		intent.Idempotency = &idemRecord{Key: req.key, Request: req.request}
+	}
 	mountpoint := s.fsDir(base)
 	cleanup := func() {
 		s.removeLayerDir(base)
 		s.removeLayerDir(upper)
 	}
-	err = o.step("prepare", func() error {
-		if err := s.makeLayerDir(base, false, path); err != nil {
+	err = o.step(stepPrepare, func() error {
+		if err := s.makeLayerDir(base, false, e.dir); err != nil {
 			return err
 		}
-		if err := s.makeLayerDir(upper, true, path); err != nil {
+		if err := s.makeLayerDir(upper, true, e.dir); err != nil {
 			return err
 		}
 		ino, err := lstatIno(mountpoint)
@@ -133,11 +211,18 @@ func (s *Store) enroll(o *op, path, name string) (Checkpoint, error) {
 		cleanup()
 		return Checkpoint{}, err
 	}
-	root := &rootRecord{ID: rootID, Path: path, State: rootEnrolling, Active: upper, Enroll: intent,
+	// The prepared mountpoint, held open: after the exchange it is the
+	// directory at path, and the flag and the emptiness check go to it.
+	mp, err := openDirAt(unix.AT_FDCWD, mountpoint)
+	if err != nil {
+		cleanup()
+		return Checkpoint{}, err
+	}
+	defer unix.Close(mp)
+	root := &rootRecord{ID: rootID, Path: path, Dev: e.dev, Ino: intent.MountpointIno, State: rootEnrolling, Active: upper, Enroll: intent,
 		Mounted: Stack{Layers: s.layers, Upper: upper, Lowers: []uint64{base}}}
-	err = o.step("intent", func() error {
-		return s.db.Update(func(btx *bolt.Tx) error {
-			t := tx{btx}
+	err = o.step(stepIntent, func() error {
+		return s.update(func(t tx) error {
 			if err := t.putLayer(&layerRecord{ID: base, Root: rootID, Sealed: true, Created: intent.Created}); err != nil {
 				return err
 			}
@@ -164,55 +249,94 @@ func (s *Store) enroll(o *op, path, name string) (Checkpoint, error) {
 		}
 		return Checkpoint{}, cause
 	}
-	if err := o.step("exchange", func() error { return exchange(path, mountpoint) }); err != nil {
+	if err := o.step(stepExchange, func() error {
+		if err := exchangeAt(e.parent, e.name, mountpoint); err != nil {
+			return err
+		}
+		// The exchange went by name inside the parent: check it moved
+		// the directory that was checked, and undo it at once if
+		// another one had been renamed into its place.
+		if ino, err := lstatIno(mountpoint); err != nil || ino != e.ino {
+			if xerr := exchangeAt(e.parent, e.name, mountpoint); xerr != nil {
+				s.log.Error("undo an exchange with a replaced directory", "path", path, "err", xerr)
+				return errors.Join(err, xerr)
+			}
+			return ErrDirectoryMoved.With("path", path)
+		}
+		return nil
+	}); err != nil {
 		return undo(err)
 	}
 	// The path is now an empty directory: make it refuse writes at once,
 	// so that nothing lands where the mount will hide it.
-	immErr := setImmutable(path, true)
+	immErr := setImmutableFD(mp, true)
 	// The gate: after the exchange nothing new can enter the old contents
 	// through path, so whoever still holds them held them before; and
 	// nothing may have slipped into the empty directory in between.
-	if err := o.step("busy.gate", func() error {
+	if err := o.step(stepBusyGate, func() error {
 		if immErr != nil {
 			return immErr
 		}
-		if err := s.busyError(o.ctx, pathpolicy.Target{Path: mountpoint, Dev: dev}); err != nil {
+		if err := s.busyError(o.ctx, pathpolicy.Target{Path: mountpoint, Dev: e.dev}); err != nil {
 			return err
 		}
-		if ents, err := os.ReadDir(path); err != nil || len(ents) > 0 {
+		if n, err := countEntries(mp); err != nil || n > 0 {
 			return errors.Join(err, pathpolicy.BusyError(path, nil))
 		}
 		return nil
 	}); err != nil {
-		return s.undoExchange(root, err)
+		return s.undoExchange(root, e, mp, err)
 	}
-	return s.finishEnroll(o, root)
+	// The path must still lead to the new mountpoint: if a parent was
+	// renamed or swapped meanwhile, put everything back rather than
+	// enroll a directory that is no longer where the caller named it.
+	h, err := s.openRoot(root)
+	if err != nil {
+		return s.undoExchange(root, e, mp, err)
+	}
+	return s.finishEnroll(o, root, h)
+}
+
+// countEntries counts the entries of the directory open at fd.
+func countEntries(fd int) (int, error) {
+	dup, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	f := os.NewFile(uintptr(dup), "mountpoint")
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	return len(names), err
 }
 
 // undoExchange puts the user's directory back after a refused enrollment:
 // exchange again, move anything that was written into the empty directory
 // meanwhile back into the user's (renamed aside on a name clash), forget.
-func (s *Store) undoExchange(root *rootRecord, cause error) (Checkpoint, error) {
+// Whatever cannot be moved back is kept under recovered/ in the store.
+func (s *Store) undoExchange(root *rootRecord, e *enrollee, mp int, cause error) (Checkpoint, error) {
 	path, mountpoint := root.Path, s.fsDir(root.Enroll.Base)
-	if err := setImmutable(path, false); err != nil {
+	if err := setImmutableFD(mp, false); err != nil {
 		s.log.Error("undo enrollment: clear immutable", "path", path, "err", err)
 		return Checkpoint{}, cause
 	}
-	if err := exchange(path, mountpoint); err != nil {
+	if err := exchangeAt(e.parent, e.name, mountpoint); err != nil {
 		s.log.Error("undo enrollment: exchange back", "path", path, "err", err)
 		return Checkpoint{}, cause
 	}
 	ents, _ := os.ReadDir(mountpoint)
-	for _, e := range ents {
-		dst := filepath.Join(path, e.Name())
-		if _, err := os.Lstat(dst); err == nil {
-			dst += ".strata-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	for _, ent := range ents {
+		dst := ent.Name()
+		if _, err := os.Lstat(filepath.Join(mountpoint, dst)); err != nil {
+			continue
 		}
-		if err := os.Rename(filepath.Join(mountpoint, e.Name()), dst); err != nil {
-			// Keep the store's copy rather than lose it.
-			s.log.Error("undo enrollment: a file written meanwhile stays in the store", "path", path, "name", e.Name(), "err", err)
-			return Checkpoint{}, cause
+		err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(mountpoint, ent.Name()), e.dir, dst, unix.RENAME_NOREPLACE)
+		if errors.Is(err, unix.EEXIST) {
+			dst += ".strata-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+			err = unix.Renameat2(unix.AT_FDCWD, filepath.Join(mountpoint, ent.Name()), e.dir, dst, unix.RENAME_NOREPLACE)
+		}
+		if err != nil {
+			// abandonEnroll keeps a non-empty prepared directory.
+			s.log.Error("undo enrollment: a file written meanwhile could not be moved back", "path", path, "name", ent.Name(), "err", err)
 		}
 	}
 	if err := s.abandonEnroll(root); err != nil {
@@ -221,24 +345,52 @@ func (s *Store) undoExchange(root *rootRecord, cause error) (Checkpoint, error) 
 	return Checkpoint{}, cause
 }
 
-// finishEnroll runs the steps after the exchange; recovery runs it too.
-func (s *Store) finishEnroll(o *op, root *rootRecord) (Checkpoint, error) {
+// finishEnroll runs the steps after the exchange on the open root h (nil:
+// open it by path; recovery runs it so). Nothing after the exchange
+// depends on the caller's context. A root whose path no longer leads to
+// it (recovery after a parent was renamed) is still committed, so the
+// checkpoint the client asked for exists, and is mounted once it is back
+// at its path.
+func (s *Store) finishEnroll(o *op, root *rootRecord, h *rootHandle) (Checkpoint, error) {
+	o.ctx = context.WithoutCancel(o.ctx)
 	in := root.Enroll
-	if err := o.step("immutable", func() error { return setImmutable(root.Path, true) }); err != nil {
+	defer func() { h.Close() }()
+	var moved error
+	if err := o.step(stepImmutable, func() error {
+		if h == nil {
+			var err error
+			if h, err = s.openRoot(root); err != nil {
+				if fault.CodeOf(err) == ErrDirectoryMoved.Code {
+					moved = err
+					return nil
+				}
+				return err
+			}
+		}
+		if h.top() != nil {
+			return fmt.Errorf("managed root %s: something is mounted on the directory being enrolled", root.Path)
+		}
+		return s.immutableAt(root, h)
+	}); err != nil {
 		return Checkpoint{}, err
 	}
-	if err := o.step("sync", func() error { return syncFS(s.layers) }); err != nil {
+	if err := o.step(stepSync, func() error { return syncFS(s.layers) }); err != nil {
 		return Checkpoint{}, err
 	}
 	cp := &checkpointRecord{ID: in.Checkpoint, Root: root.ID, Layer: in.Base, Name: in.Name, Created: in.Created}
-	err := o.step("commit", func() error {
-		return s.db.Update(func(btx *bolt.Tx) error {
-			t := tx{btx}
-			seq, err := btx.Bucket(bucketCheckpoints).NextSequence()
+	res := Checkpoint{ID: cp.ID, Path: root.Path, Name: cp.Name, CreatedAt: cp.Created}
+	err := o.step(stepCommit, func() error {
+		return s.update(func(t tx) error {
+			seq, err := t.Bucket(bucketCheckpoints).NextSequence()
 			if err != nil {
 				return err
 			}
 			cp.Seq = seq
+			if r := in.Idempotency; r != nil {
+				if err := t.record(idem{key: r.Key, request: r.Request}, res, time.Now()); err != nil {
+					return err
+				}
+			}
 			root.State, root.Enroll, root.Head = rootReady, nil, cp.ID
 			if err := t.putCheckpoint(cp); err != nil {
 				return err
@@ -249,17 +401,24 @@ func (s *Store) finishEnroll(o *op, root *rootRecord) (Checkpoint, error) {
 	if err != nil {
 		return Checkpoint{}, err
 	}
-	if err := o.step("mount", func() error { return s.mounter.Mount(o.ctx, root.Path, root.Mounted) }); err != nil {
+	if err := o.step(stepMount, func() error {
+		if moved != nil {
+			return moved
+		}
+		_, err := s.settle(o.ctx, root, h)
+		return err
+	}); err != nil {
 		return Checkpoint{}, err
 	}
-	return Checkpoint{ID: cp.ID, Path: root.Path, Name: cp.Name, CreatedAt: cp.Created}, nil
+	return res, nil
 }
 
 // abandonEnroll forgets an enrollment whose exchange did not happen (or
-// was undone): records first, then the layer dirs.
+// was undone): records first, then the layer dirs. A prepared directory
+// that is not empty (files written into the path during a refused
+// enrollment that could not be moved back) is kept under recovered/.
 func (s *Store) abandonEnroll(root *rootRecord) error {
-	err := s.db.Update(func(btx *bolt.Tx) error {
-		t := tx{btx}
+	err := s.update(func(t tx) error {
 		if err := t.deleteLayer(root.Enroll.Base); err != nil {
 			return err
 		}
@@ -271,7 +430,35 @@ func (s *Store) abandonEnroll(root *rootRecord) error {
 	if err != nil {
 		return err
 	}
-	return errors.Join(s.removeLayerDir(root.Enroll.Base), s.removeLayerDir(root.Active))
+	base := root.Enroll.Base
+	if ents, err := os.ReadDir(s.fsDir(base)); err == nil && len(ents) > 0 {
+		kept := filepath.Join(s.dir, "recovered", strconv.FormatInt(time.Now().UnixNano(), 36))
+		if err := os.MkdirAll(filepath.Dir(kept), 0o700); err == nil {
+			if err := os.Rename(s.fsDir(base), kept); err == nil {
+				s.log.Warn("files written during a refused enrollment are kept in the store", "path", root.Path, "kept", kept)
+			}
+		}
+	}
+	return errors.Join(s.removeLayerDir(base), s.removeLayerDir(root.Active))
+}
+
+// openSettled opens root by identity and settles its mount (see settle);
+// the handle it returns shows the mounts as they are afterwards.
+func (s *Store) openSettled(ctx context.Context, root *rootRecord) (*rootHandle, error) {
+	h, err := s.openRoot(root)
+	if err != nil {
+		return nil, err
+	}
+	changed, err := s.settle(ctx, root, h)
+	if err != nil || !changed {
+		if err != nil {
+			h.Close()
+			return nil, err
+		}
+		return h, nil
+	}
+	h.Close()
+	return s.openRoot(root)
 }
 
 // capture seals the active layer of a managed root as a checkpoint and
@@ -279,26 +466,31 @@ func (s *Store) abandonEnroll(root *rootRecord) error {
 // orphan until the commit; the old mount is frozen read-only before the
 // commit, so nothing written after the freeze can be lost or land in a
 // sealed layer; after the commit, recovery mounts the new stack.
-func (s *Store) capture(o *op, root *rootRecord, name string) (Checkpoint, error) {
-	if err := o.step("mount.check", func() error { return s.ensureMounted(o.ctx, root) }); err != nil {
+func (s *Store) capture(o *op, root *rootRecord, name string, req idem) (Checkpoint, error) {
+	var h *rootHandle
+	defer func() { h.Close() }()
+	if err := o.step(stepMountCheck, func() (err error) {
+		h, err = s.openSettled(o.ctx, root)
+		return err
+	}); err != nil {
 		return Checkpoint{}, err
 	}
 	path := root.Path
-	if err := o.step("validate.mounts", func() error { return s.cfg.Policy.CheckNoMountsBelow(path) }); err != nil {
+	if err := o.step(stepValidateMounts, func() error { return s.cfg.Policy.CheckNoMountsBelow(path) }); err != nil {
 		return Checkpoint{}, err
 	}
 	unpinOld := s.pin(root.Mounted.Dirs()...)
 	defer unpinOld()
-	if err := o.step("busy.check", func() error { return s.busyCheckMounted(o.ctx, root) }); err != nil {
+	if err := o.step(stepBusyCheck, func() error { return s.busyCheckMounted(o.ctx, root, h) }); err != nil {
 		return Checkpoint{}, err
 	}
-	if err := o.step("space.check", func() error { return s.checkSpace(path) }); err != nil {
+	if err := o.step(stepSpaceCheck, func() error { return s.checkSpace(path, false) }); err != nil {
 		return Checkpoint{}, err
 	}
 	if len(root.Mounted.Lowers) > syncCompactDepth {
 		// Background compaction fell behind; catch up before this stack
 		// grows further. It reads only sealed layers.
-		if err := o.step("compact", func() error {
+		if err := o.step(stepCompact, func() error {
 			s.compactMu.Lock()
 			defer s.compactMu.Unlock()
 			return s.compactRoot(o.ctx, root.ID)
@@ -309,28 +501,28 @@ func (s *Store) capture(o *op, root *rootRecord, name string) (Checkpoint, error
 	sealed := root.Active
 	next := s.newLayerID()
 	defer s.unpin(next)
-	if err := o.step("prepare", func() error { return s.makeLayerDir(next, true, "") }); err != nil {
+	if err := o.step(stepPrepare, func() error { return s.makeLayerDir(next, true, -1) }); err != nil {
 		s.removeLayerDir(next)
 		return Checkpoint{}, err
 	}
 	fail := func(err error, thawOld bool) (Checkpoint, error) {
 		if thawOld {
-			if terr := thaw(path); terr != nil {
+			if terr := thaw(h.target()); terr != nil {
 				s.log.Error("thaw after failed capture", "path", path, "err", terr)
 			}
 		}
 		s.removeLayerDir(next)
 		return Checkpoint{}, err
 	}
-	if err := o.step("freeze", func() error { return s.freezeOrBusy(o.ctx, root) }); err != nil {
+	if err := o.step(stepFreeze, func() error { return s.freezeOrBusy(o.ctx, root, h) }); err != nil {
 		return fail(err, false)
 	}
-	if err := o.step("validate.layer", func() error {
+	if err := o.step(stepValidateLayer, func() error {
 		return pathpolicy.CheckTree(o.ctx, s.fsDir(sealed), true, func(rel string) string { return filepath.Join(path, rel) })
 	}); err != nil {
 		return fail(err, true)
 	}
-	if err := o.step("seal", func() error {
+	if err := o.step(stepSeal, func() error {
 		if err := copyDirAttrs(s.fsDir(sealed), s.fsDir(next)); err != nil {
 			return err
 		}
@@ -339,11 +531,11 @@ func (s *Store) capture(o *op, root *rootRecord, name string) (Checkpoint, error
 		return fail(err, true)
 	}
 	cp := &checkpointRecord{ID: newCheckpointID(), Root: root.ID, Layer: sealed, Name: name, Created: time.Now().UTC(), Parent: root.Head}
+	res := Checkpoint{ID: cp.ID, Path: path, Name: cp.Name, CreatedAt: cp.Created, ParentID: cp.Parent}
 	newRoot := *root
 	squash := false
-	err := o.step("commit", func() error {
-		return s.db.Update(func(btx *bolt.Tx) error {
-			t := tx{btx}
+	err := o.step(stepCommit, func() error {
+		return s.update(func(t tx) error {
 			l, err := t.layer(sealed)
 			if err != nil {
 				return err
@@ -355,10 +547,13 @@ func (s *Store) capture(o *op, root *rootRecord, name string) (Checkpoint, error
 			if err := t.putLayer(&layerRecord{ID: next, Root: root.ID, Parent: sealed, Created: cp.Created}); err != nil {
 				return err
 			}
-			if cp.Seq, err = btx.Bucket(bucketCheckpoints).NextSequence(); err != nil {
+			if cp.Seq, err = t.Bucket(bucketCheckpoints).NextSequence(); err != nil {
 				return err
 			}
 			if err := t.putCheckpoint(cp); err != nil {
+				return err
+			}
+			if err := t.record(req, res, cp.Created); err != nil {
 				return err
 			}
 			stack, err := s.stackFor(t, next, sealed)
@@ -378,17 +573,28 @@ func (s *Store) capture(o *op, root *rootRecord, name string) (Checkpoint, error
 	// Committed: the swap must run even if the request has ended, or the
 	// directory stays frozen on the old stack.
 	o.ctx = context.WithoutCancel(o.ctx)
-	if err := o.step("mount.swap", func() error { return s.swapOrRecover(o.ctx, root, &newRoot) }); err != nil {
+	if err := o.step(stepMountSwap, func() error { return s.swapOrRecover(o.ctx, h, root, &newRoot) }); err != nil {
 		return Checkpoint{}, err
 	}
 	s.kick(root.ID, squash)
-	return Checkpoint{ID: cp.ID, Path: path, Name: cp.Name, CreatedAt: cp.Created, ParentID: cp.Parent}, nil
+	return res, nil
 }
 
 // Restore puts the directory of checkpoint id back to its content: a
 // fresh upper layer on the checkpoint's layer chain. Unsaved changes of
 // the live directory are discarded; every checkpoint stays restorable.
-func (s *Store) Restore(ctx context.Context, id string) (Checkpoint, error) {
+func (s *Store) Restore(ctx context.Context, id string, opts ...Option) (Checkpoint, error) {
+	req := restoreRequest(applyOptions(opts).idemKey, id)
+	var prior *Checkpoint
+	if err := s.view(func(t tx) (err error) {
+		prior, err = t.replay(req, time.Now())
+		return err
+	}); err != nil || prior != nil {
+		if prior != nil {
+			return *prior, nil
+		}
+		return Checkpoint{}, err
+	}
 	_, root, err := s.lookup(id)
 	if err != nil {
 		return Checkpoint{}, err
@@ -398,8 +604,8 @@ func (s *Store) Restore(ctx context.Context, id string) (Checkpoint, error) {
 		return Checkpoint{}, err
 	}
 	defer release()
-	o := s.newOp(ctx, "restore", root.Path)
-	res, err := s.restore(o, id)
+	o := s.newOp(ctx, opRestore, root.Path)
+	res, err := s.restore(o, id, req)
 	if err == nil {
 		// After restore's pins are gone: the discarded upper goes now,
 		// and a layer whose other child it was may be squashable.
@@ -413,32 +619,56 @@ func (s *Store) Restore(ctx context.Context, id string) (Checkpoint, error) {
 // restore: the new upper is an orphan until the commit; the old mount is
 // frozen first, so its unsaved changes stop changing; the commit drops the
 // old upper's record and recovery mounts the new stack.
-func (s *Store) restore(o *op, id string) (Checkpoint, error) {
-	// Re-read under the operation claim: a delete may have won the race.
-	cp, root, err := s.lookup(id)
+func (s *Store) restore(o *op, id string, req idem) (Checkpoint, error) {
+	// Re-read under the operation claim (a delete may have won the race),
+	// and pin the checkpoint's layer in the same breath: a squash that
+	// replaces it afterwards cannot take its dir away.
+	cp, root, unpinCP, err := s.lookupPinned(id)
 	if err != nil {
 		return Checkpoint{}, err
 	}
+	defer unpinCP()
+	var prior *Checkpoint
+	if err := s.view(func(t tx) (err error) {
+		prior, err = t.replay(req, time.Now())
+		return err
+	}); err != nil || prior != nil {
+		if prior != nil {
+			return *prior, nil
+		}
+		return Checkpoint{}, err
+	}
 	path := root.Path
-	if err := o.step("mount.check", func() error { return s.ensureMounted(o.ctx, root) }); err != nil {
+	var h *rootHandle
+	defer func() { h.Close() }()
+	if err := o.step(stepMountCheck, func() (err error) {
+		h, err = s.openSettled(o.ctx, root)
+		return err
+	}); err != nil {
 		return Checkpoint{}, err
 	}
 	unpinOld := s.pin(root.Mounted.Dirs()...)
 	defer unpinOld()
-	if err := o.step("validate.mounts", func() error { return s.cfg.Policy.CheckNoMountsBelow(path) }); err != nil {
+	if err := o.step(stepValidateMounts, func() error { return s.cfg.Policy.CheckNoMountsBelow(path) }); err != nil {
 		return Checkpoint{}, err
 	}
-	if err := o.step("busy.check", func() error { return s.busyCheckMounted(o.ctx, root) }); err != nil {
+	if err := o.step(stepBusyCheck, func() error { return s.busyCheckMounted(o.ctx, root, h) }); err != nil {
 		return Checkpoint{}, err
 	}
-	if err := o.step("space.check", func() error { return s.checkSpace(path) }); err != nil {
+	// A restore discards the live upper: it may free space, so it needs
+	// only the hard floor, not the reserve.
+	if err := o.step(stepSpaceCheck, func() error { return s.checkSpace(path, true) }); err != nil {
 		return Checkpoint{}, err
 	}
-	defer s.pin(cp.Layer)()
 	next := s.newLayerID()
 	defer s.unpin(next)
-	if err := o.step("prepare", func() error {
-		if err := s.makeLayerDir(next, true, s.fsDir(cp.Layer)); err != nil {
+	if err := o.step(stepPrepare, func() error {
+		src, err := openDirAt(unix.AT_FDCWD, s.fsDir(cp.Layer))
+		if err != nil {
+			return err
+		}
+		defer unix.Close(src)
+		if err := s.makeLayerDir(next, true, src); err != nil {
 			return err
 		}
 		// The commit names it: its rename into layers/ must be durable
@@ -448,19 +678,22 @@ func (s *Store) restore(o *op, id string) (Checkpoint, error) {
 		s.removeLayerDir(next)
 		return Checkpoint{}, err
 	}
-	if err := o.step("freeze", func() error { return s.freezeOrBusy(o.ctx, root) }); err != nil {
+	if err := o.step(stepFreeze, func() error { return s.freezeOrBusy(o.ctx, root, h) }); err != nil {
 		s.removeLayerDir(next)
 		return Checkpoint{}, err
 	}
 	discarded := root.Active
 	newRoot := *root
-	err = o.step("commit", func() error {
-		return s.db.Update(func(btx *bolt.Tx) error {
-			t := tx{btx}
+	res := Checkpoint{ID: cp.ID, Path: path}
+	err = o.step(stepCommit, func() error {
+		return s.update(func(t tx) error {
 			// Squashing may have replaced the checkpoint's layer by one with
 			// the same content since it was read: use the current one.
 			c, err := t.mustCheckpoint(id)
 			if err != nil {
+				return err
+			}
+			if err := t.record(req, res, time.Now()); err != nil {
 				return err
 			}
 			if err := t.deleteLayer(discarded); err != nil {
@@ -482,17 +715,17 @@ func (s *Store) restore(o *op, id string) (Checkpoint, error) {
 		})
 	})
 	if err != nil {
-		if terr := thaw(path); terr != nil {
+		if terr := thaw(h.target()); terr != nil {
 			s.log.Error("thaw after failed restore", "path", path, "err", terr)
 		}
 		s.removeLayerDir(next)
 		return Checkpoint{}, err
 	}
 	o.ctx = context.WithoutCancel(o.ctx) // committed: the swap must run
-	if err := o.step("mount.swap", func() error { return s.swapOrRecover(o.ctx, root, &newRoot) }); err != nil {
+	if err := o.step(stepMountSwap, func() error { return s.swapOrRecover(o.ctx, h, root, &newRoot) }); err != nil {
 		return Checkpoint{}, err
 	}
-	return Checkpoint{ID: cp.ID, Path: path}, nil
+	return res, nil
 }
 
 // Delete removes checkpoint id's record, never the live directory. Layers
@@ -507,8 +740,8 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	defer release()
-	o := s.newOp(ctx, "delete", root.Path)
-	err = o.step("commit", func() error {
+	o := s.newOp(ctx, opDelete, root.Path)
+	err = o.step(stepCommit, func() error {
 		return s.db.Update(func(btx *bolt.Tx) error {
 			t := tx{btx}
 			c, err := t.mustCheckpoint(id)
@@ -523,7 +756,7 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	})
 	if err == nil {
 		o.ctx = context.WithoutCancel(o.ctx) // committed: report success
-		err = o.step("collect", func() error { s.collect(o.ctx); return nil })
+		err = o.step(stepCollect, func() error { s.collect(o.ctx); return nil })
 		s.kick(root.ID, true)
 	}
 	o.done(err)
@@ -534,8 +767,8 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 // old upper is sealed), so a failed swap is retried the way startup would
 // do it before the operation reports failure; if that fails too, the next
 // operation on the root or the next start tries again.
-func (s *Store) swapOrRecover(ctx context.Context, old, newRoot *rootRecord) error {
-	err := s.swap(ctx, old, newRoot)
+func (s *Store) swapOrRecover(ctx context.Context, h *rootHandle, old, newRoot *rootRecord) error {
+	err := s.swap(ctx, h, old, newRoot)
 	if err == nil {
 		return nil
 	}
@@ -553,6 +786,21 @@ func (t tx) mustCheckpoint(id string) (*checkpointRecord, error) {
 		err = ErrCheckpointNotFound.With("checkpoint_id", id)
 	}
 	return c, err
+}
+
+// lookupPinned is lookup with the checkpoint's layer pinned, read and
+// pinned under the lock that collect holds while it decides what to
+// delete: collect sees either the record or the pin.
+func (s *Store) lookupPinned(id string) (cp *checkpointRecord, root *rootRecord, unpin func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cp, root, err = s.lookup(id)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	s.pins[cp.Layer]++
+	layer := cp.Layer
+	return cp, root, func() { s.unpin(layer) }, nil
 }
 
 // lookup returns checkpoint id and its root, or checkpoint_not_found.

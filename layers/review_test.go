@@ -289,10 +289,10 @@ func itoa(i int) string {
 type failingMounter struct{}
 
 func (failingMounter) Name() string { return "failing" }
-func (failingMounter) Mount(context.Context, string, Stack) error {
+func (failingMounter) Mount(context.Context, target, Stack) error {
 	return errors.New("mount fails")
 }
-func (failingMounter) Replace(context.Context, string, Stack) (bool, error) {
+func (failingMounter) Replace(context.Context, target, Stack) (bool, error) {
 	return false, errors.New("replace fails")
 }
 

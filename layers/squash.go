@@ -105,12 +105,12 @@ func (s *Store) squash(ctx context.Context, rootID uint64, p squashPair, below [
 	id := s.newLayerID()
 	defer s.unpin(id)
 	defer s.pin(append([]uint64{p.upper, p.lower}, below...)...)()
-	o := s.newOp(ctx, "squash", "")
+	o := s.newOp(ctx, opSquash, "")
 	if err := s.buildMerged(o, id, p.lower, p.upper, below); err != nil {
 		o.done(err)
 		return err
 	}
-	err := o.step("commit", func() error {
+	err := o.step(stepCommit, func() error {
 		return s.db.Update(func(btx *bolt.Tx) error {
 			t := tx{btx}
 			// Still the same situation? Anything else: drop the work.

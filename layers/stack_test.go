@@ -69,7 +69,7 @@ func TestLegacyDataDepth(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		s.Lowers = append(s.Lowers, uint64(200000+i))
 	}
-	err := legacyMounter{}.Mount(context.Background(), "/nonexistent", s)
+	err := legacyMounter{}.Mount(context.Background(), target{Dir: -1, Name: "nonexistent"}, s)
 	if err == nil || !strings.Contains(err.Error(), "exceed one page") {
 		t.Fatalf("Mount of a 500-layer stack with long names: %v, want a refusal", err)
 	}

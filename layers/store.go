@@ -16,6 +16,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"strata/internal/failpoint"
 	"strata/internal/fault"
 	"strata/pathpolicy"
 )
@@ -34,8 +35,11 @@ type Config struct {
 	Logger *slog.Logger
 	// LegacyMount forces mount(2) instead of the new mount API.
 	LegacyMount bool
-	// MinFree is the free space a capture or restore needs on the store's
-	// filesystem (507 insufficient_storage below it). 0 means 64 MiB.
+	// MinFree is the free space a capture needs on the store's filesystem
+	// (507 insufficient_storage below it). 0 means 1% of the filesystem's
+	// size, at least 1 MiB and at most 64 MiB: a small filesystem can
+	// still be checkpointed. A restore or delete, which may free space,
+	// needs only a hard floor (a few hundred KiB and a few inodes).
 	MinFree uint64
 	// Others, when set, returns the managed roots and the store
 	// directories of the other stores the caller runs (one per
@@ -68,6 +72,7 @@ type Store struct {
 	tmp     string
 	trash   string
 	db      *bolt.DB
+	lock    *os.File // flock held for the store's lifetime
 	mounter Mounter
 	log     *slog.Logger
 	boot    string
@@ -84,10 +89,11 @@ type Store struct {
 	// would each pass the nesting check before the other is recorded.
 	enrollMu sync.Mutex
 
-	mu     sync.Mutex
-	nextID uint64
-	busy   map[string]bool // paths with an operation under way
-	pins   map[uint64]int  // layer dirs an operation is using
+	mu       sync.Mutex
+	problems map[uint64]string // roots recovery could not mount or finish
+	nextID   uint64
+	busy     map[string]bool // paths with an operation under way
+	pins     map[uint64]int  // layer dirs an operation is using
 }
 
 // Errors of the store's operations.
@@ -113,32 +119,54 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.Scanner == nil {
 		cfg.Scanner = pathpolicy.NewScanner("/proc")
 	}
-	if cfg.MinFree == 0 {
-		cfg.MinFree = 64 << 20
-	}
 	s := &Store{
-		cfg:     cfg,
-		dir:     filepath.Clean(cfg.Dir),
-		log:     cfg.Logger.With("store", cfg.Dir),
-		boot:    bootID(),
-		busy:    map[string]bool{},
-		pins:    map[uint64]int{},
-		pending: map[uint64]bool{},
-		wake:    make(chan struct{}, 1),
+		cfg:      cfg,
+		dir:      filepath.Clean(cfg.Dir),
+		log:      cfg.Logger.With("store", cfg.Dir),
+		boot:     bootID(),
+		busy:     map[string]bool{},
+		problems: map[uint64]string{},
+		pins:     map[uint64]int{},
+		pending:  map[uint64]bool{},
+		wake:     make(chan struct{}, 1),
 	}
 	s.layers = filepath.Join(s.dir, "layers")
 	s.tmp = filepath.Join(s.dir, "tmp")
 	s.trash = filepath.Join(s.dir, "trash")
-	for _, d := range []string{s.dir, s.layers, s.tmp, s.trash} {
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return nil, classifyNoSpace(fmt.Errorf("create store: %w", err))
+	}
+	// One owner per store: nothing in it is touched before the lock is
+	// held, so a second guestd started on it changes nothing.
+	lock, err := lockStore(s.dir)
+	if err != nil {
+		return nil, err
+	}
+	s.lock = lock
+	ok := false
+	defer func() {
+		if !ok {
+			lock.Close()
+		}
+	}()
+	for _, d := range []string{s.layers, s.tmp, s.trash} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("create store: %w", err)
+			return nil, classifyNoSpace(fmt.Errorf("create store: %w", err))
 		}
 	}
-	// Half-done staging from a previous run is never needed.
+	// Half-done staging from a previous run is never needed; a probe
+	// mount a crash left there goes first.
+	detachUnder(s.tmp)
 	if err := clearDir(s.tmp); err != nil {
 		return nil, err
 	}
 	m, err := ProbeMounter(ctx, filepath.Join(s.tmp, "probe"), cfg.LegacyMount)
+	if err != nil && isNoSpace(err) {
+		// A full filesystem must not keep the directories it holds from
+		// being mounted: pick the mounter without writing anything.
+		s.log.Warn("store filesystem is full; choosing the mounter without a probe", "err", err)
+		m, err = probeNoWrite(s.layers, cfg.LegacyMount)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("overlayfs is not usable on %s (need overlay support, xattrs and d_type on the store's filesystem, and root): %w", s.dir, err)
 	}
@@ -152,6 +180,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
+	ok = true
 	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s.stop, s.workerDone = stop, make(chan struct{})
 	go s.worker(wctx)
@@ -164,7 +193,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 func (s *Store) Close() error {
 	s.stop()
 	<-s.workerDone
-	return s.db.Close()
+	err := s.db.Close()
+	s.lock.Close()
+	return err
 }
 
 // Mounter returns the mount implementation in use.
@@ -203,6 +234,16 @@ func (s *Store) List(ctx context.Context) ([]Checkpoint, error) {
 	return out, err
 }
 
+// update runs fn in a read-write transaction of the metadata.
+func (s *Store) update(fn func(t tx) error) error {
+	return s.db.Update(func(btx *bolt.Tx) error { return fn(tx{btx}) })
+}
+
+// view runs fn in a read-only transaction of the metadata.
+func (s *Store) view(fn func(t tx) error) error {
+	return s.db.View(func(btx *bolt.Tx) error { return fn(tx{btx}) })
+}
+
 // policy returns the path policy with every store directory protected.
 func (s *Store) policy() *pathpolicy.Policy {
 	p := *s.cfg.Policy
@@ -232,21 +273,67 @@ func (s *Store) allRoots() ([]string, error) {
 type Directory struct {
 	Path         string
 	CheckpointID string
+	// State is DirReady, DirMoved (the path no longer leads to the root;
+	// NowAt says where its live mount is, when the mount table shows it)
+	// or DirUnavailable (Problem says why).
+	State   string
+	NowAt   string
+	Problem string
 }
 
-// Directories returns the managed roots, by path.
+// Directory states.
+const (
+	DirReady       = "ready"
+	DirMoved       = "moved"
+	DirUnavailable = "unavailable"
+)
+
+// Directories returns the managed roots, with where each stands.
 func (s *Store) Directories() ([]Directory, error) {
-	var out []Directory
-	err := s.db.View(func(btx *bolt.Tx) error {
-		rs, err := tx{btx}.roots()
-		for _, r := range rs {
-			if r.State == rootReady {
-				out = append(out, Directory{Path: r.Path, CheckpointID: r.Head})
-			}
-		}
+	var rs []*rootRecord
+	if err := s.view(func(t tx) (err error) {
+		rs, err = t.roots()
 		return err
-	})
-	return out, err
+	}); err != nil {
+		return nil, err
+	}
+	out := make([]Directory, 0, len(rs))
+	for _, r := range rs {
+		d := Directory{Path: r.Path, CheckpointID: r.Head, State: DirReady}
+		if r.State != rootReady {
+			d.State, d.Problem = DirUnavailable, "an interrupted enrollment could not be finished"
+			out = append(out, d)
+			continue
+		}
+		h, err := s.openRoot(r)
+		switch {
+		case fault.CodeOf(err) == ErrDirectoryMoved.Code:
+			d.State = DirMoved
+			if fe := fault.As(err); fe != nil {
+				d.NowAt, _ = fe.Fields["now_at"].(string)
+			}
+		case err != nil:
+			d.State, d.Problem = DirUnavailable, err.Error()
+		case h.top() == nil || !r.Mounted.Matches(h.top().VFSOptions):
+			s.mu.Lock()
+			p := s.problems[r.ID]
+			s.mu.Unlock()
+			if p == "" {
+				p = "the directory's live mount is not the recorded one; the next operation on it retries"
+			}
+			d.State, d.Problem = DirUnavailable, p
+		}
+		h.Close()
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// setProblem remembers why recovery could not serve a root.
+func (s *Store) setProblem(root uint64, err error) {
+	s.mu.Lock()
+	s.problems[root] = err.Error()
+	s.mu.Unlock()
 }
 
 // Roots returns the paths of the managed roots.
@@ -318,15 +405,45 @@ func (s *Store) unpin(ids ...uint64) {
 	s.mu.Unlock()
 }
 
-func (s *Store) checkSpace(path string) error {
-	free, err := freeBytes(s.dir)
+// Hard floor of free space and inodes for operations that may free space
+// (restore): enough for a layer dir and a metadata commit.
+const (
+	floorBytes  = 256 << 10
+	floorInodes = 8
+)
+
+// checkSpace refuses an operation when the store's filesystem is short of
+// blocks or inodes: below the reserve (captures), or below the hard floor
+// when floorOnly (restores, which discard the live upper and so may free
+// space).
+func (s *Store) checkSpace(path string, floorOnly bool) error {
+	sp, err := statSpace(s.dir)
 	if err != nil {
 		return err
 	}
-	if free < s.cfg.MinFree {
-		return ErrNoSpace.With("path", path).With("free_bytes", free).With("required_bytes", s.cfg.MinFree)
+	needBytes, needInodes := s.reserve(sp)
+	if floorOnly {
+		needBytes, needInodes = floorBytes, floorInodes
+	}
+	if sp.freeBytes < needBytes {
+		return ErrNoSpace.With("path", path).With("free_bytes", sp.freeBytes).With("required_bytes", needBytes)
+	}
+	if sp.totalInodes > 0 && sp.freeInodes < needInodes {
+		return ErrNoSpace.With("path", path).With("free_inodes", sp.freeInodes).With("required_inodes", needInodes)
 	}
 	return nil
+}
+
+// reserve is the free space and inodes a capture leaves untouched: the
+// configured MinFree, or 1% of the filesystem (1 MiB to 64 MiB); inodes
+// 1% of the filesystem's (16 to 4096).
+func (s *Store) reserve(sp space) (bytes, inodes uint64) {
+	bytes = s.cfg.MinFree
+	if bytes == 0 {
+		bytes = min(max(sp.totalBytes/100, 1<<20), 64<<20)
+	}
+	inodes = min(max(sp.totalInodes/100, 16), 4096)
+	return bytes, inodes
 }
 
 // newCheckpointID returns "cp_" and 16 random bytes in unpadded base64url.
@@ -339,8 +456,8 @@ func newCheckpointID() string {
 }
 
 // makeLayerDir creates layers/<id>/{fs,work} via tmp/, fs taking the
-// attributes of attrSrc (a directory) when it is not empty.
-func (s *Store) makeLayerDir(id uint64, work bool, attrSrc string) error {
+// attributes of the directory open at attrSrc unless it is -1.
+func (s *Store) makeLayerDir(id uint64, work bool, attrSrc int) error {
 	stage := filepath.Join(s.tmp, layerName(id))
 	if err := os.MkdirAll(filepath.Join(stage, "fs"), 0o755); err != nil {
 		return err
@@ -350,8 +467,8 @@ func (s *Store) makeLayerDir(id uint64, work bool, attrSrc string) error {
 			return err
 		}
 	}
-	if attrSrc != "" {
-		if err := copyDirAttrs(attrSrc, filepath.Join(stage, "fs")); err != nil {
+	if attrSrc >= 0 {
+		if err := copyDirAttrsFD(attrSrc, filepath.Join(stage, "fs")); err != nil {
 			os.RemoveAll(stage)
 			return err
 		}
@@ -376,6 +493,7 @@ func (s *Store) removeLayerDir(id uint64) error {
 		}
 		return err
 	}
+	failpoint.Hit(fpCollectTrashed)
 	return os.RemoveAll(dst)
 }
 
