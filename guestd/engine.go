@@ -163,6 +163,11 @@ func (e *engine) storeFor(ctx context.Context, path string) (*layers.Store, erro
 	if !filepath.IsAbs(path) || filepath.Clean(path) != path || path == "/" {
 		return e.main, nil
 	}
+	// A store is made for a filesystem only for a path that passes the
+	// path rules: a refused path must leave nothing behind.
+	if err := e.policy.CheckEnrollPath(path, nil); err != nil {
+		return e.main, nil
+	}
 	mp, err := mountOf(filepath.Dir(path))
 	if err != nil || mp == e.mainMount || !slices.Contains(e.allowedMounts(), mp) {
 		return e.main, nil
@@ -261,12 +266,37 @@ func mountOf(path string) (string, error) {
 	return best, nil
 }
 
-func (e *engine) capture(ctx context.Context, path, name string) (layers.Checkpoint, error) {
+func (e *engine) capture(ctx context.Context, path, name, key string) (layers.Checkpoint, error) {
 	st, err := e.storeFor(ctx, path)
 	if err != nil {
 		return layers.Checkpoint{}, err
 	}
-	return st.Capture(ctx, path, name)
+	if err := e.keyUsedElsewhere(st, key); err != nil {
+		return layers.Checkpoint{}, err
+	}
+	return st.Capture(ctx, path, name, layers.WithIdempotencyKey(key))
+}
+
+// keyUsedElsewhere refuses an Idempotency-Key that another store (another
+// filesystem) holds an answer for: the same request always goes to the
+// same store, so the key was used for another request.
+func (e *engine) keyUsedElsewhere(st *layers.Store, key string) error {
+	if key == "" {
+		return nil
+	}
+	for _, other := range e.stores() {
+		if other == st {
+			continue
+		}
+		ok, err := other.Knows(key)
+		if err != nil {
+			return err
+		}
+		if ok {
+			return layers.ErrIdempotencyKeyReused.With("idempotency_key", key)
+		}
+	}
+	return nil
 }
 
 // list merges every store's checkpoints, oldest first.
@@ -311,12 +341,15 @@ func (e *engine) owner(id string) (*layers.Store, error) {
 	return nil, layers.ErrCheckpointNotFound.With("checkpoint_id", id)
 }
 
-func (e *engine) restore(ctx context.Context, id string) (layers.Checkpoint, error) {
+func (e *engine) restore(ctx context.Context, id, key string) (layers.Checkpoint, error) {
 	st, err := e.owner(id)
 	if err != nil {
 		return layers.Checkpoint{}, err
 	}
-	return st.Restore(ctx, id)
+	if err := e.keyUsedElsewhere(st, key); err != nil {
+		return layers.Checkpoint{}, err
+	}
+	return st.Restore(ctx, id, layers.WithIdempotencyKey(key))
 }
 
 func (e *engine) delete(ctx context.Context, id string) error {

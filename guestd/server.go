@@ -141,20 +141,51 @@ func Listen(addr string) (net.Listener, error) {
 			}
 			os.Remove(p)
 		}
-		ln, err := net.Listen("unix", p)
-		if err != nil {
-			return nil, err
-		}
-		if err := os.Chmod(p, 0o600); err != nil {
-			ln.Close()
-			return nil, err
-		}
-		return ln, nil
+		return listenPrivate(p)
 	case "tcp":
 		return net.Listen("tcp", u.Host)
 	default:
 		return nil, fmt.Errorf("listen address %q: scheme must be unix:// or tcp://", addr)
 	}
+}
+
+// listenPrivate listens on the unix socket p, which no one but root can
+// connect to from its first instant: the socket is made in a private
+// directory beside p, given mode 0600, and only then renamed to p.
+func listenPrivate(p string) (net.Listener, error) {
+	tmp, err := os.MkdirTemp(filepath.Dir(p), ".guestd-sock-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	staged := filepath.Join(tmp, "s")
+	ln, err := net.Listen("unix", staged)
+	if err != nil {
+		return nil, err
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := os.Chmod(staged, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if err := os.Rename(staged, p); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return &unlinkOnClose{Listener: ln, path: p}, nil
+}
+
+// unlinkOnClose removes the socket file at its final name when the
+// listener closes.
+type unlinkOnClose struct {
+	net.Listener
+	path string
+}
+
+func (l *unlinkOnClose) Close() error {
+	err := l.Listener.Close()
+	os.Remove(l.path)
+	return err
 }
 
 type ctxKey int
@@ -206,9 +237,10 @@ func (s *Server) routes() http.Handler {
 		w.Header().Set(jsend.HeaderRequestID, id)
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		start := time.Now()
-		mux.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), requestIDKey, id)))
+		rr := r.WithContext(context.WithValue(r.Context(), requestIDKey, id))
+		mux.ServeHTTP(sw, rr) // sets rr.Pattern
 		d := time.Since(start)
-		s.log.Info("request", "request_id", id, "method", r.Method, "path", r.URL.Path, "status", sw.status, "ms", float64(d.Microseconds())/1000)
+		s.log.Info("request", "request_id", id, "method", r.Method, "route", routeOf(rr), "status", sw.status, "duration_ms", float64(d.Microseconds())/1000)
 	})
 }
 
@@ -271,7 +303,11 @@ func (s *Server) create(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	cp, err := s.observe("create", func() (layers.Checkpoint, error) { return s.engine.capture(r.Context(), path, name) })
+	key, err := api.IdempotencyKey(r.Header.Values(api.HeaderIdempotencyKey))
+	if err != nil {
+		return nil, err
+	}
+	cp, err := s.observe("create", func() (layers.Checkpoint, error) { return s.engine.capture(r.Context(), path, name, key) })
 	if err != nil {
 		return nil, err
 	}
@@ -315,7 +351,7 @@ func (s *Server) directories(r *http.Request) (any, error) {
 	}
 	out := make([]api.Directory, len(ds))
 	for i, d := range ds {
-		out[i] = api.Directory{Path: d.Path, CheckpointID: d.CheckpointID}
+		out[i] = api.Directory{Path: d.Path, CheckpointID: d.CheckpointID, State: d.State, NowAt: d.NowAt, Problem: d.Problem}
 	}
 	return out, nil
 }
@@ -328,7 +364,11 @@ func (s *Server) restore(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	cp, err := s.observe("restore", func() (layers.Checkpoint, error) { return s.engine.restore(r.Context(), id) })
+	key, err := api.IdempotencyKey(r.Header.Values(api.HeaderIdempotencyKey))
+	if err != nil {
+		return nil, err
+	}
+	cp, err := s.observe("restore", func() (layers.Checkpoint, error) { return s.engine.restore(r.Context(), id, key) })
 	if err != nil {
 		return nil, err
 	}
@@ -350,4 +390,13 @@ func (s *Server) delete(r *http.Request) (any, error) {
 		return nil, err
 	}
 	return struct{}{}, nil
+}
+
+// routeOf is the route pattern a request matched (the same key hostproxy
+// logs), or "unmatched".
+func routeOf(r *http.Request) string {
+	if r.Pattern == "" {
+		return "unmatched"
+	}
+	return r.Pattern
 }

@@ -303,7 +303,7 @@ func (s *Store) recover(ctx context.Context) error {
 			s.log.Error("remount managed root", "path", r.Path, "err", err)
 			s.setProblem(r.ID, err)
 		} else {
-			s.log.Info("managed root mounted", "path", r.Path, "layers", len(r.Mounted.Dirs()))
+			s.log.Info("managed root ready", "path", r.Path, "layers", len(r.Mounted.Dirs()))
 		}
 	}
 	// After the mounts: a stack left on top by a crash is in use until it

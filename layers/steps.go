@@ -98,10 +98,10 @@ func (o *op) step(name string, fn func() error) error {
 func (o *op) done(err error) {
 	steps := strings.Join(o.steps, " ")
 	if err != nil {
-		o.log.Info("operation failed", "ms", ms(time.Since(o.start)), "steps", steps, "err", err)
+		o.log.Info("operation failed", "duration_ms", ms(time.Since(o.start)), "steps", steps, "err", err)
 		return
 	}
-	o.log.Info("operation done", "ms", ms(time.Since(o.start)), "steps", steps)
+	o.log.Info("operation done", "duration_ms", ms(time.Since(o.start)), "steps", steps)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
