@@ -15,6 +15,7 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 
+	"strata/holders"
 	"strata/layers"
 	"strata/pathpolicy"
 )
@@ -93,7 +94,7 @@ func (e *engine) storeConfig(dir string, stepHook func(string, string, time.Dura
 	return layers.Config{
 		Dir:          dir,
 		Policy:       e.policy,
-		Scanner:      pathpolicy.NewScanner("/proc"),
+		Scanner:      holders.NewScanner("/proc"),
 		Logger:       e.log,
 		LegacyMount:  e.cfg.LegacyMount,
 		NoCompaction: e.cfg.NoCompaction,

@@ -11,7 +11,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	bolt "go.etcd.io/bbolt"
 
-	"strata/pathpolicy"
+	"strata/holders"
 )
 
 // sweepRecords deletes the records of layers that no checkpoint and no
@@ -200,7 +200,7 @@ func (s *Store) liveZombies(ctx context.Context) []*zombieRecord {
 		if z.Boot == s.boot {
 			// A process that cannot be inspected may be the user: keep the
 			// layers (a leak until reboot) rather than pull them away.
-			holders, err := s.cfg.Scanner.Holders(ctx, pathpolicy.Target{Path: "/", Dev: z.Dev, WholeDev: true})
+			holders, err := s.cfg.Scanner.Holders(ctx, holders.Target{Path: "/", Dev: z.Dev, WholeDev: true})
 			if err != nil || len(holders) > 0 {
 				live = append(live, z)
 				continue

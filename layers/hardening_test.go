@@ -17,6 +17,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
+	"strata/holders"
 	"strata/internal/fault"
 	"strata/internal/testenv"
 	"strata/pathpolicy"
@@ -431,7 +432,7 @@ func TestFullFilesystemIs507AndNeverATrap(t *testing.T) {
 		})
 		unix.Unmount(small, unix.MNT_DETACH)
 	})
-	cfg := Config{Dir: filepath.Join(small, "store"), Policy: &pathpolicy.Policy{AllowedMounts: []string{small}}, Scanner: pathpolicy.NewScanner("/proc")}
+	cfg := Config{Dir: filepath.Join(small, "store"), Policy: &pathpolicy.Policy{AllowedMounts: []string{small}}, Scanner: holders.NewScanner("/proc")}
 	s, err := Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

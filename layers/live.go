@@ -12,7 +12,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
-	"strata/pathpolicy"
+	"strata/holders"
 )
 
 func superReadOnly(vfsOpts string) bool {
@@ -189,19 +189,19 @@ func (s *Store) freezeOrBusy(ctx context.Context, root *rootRecord, h *rootHandl
 	if err == nil || !errors.Is(err, unix.EBUSY) {
 		return err
 	}
-	holders, _ := s.holdersMounted(ctx, root, h)
-	if err := s.busyFrom(root.Path, holders); err != nil {
+	found, _ := s.holdersMounted(ctx, root, h)
+	if err := s.busyFrom(root.Path, found); err != nil {
 		return err
 	}
-	return pathpolicy.BusyError(root.Path, nil)
+	return holders.BusyError(root.Path, nil)
 }
 
-func (s *Store) holdersMounted(ctx context.Context, root *rootRecord, h *rootHandle) ([]pathpolicy.Holder, error) {
+func (s *Store) holdersMounted(ctx context.Context, root *rootRecord, h *rootHandle) ([]holders.Holder, error) {
 	top := h.top()
 	if top == nil {
 		return nil, fmt.Errorf("managed root %s is not mounted", root.Path)
 	}
-	t := pathpolicy.Target{Path: root.Path, Dev: mountDev(top), WholeDev: true}
+	t := holders.Target{Path: root.Path, Dev: mountDev(top), WholeDev: true}
 	for _, id := range root.Mounted.Dirs() {
 		t.BackingDirs = append(t.BackingDirs, s.fsDir(id))
 	}
@@ -218,7 +218,7 @@ func (s *Store) busyCheckMounted(ctx context.Context, root *rootRecord, h *rootH
 }
 
 // busyError scans for holders of t and returns directory_busy if any.
-func (s *Store) busyError(ctx context.Context, t pathpolicy.Target) error {
+func (s *Store) busyError(ctx context.Context, t holders.Target) error {
 	holders, err := s.cfg.Scanner.Holders(ctx, t)
 	if err != nil {
 		return err
@@ -231,17 +231,17 @@ func (s *Store) busyError(ctx context.Context, t pathpolicy.Target) error {
 // not reported: nothing can be said of them, nothing they do can be
 // stopped by the user, and the kernel's gates (EBUSY on freeze and
 // umount) still catch them where it matters.
-func (s *Store) busyFrom(path string, holders []pathpolicy.Holder) error {
-	known := holders[:0:0]
-	for _, h := range holders {
-		if h.Kind == pathpolicy.KindUnknown {
+func (s *Store) busyFrom(path string, found []holders.Holder) error {
+	known := found[:0:0]
+	for _, h := range found {
+		if h.Kind == holders.KindUnknown {
 			s.log.Debug("process could not be inspected", "path", path, "pid", h.PID)
 			continue
 		}
 		known = append(known, h)
 	}
 	if len(known) > 0 {
-		return pathpolicy.BusyError(path, known)
+		return holders.BusyError(path, known)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
+	"strata/holders"
 	"strata/internal/fault"
 	"strata/pathpolicy"
 )
@@ -176,7 +177,7 @@ func (s *Store) enroll(o *op, path, name string, req idem) (Checkpoint, error) {
 		return Checkpoint{}, err
 	}
 	if err := o.step(stepBusyCheck, func() error {
-		return s.busyError(o.ctx, pathpolicy.Target{Path: path, Dev: e.dev})
+		return s.busyError(o.ctx, holders.Target{Path: path, Dev: e.dev})
 	}); err != nil {
 		return Checkpoint{}, err
 	}
@@ -277,11 +278,11 @@ func (s *Store) enroll(o *op, path, name string, req idem) (Checkpoint, error) {
 		if immErr != nil {
 			return immErr
 		}
-		if err := s.busyError(o.ctx, pathpolicy.Target{Path: mountpoint, Dev: e.dev}); err != nil {
+		if err := s.busyError(o.ctx, holders.Target{Path: mountpoint, Dev: e.dev}); err != nil {
 			return err
 		}
 		if n, err := countEntries(mp); err != nil || n > 0 {
-			return errors.Join(err, pathpolicy.BusyError(path, nil))
+			return errors.Join(err, holders.BusyError(path, nil))
 		}
 		return nil
 	}); err != nil {

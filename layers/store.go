@@ -16,6 +16,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"strata/holders"
 	"strata/internal/failpoint"
 	"strata/internal/fault"
 	"strata/pathpolicy"
@@ -30,7 +31,7 @@ type Config struct {
 	// ExtraProtected gains Dir.
 	Policy *pathpolicy.Policy
 	// Scanner finds processes that hold a directory busy.
-	Scanner *pathpolicy.Scanner
+	Scanner *holders.Scanner
 	// Logger receives one line per step of each operation.
 	Logger *slog.Logger
 	// LegacyMount forces mount(2) instead of the new mount API.
@@ -117,7 +118,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		cfg.Policy = &pathpolicy.Policy{}
 	}
 	if cfg.Scanner == nil {
-		cfg.Scanner = pathpolicy.NewScanner("/proc")
+		cfg.Scanner = holders.NewScanner("/proc")
 	}
 	s := &Store{
 		cfg:      cfg,

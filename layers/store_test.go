@@ -17,6 +17,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
+	"strata/holders"
 	"strata/internal/fault"
 	"strata/internal/fstree"
 	"strata/internal/testenv"
@@ -56,7 +57,7 @@ func newHarness(t *testing.T, legacy bool) *harness {
 	if err := os.MkdirAll(h.work, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	h.cfg = Config{Dir: h.dir, LegacyMount: legacy, Policy: &pathpolicy.Policy{}, Scanner: pathpolicy.NewScanner("/proc")}
+	h.cfg = Config{Dir: h.dir, LegacyMount: legacy, Policy: &pathpolicy.Policy{}, Scanner: holders.NewScanner("/proc")}
 	if os.Getenv("STRATA_TEST_LOG") != "" {
 		h.cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -472,7 +473,7 @@ func TestBusy(t *testing.T) {
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		_, err := h.store.Capture(context.Background(), dir, "")
 		fe := wantCode(t, err, "directory_busy")
-		holders, _ := fe.Fields["holders"].([]pathpolicy.Holder)
+		holders, _ := fe.Fields["holders"].([]holders.Holder)
 		if len(holders) == 0 || holders[0].PID != cmd.Process.Pid || holders[0].Kind != "cwd" {
 			t.Fatalf("holders %+v, want sleep's cwd", fe.Fields["holders"])
 		}
@@ -522,7 +523,7 @@ func TestBusyKinds(t *testing.T) {
 				pid := cmd.Process.Pid
 				_, err := h.store.Capture(context.Background(), dir, "")
 				fe := wantCode(t, err, "directory_busy")
-				holders, _ := fe.Fields["holders"].([]pathpolicy.Holder)
+				holders, _ := fe.Fields["holders"].([]holders.Holder)
 				found := false
 				for _, ho := range holders {
 					found = found || (ho.PID == pid && ho.Kind == tc.kind)
@@ -610,7 +611,7 @@ func TestEnrollGate(t *testing.T) {
 		}
 		defer func() { late.Process.Kill(); late.Wait() }()
 		fe := wantCode(t, err, "directory_busy")
-		if hs, _ := fe.Fields["holders"].([]pathpolicy.Holder); len(hs) == 0 || hs[0].PID != late.Process.Pid {
+		if hs, _ := fe.Fields["holders"].([]holders.Holder); len(hs) == 0 || hs[0].PID != late.Process.Pid {
 			t.Fatalf("holders %+v, want the late writer %d", fe.Fields["holders"], late.Process.Pid)
 		}
 		assertTree(t, dir, before)
@@ -638,7 +639,7 @@ func TestWriterAfterScanGetsBusy(t *testing.T) {
 		blind := t.TempDir() // a /proc with no processes in it
 		os.MkdirAll(blind+"/self/ns", 0o755)
 		os.Symlink("mnt:[1]", blind+"/self/ns/mnt")
-		h.store.cfg.Scanner = pathpolicy.NewScanner(blind)
+		h.store.cfg.Scanner = holders.NewScanner(blind)
 		f, err := os.OpenFile(dir+"/f", os.O_WRONLY|os.O_APPEND, 0)
 		if err != nil {
 			t.Fatal(err)

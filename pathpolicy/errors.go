@@ -5,8 +5,7 @@ import (
 )
 
 // Stable codes of the errors this package returns. Every path-rule violation
-// is fault.Unprocessable (422); a malformed path is fault.Invalid (400); a
-// busy directory is fault.Conflict (409).
+// is fault.Unprocessable (422); a malformed path is fault.Invalid (400).
 const (
 	CodePathNotAbsolute  = "path_not_absolute"
 	CodePathNotClean     = "path_not_clean"
@@ -19,8 +18,7 @@ const (
 	CodePathHardlink     = "path_hardlink"
 	CodePathSpecialFile  = "path_special_file"
 
-	CodeInvalidField  = "invalid_field"
-	CodeDirectoryBusy = "directory_busy"
+	CodeInvalidField = "invalid_field"
 )
 
 // ViolationCodes lists every code a path-rule violation can carry.
@@ -57,20 +55,5 @@ func invalidPath(message string) *fault.Error {
 	return &fault.Error{
 		Kind: fault.Invalid, Code: CodeInvalidField, Message: message,
 		Fields: map[string]any{"field": "path"},
-	}
-}
-
-// BusyError returns the directory_busy error (409) for path and the holders
-// found by Scanner.Holders. holders is never nil in the error, so it
-// marshals as [] rather than null.
-func BusyError(path string, holders []Holder) error {
-	if holders == nil {
-		holders = []Holder{}
-	}
-	return &fault.Error{
-		Kind:    fault.Conflict,
-		Code:    CodeDirectoryBusy,
-		Message: "Processes are using the directory; stop them and retry.",
-		Fields:  map[string]any{"path": path, "holders": holders},
 	}
 }

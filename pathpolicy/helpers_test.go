@@ -1,68 +1,19 @@
 package pathpolicy
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"strata/internal/fault"
 )
-
-// helperEnv makes the test binary act as a helper process: "mmap:FILE"
-// maps FILE shared-writable, closes the fd and sleeps; "chroot:DIR"
-// chroots into DIR and sleeps. Both print "ready" once set up.
-const helperEnv = "PATHPOLICY_TEST_HELPER"
-
-func TestMain(m *testing.M) {
-	if v := os.Getenv(helperEnv); v != "" {
-		os.Exit(runHelper(v))
-	}
-	os.Exit(m.Run())
-}
-
-func runHelper(v string) int {
-	mode, arg, _ := strings.Cut(v, ":")
-	switch mode {
-	case "mmap":
-		fd, err := unix.Open(arg, unix.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		if _, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		unix.Close(fd) // the mapping alone must be enough to be a holder
-	case "chroot":
-		if err := unix.Chroot(arg); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		if err := unix.Chdir("/"); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-	default:
-		fmt.Fprintln(os.Stderr, "unknown helper", v)
-		return 2
-	}
-	fmt.Println("ready")
-	for {
-		time.Sleep(time.Hour)
-	}
-}
 
 // requireRoot fails the test when not root, unless -short, which skips it:
 // a root-only test must not pass silently.
@@ -197,46 +148,4 @@ func wantFault(t testing.TB, err error, kind fault.Kind, code string, want map[s
 			t.Errorf("%s: field %q = %v, want %v (fields %v)", code, k, got, v, fe.Fields)
 		}
 	}
-}
-
-// spawn starts cmd, kills it in t.Cleanup, and returns its pid. When ready
-// is true it waits for the process to print "ready".
-func spawn(t testing.TB, cmd *exec.Cmd, ready bool) int {
-	t.Helper()
-	cmd.Stderr = os.Stderr
-	var out *bufio.Reader
-	if ready {
-		pipe, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = bufio.NewReader(pipe)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %v: %v", cmd.Args, err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGKILL)
-		cmd.Wait()
-	})
-	if ready {
-		line, err := out.ReadString('\n')
-		if err != nil || line != "ready\n" {
-			t.Fatalf("%v: not ready: %q, %v", cmd.Args, line, err)
-		}
-	}
-	return cmd.Process.Pid
-}
-
-// helperCmd runs the test binary as a helper process.
-func helperCmd(t testing.TB, mode string) *exec.Cmd {
-	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), helperEnv+"="+mode)
-	cmd.Dir = "/"
-	return cmd
 }

@@ -86,8 +86,3 @@ func under(p, dir string) bool {
 	}
 	return len(p) > len(dir) && p[len(dir)] == '/' && strings.HasPrefix(p, dir)
 }
-
-// atOrUnder reports whether p is dir or lies below it.
-func atOrUnder(p, dir string) bool {
-	return p == dir || under(p, dir)
-}

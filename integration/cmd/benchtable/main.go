@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"strata/holders"
 	"strata/layers"
 	"strata/pathpolicy"
 )
@@ -51,7 +52,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer cleanup(base)
-	store, err := layers.Open(ctx, layers.Config{Dir: filepath.Join(base, "store"), Policy: &pathpolicy.Policy{}, Scanner: pathpolicy.NewScanner("/proc")})
+	store, err := layers.Open(ctx, layers.Config{Dir: filepath.Join(base, "store"), Policy: &pathpolicy.Policy{}, Scanner: holders.NewScanner("/proc")})
 	if err != nil {
 		return err
 	}
@@ -180,11 +181,11 @@ func run(ctx context.Context) error {
 		}
 		cmds = append(cmds, c)
 	}
-	scanner := pathpolicy.NewScanner("/proc")
+	scanner := holders.NewScanner("/proc")
 	var st unix.Stat_t
 	unix.Stat(dir, &st)
 	scanT := timeN(10, func(int) error {
-		_, err := scanner.Holders(ctx, pathpolicy.Target{Path: dir, Dev: st.Dev, WholeDev: true})
+		_, err := scanner.Holders(ctx, holders.Target{Path: dir, Dev: st.Dev, WholeDev: true})
 		return err
 	})
 	for _, c := range cmds {

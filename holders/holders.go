@@ -1,4 +1,4 @@
-package pathpolicy
+package holders
 
 import (
 	"bytes"
@@ -574,4 +574,16 @@ func readFileAt(dirfd int, name string, ws *workspace) ([]byte, error) {
 // unlinked file: it still pins the filesystem.
 func trimDeleted(p string) string {
 	return strings.TrimSuffix(p, " (deleted)")
+}
+
+// atOrUnder reports whether p is dir or lies below it. Both must be
+// absolute and clean; "/" is above every other path.
+func atOrUnder(p, dir string) bool {
+	if p == dir {
+		return true
+	}
+	if dir == "/" {
+		return strings.HasPrefix(p, "/")
+	}
+	return len(p) > len(dir) && p[len(dir)] == '/' && strings.HasPrefix(p, dir)
 }
