@@ -83,7 +83,7 @@ func (s *Scanner) Holders(ctx context.Context, t Target) ([]Holder, error) {
 		proc = "/proc"
 	}
 	if t.Path == "" || t.Path[0] != '/' {
-		return nil, fmt.Errorf("pathpolicy: holders: target path %q is not absolute", t.Path)
+		return nil, fmt.Errorf("holders: target path %q is not absolute", t.Path)
 	}
 	t.Path = filepath.Clean(t.Path)
 	backing := make([]string, 0, len(t.BackingDirs))
@@ -96,7 +96,7 @@ func (s *Scanner) Holders(ctx context.Context, t Target) ([]Holder, error) {
 
 	selfNS, err := os.Readlink(proc + "/self/ns/mnt")
 	if err != nil {
-		return nil, fmt.Errorf("pathpolicy: holders: own mount namespace: %w", err)
+		return nil, fmt.Errorf("holders: own mount namespace: %w", err)
 	}
 	pids, err := listPIDs(proc)
 	if err != nil {
@@ -146,12 +146,12 @@ func (s *Scanner) Holders(ctx context.Context, t Target) ([]Holder, error) {
 func listPIDs(proc string) ([]int, error) {
 	f, err := os.Open(proc)
 	if err != nil {
-		return nil, fmt.Errorf("pathpolicy: holders: %w", err)
+		return nil, fmt.Errorf("holders: %w", err)
 	}
 	defer f.Close()
 	names, err := f.Readdirnames(-1)
 	if err != nil {
-		return nil, fmt.Errorf("pathpolicy: holders: list %s: %w", proc, err)
+		return nil, fmt.Errorf("holders: list %s: %w", proc, err)
 	}
 	self := os.Getpid()
 	pids := make([]int, 0, len(names))

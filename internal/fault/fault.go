@@ -1,9 +1,9 @@
 // Package fault defines the few classes of error that strata's domain
 // packages return, each carrying a stable code for the public API.
 //
-// Domain packages (layers, pathpolicy, guestd's engine) build *Error values
-// and never import net/http; package jsend is the one place that turns a
-// Kind into an HTTP status and a JSend envelope. An error that is not a
+// Domain packages (layers, pathpolicy, holders, guestd's engine) build
+// *Error values and never import net/http; package jsend is the one place
+// that turns a Kind into an HTTP status and a JSend envelope. An error that is not a
 // *Error is an internal error: its text is logged, never shown to a client.
 package fault
 
