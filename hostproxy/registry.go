@@ -3,7 +3,6 @@ package hostproxy
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +11,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"strata/internal/boltjson"
 )
 
 // SandboxState is the life-cycle state of a sandbox. Only a running
@@ -155,7 +156,10 @@ func (r *Registry) seed(ctx context.Context, s seed) error {
 	}
 	return r.db.Update(func(tx *bolt.Tx) error {
 		old := map[string]Sandbox{}
-		if err := forEach(tx.Bucket(bucketSandboxes), func(_ []byte, sb Sandbox) { old[sb.ID] = sb }); err != nil {
+		if err := boltjson.ForEach(tx.Bucket(bucketSandboxes), func(_ []byte, sb *Sandbox) error {
+			old[sb.ID] = *sb
+			return nil
+		}); err != nil {
 			return err
 		}
 		for _, name := range [][]byte{bucketAccounts, bucketSandboxes} {
@@ -168,10 +172,11 @@ func (r *Registry) seed(ctx context.Context, s seed) error {
 		}
 		creds := tx.Bucket(bucketCredentials)
 		var stale [][]byte
-		if err := forEach(creds, func(k []byte, c credential) {
+		if err := boltjson.ForEach(creds, func(k []byte, c *credential) error {
 			if c.Kind == KindAccountKey {
 				stale = append(stale, append([]byte(nil), k...))
 			}
+			return nil
 		}); err != nil {
 			return err
 		}
@@ -181,18 +186,18 @@ func (r *Registry) seed(ctx context.Context, s seed) error {
 			}
 		}
 		for _, a := range s.accounts {
-			if err := putJSON(tx.Bucket(bucketAccounts), a.ID, a); err != nil {
+			if err := boltjson.Put(tx.Bucket(bucketAccounts), []byte(a.ID), a); err != nil {
 				return err
 			}
 		}
 		for _, k := range s.keys {
-			if err := putJSON(creds, k.Hash, credential{Kind: KindAccountKey, Hash: k.Hash, KeyID: k.ID, Account: k.Account}); err != nil {
+			if err := boltjson.Put(creds, []byte(k.Hash), credential{Kind: KindAccountKey, Hash: k.Hash, KeyID: k.ID, Account: k.Account}); err != nil {
 				return err
 			}
 		}
 		keep := map[string]bool{}
 		for _, sb := range s.sandboxes {
-			if err := putJSON(tx.Bucket(bucketSandboxes), sb.ID, sb); err != nil {
+			if err := boltjson.Put(tx.Bucket(bucketSandboxes), []byte(sb.ID), sb); err != nil {
 				return err
 			}
 			if o, ok := old[sb.ID]; ok && o.Account == sb.Account {
@@ -201,10 +206,11 @@ func (r *Registry) seed(ctx context.Context, s seed) error {
 		}
 		tokens := tx.Bucket(bucketTokens)
 		var drop []string
-		if err := forEach(tokens, func(k []byte, _ tokenRecord) {
+		if err := boltjson.ForEach(tokens, func(k []byte, _ *tokenRecord) error {
 			if !keep[string(k)] {
 				drop = append(drop, string(k))
 			}
+			return nil
 		}); err != nil {
 			return err
 		}
@@ -230,12 +236,11 @@ func (r *Registry) Authenticate(ctx context.Context, key string) (Principal, err
 	hash := hashSecret(key)
 	var p Principal
 	err := r.db.View(func(tx *bolt.Tx) error {
-		var c credential
-		ok, err := getJSON(tx.Bucket(bucketCredentials), hash, &c)
+		c, err := boltjson.Get[credential](tx.Bucket(bucketCredentials), []byte(hash))
 		if err != nil {
 			return err
 		}
-		if !ok || subtle.ConstantTimeCompare([]byte(c.Hash), []byte(hash)) != 1 {
+		if c == nil || subtle.ConstantTimeCompare([]byte(c.Hash), []byte(hash)) != 1 {
 			return errUnauthorized
 		}
 		switch c.Kind {
@@ -243,20 +248,18 @@ func (r *Registry) Authenticate(ctx context.Context, key string) (Principal, err
 			p = Principal{Kind: KindAccountKey, ID: c.KeyID, Account: c.Account}
 			return nil
 		case KindAccessToken:
-			var t tokenRecord
-			ok, err := getJSON(tx.Bucket(bucketTokens), c.Sandbox, &t)
+			t, err := boltjson.Get[tokenRecord](tx.Bucket(bucketTokens), []byte(c.Sandbox))
 			if err != nil {
 				return err
 			}
-			if !ok || subtle.ConstantTimeCompare([]byte(t.Hash), []byte(hash)) != 1 {
+			if t == nil || subtle.ConstantTimeCompare([]byte(t.Hash), []byte(hash)) != 1 {
 				return errUnauthorized
 			}
-			var sb Sandbox
-			ok, err = getJSON(tx.Bucket(bucketSandboxes), c.Sandbox, &sb)
+			sb, err := boltjson.Get[Sandbox](tx.Bucket(bucketSandboxes), []byte(c.Sandbox))
 			if err != nil {
 				return err
 			}
-			if !ok {
+			if sb == nil {
 				return errUnauthorized
 			}
 			p = Principal{Kind: KindAccessToken, ID: "token:" + sb.ID, Account: sb.Account, Sandbox: sb.ID}
@@ -275,11 +278,15 @@ func (r *Registry) Sandbox(ctx context.Context, id string) (Sandbox, error) {
 	}
 	var sb Sandbox
 	err := r.db.View(func(tx *bolt.Tx) error {
-		ok, err := getJSON(tx.Bucket(bucketSandboxes), id, &sb)
-		if err == nil && !ok {
-			err = errSandboxNotFound
+		found, err := boltjson.Get[Sandbox](tx.Bucket(bucketSandboxes), []byte(id))
+		if err != nil {
+			return err
 		}
-		return err
+		if found == nil {
+			return errSandboxNotFound
+		}
+		sb = *found
+		return nil
 	})
 	return sb, err
 }
@@ -293,16 +300,15 @@ func (r *Registry) SetSandboxState(ctx context.Context, id string, state Sandbox
 		return fmt.Errorf("registry: invalid sandbox state %q", state)
 	}
 	return r.db.Update(func(tx *bolt.Tx) error {
-		var sb Sandbox
-		ok, err := getJSON(tx.Bucket(bucketSandboxes), id, &sb)
+		sb, err := boltjson.Get[Sandbox](tx.Bucket(bucketSandboxes), []byte(id))
 		if err != nil {
 			return err
 		}
-		if !ok {
+		if sb == nil {
 			return errSandboxNotFound
 		}
 		sb.State = state
-		return putJSON(tx.Bucket(bucketSandboxes), id, sb)
+		return boltjson.Put(tx.Bucket(bucketSandboxes), []byte(id), sb)
 	})
 }
 
@@ -325,17 +331,18 @@ func (r *Registry) putToken(ctx context.Context, sandboxID, token string, now ti
 	}
 	rec := tokenRecord{Hash: hashSecret(token), Hint: tokenHint(token), CreatedAt: now.UTC().Truncate(time.Second)}
 	err := r.db.Update(func(tx *bolt.Tx) error {
-		if ok, err := getJSON(tx.Bucket(bucketSandboxes), sandboxID, &Sandbox{}); err != nil || !ok {
-			if err == nil {
-				err = errSandboxNotFound
-			}
-			return err
-		}
-		var old tokenRecord
-		exists, err := getJSON(tx.Bucket(bucketTokens), sandboxID, &old)
+		sb, err := boltjson.Get[Sandbox](tx.Bucket(bucketSandboxes), []byte(sandboxID))
 		if err != nil {
 			return err
 		}
+		if sb == nil {
+			return errSandboxNotFound
+		}
+		old, err := boltjson.Get[tokenRecord](tx.Bucket(bucketTokens), []byte(sandboxID))
+		if err != nil {
+			return err
+		}
+		exists := old != nil
 		switch {
 		case exists && !rotate:
 			return errTokenExists
@@ -347,10 +354,10 @@ func (r *Registry) putToken(ctx context.Context, sandboxID, token string, now ti
 				return err
 			}
 		}
-		if err := putJSON(tx.Bucket(bucketTokens), sandboxID, rec); err != nil {
+		if err := boltjson.Put(tx.Bucket(bucketTokens), []byte(sandboxID), rec); err != nil {
 			return err
 		}
-		return putJSON(tx.Bucket(bucketCredentials), rec.Hash, credential{Kind: KindAccessToken, Hash: rec.Hash, Sandbox: sandboxID})
+		return boltjson.Put(tx.Bucket(bucketCredentials), []byte(rec.Hash), credential{Kind: KindAccessToken, Hash: rec.Hash, Sandbox: sandboxID})
 	})
 	if err != nil {
 		return TokenInfo{}, err
@@ -365,9 +372,8 @@ func (r *Registry) Token(ctx context.Context, sandboxID string) (TokenInfo, erro
 	}
 	var info TokenInfo
 	err := r.db.View(func(tx *bolt.Tx) error {
-		var t tokenRecord
-		ok, err := getJSON(tx.Bucket(bucketTokens), sandboxID, &t)
-		if ok {
+		t, err := boltjson.Get[tokenRecord](tx.Bucket(bucketTokens), []byte(sandboxID))
+		if t != nil {
 			info = TokenInfo{Enabled: true, Hint: t.Hint, CreatedAt: t.CreatedAt}
 		}
 		return err
@@ -384,43 +390,12 @@ func (r *Registry) RevokeToken(ctx context.Context, sandboxID string) error {
 }
 
 func revokeTx(tx *bolt.Tx, sandboxID string) error {
-	var t tokenRecord
-	ok, err := getJSON(tx.Bucket(bucketTokens), sandboxID, &t)
-	if err != nil || !ok {
+	t, err := boltjson.Get[tokenRecord](tx.Bucket(bucketTokens), []byte(sandboxID))
+	if err != nil || t == nil {
 		return err
 	}
 	if err := tx.Bucket(bucketCredentials).Delete([]byte(t.Hash)); err != nil {
 		return err
 	}
 	return tx.Bucket(bucketTokens).Delete([]byte(sandboxID))
-}
-
-func putJSON(b *bolt.Bucket, key string, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return b.Put([]byte(key), data)
-}
-
-func getJSON(b *bolt.Bucket, key string, v any) (bool, error) {
-	data := b.Get([]byte(key))
-	if data == nil {
-		return false, nil
-	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return true, fmt.Errorf("registry: corrupt record %q: %w", key, err)
-	}
-	return true, nil
-}
-
-func forEach[T any](b *bolt.Bucket, fn func(k []byte, v T)) error {
-	return b.ForEach(func(k, data []byte) error {
-		var v T
-		if err := json.Unmarshal(data, &v); err != nil {
-			return fmt.Errorf("registry: corrupt record %q: %w", k, err)
-		}
-		fn(k, v)
-		return nil
-	})
 }
