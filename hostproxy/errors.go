@@ -3,15 +3,15 @@ package hostproxy
 import "strata/internal/fault"
 
 // The errors hostproxy itself answers with. Codes are part of the API
-// (docs/api.md); messages are one sentence for a person.
+// (docs/api.md); messages are one sentence for a person. An unknown route
+// and a wrong method are httpx.ErrNoRoute and httpx.ErrMethodNotAllowed,
+// the same in guestd.
 var (
 	errUnauthorized       = fault.New(fault.Unauthorized, "unauthorized", "a valid account API key or sandbox access token is required in the X-Api-Key header")
 	errTokenOtherSandbox  = fault.New(fault.Forbidden, "forbidden", "this access token is not valid for this sandbox")
 	errTokenManagement    = fault.New(fault.Forbidden, "forbidden", "access tokens cannot manage access tokens; use an account API key")
 	errSandboxNotFound    = fault.New(fault.NotFound, "sandbox_not_found", "no such sandbox")
 	errCheckpointNotFound = fault.New(fault.NotFound, "checkpoint_not_found", "no checkpoint has this id")
-	errRouteNotFound      = fault.New(fault.NotFound, "not_found", "no such route")
-	errMethodNotAllowed   = fault.New(fault.MethodNotAllowed, "method_not_allowed", "this method is not allowed on this route")
 	errSandboxNotRunning  = fault.New(fault.Conflict, "sandbox_not_running", "the sandbox is not running")
 	errTokenExists        = fault.New(fault.Conflict, "token_exists", "the sandbox already has an access token; rotate or revoke it first")
 	errTokenNotFound      = fault.New(fault.NotFound, "token_not_found", "the sandbox has no access token")

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +19,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"strata/internal/fault"
+	"strata/internal/httpx"
 	"strata/internal/jsend"
 )
 
@@ -47,7 +46,7 @@ type Server struct {
 	limits   *limiters // per credential
 	failures *limiters // failed authentications per client address
 	metrics  *metrics
-	echo     *echo.Echo
+	handler  http.Handler
 	now      func() time.Time
 	timeouts timeouts
 
@@ -132,7 +131,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	if s.rand == nil {
 		s.rand = rand.Reader
 	}
-	s.echo = s.routes()
+	s.handler = s.routes()
 	return s, nil
 }
 
@@ -140,7 +139,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 func (s *Server) Registry() *Registry { return s.reg }
 
 // Handler is the HTTP API, for a server of the caller's own.
-func (s *Server) Handler() http.Handler { return s.echo }
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Close releases the registry and idle guest connections. Call it after
 // Serve has returned.
@@ -153,42 +152,23 @@ func (s *Server) Close() error {
 // waits for requests in flight (at most the shutdown timeout) and returns.
 // Requests in flight keep running when ctx is cancelled.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{
-		Handler:           s.echo,
+	return httpx.Serve(ctx, ln, s.handler, httpx.ServeConfig{
+		Log:               s.log,
 		ReadHeaderTimeout: s.timeouts.readHeader,
 		ReadTimeout:       s.timeouts.read,
 		WriteTimeout:      s.timeouts.write,
 		IdleTimeout:       s.timeouts.idle,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	s.log.Info("shutting down", "wait", s.timeouts.shutdown)
-	sctx, cancel := context.WithTimeout(context.Background(), s.timeouts.shutdown)
-	defer cancel()
-	err := srv.Shutdown(sctx)
-	<-errc
-	if err != nil {
-		srv.Close()
-		return fmt.Errorf("shutdown: requests still running after %s: %w", s.timeouts.shutdown, err)
-	}
-	return nil
+		ShutdownTimeout:   s.timeouts.shutdown,
+	})
 }
 
-// Context keys of values set on the echo context.
-const (
-	keyRequestID = "strata.request_id"
-	keyPrincipal = "strata.principal"
-)
+// keyPrincipal is the echo context key of the request's principal.
+const keyPrincipal = "strata.principal"
 
-func (s *Server) routes() *echo.Echo {
+// routes is the API: echo routes the requests, httpx.Edge around it gives
+// every request, matched or not, its id, its access log line and its
+// metrics, the same way guestd's are.
+func (s *Server) routes() http.Handler {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.IPExtractor = echo.ExtractIPDirect()
@@ -212,7 +192,16 @@ func (s *Server) routes() *echo.Echo {
 	e.GET(sb+"/access-token", s.data(s.showToken), auth)
 	e.DELETE(sb+"/access-token", s.data(s.revokeToken), auth)
 	e.POST(sb+"/access-token/rotate", s.data(s.rotateToken), auth)
-	return e
+
+	edge := &httpx.Edge{
+		Log: s.log,
+		// The public edge makes its own ids: see httpx.Edge.
+		AcceptRequestID: false,
+		Observe: func(r httpx.Summary) {
+			s.metrics.observe(r.Route, r.Method, r.Status, r.Duration)
+		},
+	}
+	return edge.Handler(e)
 }
 
 // data adapts a handler that returns data or an error: data is written as
@@ -228,82 +217,68 @@ func (s *Server) data(h func(c echo.Context) (any, error)) echo.HandlerFunc {
 	}
 }
 
-// edge runs around every request, matched or not: it sets the request id,
-// turns panics into internal errors, writes errors, and logs and counts
-// the request.
+// edge adapts echo to the httpx.Edge around it, for every request, matched
+// or not: it passes the request id on to guest calls, counts the request
+// in flight, writes an error through writeError, and gives the access log
+// line the route template, the client address, the principal and the
+// sandbox. The log line itself, the id and panics are httpx's.
 func (s *Server) edge(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		start := time.Now()
-		id := newRequestID()
-		c.Set(keyRequestID, id)
-		c.Response().Header().Set(jsend.HeaderRequestID, id)
 		req := c.Request()
-		c.SetRequest(req.WithContext(withRequestID(req.Context(), id)))
+		ctx := req.Context()
+		c.SetRequest(req.WithContext(withRequestID(ctx, httpx.RequestID(ctx))))
 		s.metrics.inFlight.Inc()
-		defer s.metrics.inFlight.Dec()
-
-		err := s.guard(next, c)
+		var err error
+		// Deferred so that a request whose handler panics (httpx.Edge
+		// recovers it, after this) is still logged with its route and
+		// principal.
+		defer func() {
+			s.metrics.inFlight.Dec()
+			if route := c.Path(); route != "" && !errors.Is(err, httpx.ErrNoRoute) {
+				httpx.SetRoute(ctx, route)
+			}
+			attrs := []slog.Attr{slog.String("remote", c.RealIP())}
+			if p, ok := c.Get(keyPrincipal).(Principal); ok {
+				attrs = append(attrs, slog.String("credential", p.ID), slog.String("account", p.Account))
+			}
+			if sb := c.Param("id"); sb != "" {
+				attrs = append(attrs, slog.String("sandbox", sb))
+			}
+			httpx.Annotate(ctx, attrs...)
+		}()
+		if err = refuseOptions(c); err == nil {
+			err = next(c)
+		}
 		if err != nil {
 			err = s.writeError(c, err)
 		}
-
-		route := c.Path()
-		if errors.Is(err, errRouteNotFound) || route == "" {
-			route = "unmatched"
-		}
-		status := c.Response().Status
-		elapsed := time.Since(start)
-		s.metrics.observe(route, req.Method, status, elapsed)
-		attrs := []any{
-			"request_id", id, "method", req.Method, "route", route, "status", status,
-			"duration_ms", float64(elapsed.Microseconds()) / 1000, "remote", c.RealIP(),
-		}
-		if p, ok := c.Get(keyPrincipal).(Principal); ok {
-			attrs = append(attrs, "credential", p.ID, "account", p.Account)
-		}
-		if sb := c.Param("id"); sb != "" {
-			attrs = append(attrs, "sandbox", sb)
-		}
-		if code := fault.CodeOf(err); code != "" {
-			attrs = append(attrs, "code", code)
-		}
-		s.log.Info("request", attrs...)
 		return nil
 	}
 }
 
-// guard runs next, turning a panic into an internal error and an OPTIONS
-// request on a known route into a 405.
-func (s *Server) guard(next echo.HandlerFunc, c echo.Context) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			if r == http.ErrAbortHandler {
-				panic(r)
-			}
-			err = fmt.Errorf("panic: %v\n%s", r, debug.Stack())
-		}
-	}()
-	// echo answers OPTIONS on a known route itself, with an empty 204;
-	// the API has no OPTIONS, so that is a 405 like any other method.
+// refuseOptions makes an OPTIONS request on a known route a 405: echo
+// answers it itself with an empty 204, but the API has no OPTIONS.
+func refuseOptions(c echo.Context) error {
 	if c.Request().Method == http.MethodOptions {
 		if allow, ok := c.Get(echo.ContextKeyHeaderAllow).(string); ok && allow != "" {
 			c.Response().Header().Set(echo.HeaderAllow, withoutOptions(allow))
-			return errMethodNotAllowed
+			return httpx.ErrMethodNotAllowed
 		}
 	}
-	return next(c)
+	return nil
 }
 
-// writeError is where every error of a request is written, through the
-// one mapping jsend.Error. It returns the error as classified.
+// writeError turns echo's own errors into the API's and writes every error
+// of a request through httpx.WriteError, the one path to jsend.Error. It
+// returns the error as classified.
 func (s *Server) writeError(c echo.Context, err error) error {
 	var he *echo.HTTPError
 	if errors.As(err, &he) {
 		switch he.Code {
 		case http.StatusNotFound:
-			err = errRouteNotFound
+			err = httpx.ErrNoRoute
 		case http.StatusMethodNotAllowed:
-			err = errMethodNotAllowed
+			err = httpx.ErrMethodNotAllowed
 			// echo lists OPTIONS, which this API answers with 405 too.
 			h := c.Response().Header()
 			if allow := h.Get(echo.HeaderAllow); allow != "" {
@@ -313,12 +288,7 @@ func (s *Server) writeError(c echo.Context, err error) error {
 			err = fmt.Errorf("echo: %w", err)
 		}
 	}
-	id, _ := c.Get(keyRequestID).(string)
-	if c.Response().Committed {
-		s.log.Error("error after the response was sent", "request_id", id, "err", err)
-		return err
-	}
-	jsend.Error(c.Response(), s.log, id, err)
+	httpx.WriteError(c.Response(), c.Request(), err)
 	return err
 }
 
@@ -372,12 +342,6 @@ func (s *Server) rateLimited(c echo.Context, limit *fault.Error, wait time.Durat
 	secs := retryAfterSeconds(wait)
 	c.Response().Header().Set("Retry-After", strconv.Itoa(secs))
 	return limit.With("retry_after", secs)
-}
-
-func newRequestID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 func withoutOptions(allow string) string {
