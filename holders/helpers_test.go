@@ -2,21 +2,16 @@ package holders
 
 import (
 	"bufio"
-	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"strata/internal/fault"
 )
 
 // helperEnv makes the test binary act as a helper process: "mmap:FILE"
@@ -62,48 +57,6 @@ func runHelper(v string) int {
 	for {
 		time.Sleep(time.Hour)
 	}
-}
-
-// requireRoot fails the test when not root, unless -short, which skips it:
-// a root-only test must not pass silently.
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("needs root; skipped with -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("this test needs root: run via make test, or use -short to skip it")
-	}
-}
-
-// requirePrivateNS fails a test that mounts unless it runs in a mount
-// namespace of its own, so that no mount can leak to the host: some
-// ancestor process (the shell that ran unshare) must be in another mount
-// namespace. Ancestors are used rather than pid 1 because pid 1 may not be
-// inspectable even by root (as in this project's sandboxes).
-func requirePrivateNS(t testing.TB) {
-	t.Helper()
-	requireRoot(t)
-	self, err := os.Readlink("/proc/self/ns/mnt")
-	if err != nil {
-		t.Fatalf("cannot read own mount namespace: %v", err)
-	}
-	for pid := os.Getppid(); pid > 0; {
-		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err == nil && ns != self {
-			return
-		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			break
-		}
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(fields) < 2 {
-			break
-		}
-		pid, _ = strconv.Atoi(fields[1])
-	}
-	t.Fatal("this test mounts: run via make test (unshare --mount --propagation private go test ./holders/...)")
 }
 
 // mount mounts and unmounts in t.Cleanup (lazily, so a leftover holder
@@ -152,34 +105,6 @@ func writeTree(t testing.TB, root string, nodes []node) {
 		}
 		if err != nil {
 			t.Fatalf("write tree: %s: %v", n.path, err)
-		}
-	}
-}
-
-// wantFault checks that err is a *fault.Error of kind and code whose Fields
-// include want (nil values: the key must be absent).
-func wantFault(t testing.TB, err error, kind fault.Kind, code string, want map[string]any) {
-	t.Helper()
-	var fe *fault.Error
-	if !errors.As(err, &fe) {
-		t.Fatalf("error = %v (%T), want *fault.Error %s", err, err, code)
-	}
-	if fe.Kind != kind || fe.Code != code {
-		t.Fatalf("error = %s/%s (%v), want %s/%s", fe.Kind, fe.Code, fe, kind, code)
-	}
-	if fe.Message == "" {
-		t.Errorf("error %s has no message", code)
-	}
-	for k, v := range want {
-		got, ok := fe.Fields[k]
-		if v == nil {
-			if ok {
-				t.Errorf("%s: field %q = %v, want absent", code, k, got)
-			}
-			continue
-		}
-		if !ok || got != v {
-			t.Errorf("%s: field %q = %v, want %v (fields %v)", code, k, got, v, fe.Fields)
 		}
 	}
 }

@@ -291,7 +291,9 @@ func FuzzParseMapsLine(f *testing.F) {
 func TestBusyError(t *testing.T) {
 	hs := []Holder{{PID: 42, Command: "vim", Kind: KindCwd}}
 	err := BusyError("/workspace/project", hs)
-	wantFault(t, err, fault.Conflict, CodeDirectoryBusy, map[string]any{"path": "/workspace/project"})
+	if fe := fault.As(err); fe == nil || fe.Kind != fault.Conflict || fe.Code != CodeDirectoryBusy || fe.Message == "" || fe.Fields["path"] != "/workspace/project" {
+		t.Fatalf("BusyError = %#v, want a %s %s with a message and the path", err, fault.Conflict, CodeDirectoryBusy)
+	}
 	if got := fault.As(err).Fields["holders"]; !reflect.DeepEqual(got, hs) {
 		t.Errorf("holders = %v", got)
 	}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"strata/internal/testenv"
 )
 
 // spawned maps the pid of each process a test started to what it should be
@@ -92,7 +94,7 @@ func writeHolderFiles(t *testing.T, dir string) {
 // a working directory, an open fd, a mapping without fd, an executable and
 // a chroot, and not a process elsewhere.
 func TestHoldersRealProcesses(t *testing.T) {
-	requireRoot(t)
+	testenv.RequiresRoot(t)
 	dir := t.TempDir()
 	writeHolderFiles(t, dir)
 	var st unix.Stat_t
@@ -120,7 +122,7 @@ func TestHoldersRealProcesses(t *testing.T) {
 // overlay, and all of them again once the overlay is detached from this
 // namespace (paths no longer resolve; devices still do).
 func TestHoldersRealOverlay(t *testing.T) {
-	requirePrivateNS(t)
+	testenv.RequiresRootMounts(t)
 	base := t.TempDir()
 	l, u, w, m := filepath.Join(base, "l"), filepath.Join(base, "u"), filepath.Join(base, "w"), filepath.Join(base, "m")
 	writeTree(t, base, []node{mkdir("l"), mkdir("u"), mkdir("w"), mkdir("m")})
@@ -159,7 +161,7 @@ func TestHoldersRealOverlay(t *testing.T) {
 // namespaces that mounted something under a plain directory or bind
 // mounted a part of it elsewhere, and not those that merely see it.
 func TestHoldersRealNamespacePlainDir(t *testing.T) {
-	requirePrivateNS(t)
+	testenv.RequiresRootMounts(t)
 	dir := t.TempDir()
 	elsewhere := t.TempDir()
 	writeTree(t, dir, []node{mkdir("sub"), mkdir("sub2")})

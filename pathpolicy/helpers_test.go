@@ -1,61 +1,16 @@
 package pathpolicy
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"strata/internal/fault"
 )
-
-// requireRoot fails the test when not root, unless -short, which skips it:
-// a root-only test must not pass silently.
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("needs root; skipped with -short")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("this test needs root: run via make test, or use -short to skip it")
-	}
-}
-
-// requirePrivateNS fails a test that mounts unless it runs in a mount
-// namespace of its own, so that no mount can leak to the host: some
-// ancestor process (the shell that ran unshare) must be in another mount
-// namespace. Ancestors are used rather than pid 1 because pid 1 may not be
-// inspectable even by root (as in this project's sandboxes).
-func requirePrivateNS(t testing.TB) {
-	t.Helper()
-	requireRoot(t)
-	self, err := os.Readlink("/proc/self/ns/mnt")
-	if err != nil {
-		t.Fatalf("cannot read own mount namespace: %v", err)
-	}
-	for pid := os.Getppid(); pid > 0; {
-		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err == nil && ns != self {
-			return
-		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			break
-		}
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(fields) < 2 {
-			break
-		}
-		pid, _ = strconv.Atoi(fields[1])
-	}
-	t.Fatal("this test mounts: run via make test (unshare --mount --propagation private go test ./pathpolicy/...)")
-}
 
 // node is one entry of a file tree written as data.
 type node struct {

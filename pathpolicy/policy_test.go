@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"strata/internal/fault"
+	"strata/internal/testenv"
 )
 
 // fakeMounts is the mount table the fake-tree tests pretend to have: the
@@ -146,7 +147,7 @@ func TestCheckEnrollHardlinkOrder(t *testing.T) {
 }
 
 func TestCheckEnrollDevices(t *testing.T) {
-	requireRoot(t)
+	testenv.RequiresRoot(t)
 	p := newFakePolicy(t)
 	writeTree(t, p.Root, []node{
 		chardev("workspace/chr/null", unix.Mkdev(1, 3)),
@@ -227,7 +228,7 @@ func TestCheckNoMountsBelow(t *testing.T) {
 // TestCheckEnrollRealMounts runs the mount rules against the live mount
 // table of a private namespace, with real mounts.
 func TestCheckEnrollRealMounts(t *testing.T) {
-	requirePrivateNS(t)
+	testenv.RequiresRootMounts(t)
 	base := t.TempDir()
 	writeTree(t, base, []node{mkdir("holds/sub"), mkdir("mp/inside"), file("holds/f")})
 	mount(t, "tmpfs", filepath.Join(base, "holds/sub"), "tmpfs", "")

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"strata/internal/fault"
+	"strata/internal/testenv"
 )
 
 func TestCheckTree(t *testing.T) {
@@ -58,7 +59,7 @@ func TestCheckTree(t *testing.T) {
 // 0/0, linked to one shared inode) pass in an upper layer, while other
 // devices and real hardlinks do not.
 func TestCheckTreeWhiteouts(t *testing.T) {
-	requireRoot(t)
+	testenv.RequiresRoot(t)
 	tests := []struct {
 		name      string
 		tree      []node

@@ -7,6 +7,19 @@ import (
 	"testing"
 )
 
+// RequiresRoot fails t unless the test runs as root (as `make test`
+// arranges), for a test that needs root but makes no mount. Under -short
+// the test is skipped instead.
+func RequiresRoot(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs root; skipped under -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("this test needs root: run it with `make test` (or -short to skip it)")
+	}
+}
+
 // RequiresRootMounts fails t unless the test runs as root in a private
 // mount namespace (as `make test` arranges), so that no mount it makes can
 // leak onto the machine. Under -short the test is skipped instead.
@@ -15,9 +28,7 @@ func RequiresRootMounts(t testing.TB) {
 	if testing.Short() {
 		t.Skip("needs root and a private mount namespace; skipped under -short")
 	}
-	if os.Geteuid() != 0 {
-		t.Fatal("this test needs root: run it with `make test` (or -short to skip it)")
-	}
+	RequiresRoot(t)
 	// make test records the namespace it started in; /proc/1 is often
 	// unreadable inside sandboxes, even to root.
 	outer := os.Getenv("STRATA_OUTER_MNTNS")
