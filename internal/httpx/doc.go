@@ -20,8 +20,9 @@
 //     the daemon added (Annotate: hostproxy's remote, credential, account,
 //     sandbox), then code when the request failed with a classified error.
 //     route is the pattern the request matched (SetRoute, else the
-//     ServeMux's pattern), "unmatched" when none did: never the raw path,
-//     so ids and paths stay out of route labels.
+//     ServeMux's pattern), "unmatched" when none did or the request was
+//     answered with ErrNoRoute: never the raw path, so ids and paths stay
+//     out of route labels.
 //
 // Serve runs an http.Server on a listener until its context is done, then
 // stops accepting, waits for the requests in flight up to the shutdown

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -99,7 +100,9 @@ func (e *Edge) Handler(next http.Handler) http.Handler {
 		if s.Route == "" {
 			s.Route = rr.Pattern // set by a ServeMux
 		}
-		if s.Route == "" {
+		// A catch-all pattern ("/" in a ServeMux) that answers ErrNoRoute
+		// matched nothing of the API.
+		if s.Route == "" || errors.Is(s.Err, ErrNoRoute) {
 			s.Route = unmatched
 		}
 		attrs := make([]slog.Attr, 0, 6+len(x.attrs))

@@ -315,6 +315,18 @@ func TestAccessLog(t *testing.T) {
 			handler: func(*http.ServeMux) http.Handler {
 				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { httpx.WriteError(w, r, httpx.ErrNoRoute) })
 			}},
+		{name: "catch-all pattern answering no route", method: "GET", path: "/v1/nope", route: "unmatched", status: 404, extra: []string{"code"},
+			handler: func(mux *http.ServeMux) http.Handler {
+				mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { httpx.WriteError(w, r, httpx.ErrNoRoute) })
+				return mux
+			}},
+		{name: "router's route answering no route", method: "GET", path: "/v1/sandboxes/x/nope", route: "unmatched", status: 404, extra: []string{"code"},
+			handler: func(*http.ServeMux) http.Handler {
+				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					httpx.SetRoute(r.Context(), "/*")
+					httpx.WriteError(w, r, httpx.ErrNoRoute)
+				})
+			}},
 		{name: "route set by another router, attributes in order", method: "DELETE", path: "/v1/sandboxes/sb-1/checkpoints/cp-1",
 			route: "/v1/sandboxes/:id/checkpoints/:checkpoint", status: 200,
 			extra: []string{"remote", "credential", "account", "sandbox"},
