@@ -228,15 +228,12 @@ func (s *Server) edge(next echo.HandlerFunc) echo.HandlerFunc {
 		ctx := req.Context()
 		c.SetRequest(req.WithContext(withRequestID(ctx, httpx.RequestID(ctx))))
 		s.metrics.inFlight.Inc()
-		var err error
 		// Deferred so that a request whose handler panics (httpx.Edge
 		// recovers it, after this) is still logged with its route and
 		// principal.
 		defer func() {
 			s.metrics.inFlight.Dec()
-			if route := c.Path(); route != "" && !errors.Is(err, httpx.ErrNoRoute) {
-				httpx.SetRoute(ctx, route)
-			}
+			httpx.SetRoute(ctx, c.Path())
 			attrs := []slog.Attr{slog.String("remote", c.RealIP())}
 			if p, ok := c.Get(keyPrincipal).(Principal); ok {
 				attrs = append(attrs, slog.String("credential", p.ID), slog.String("account", p.Account))
@@ -246,11 +243,12 @@ func (s *Server) edge(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 			httpx.Annotate(ctx, attrs...)
 		}()
-		if err = refuseOptions(c); err == nil {
+		err := refuseOptions(c)
+		if err == nil {
 			err = next(c)
 		}
 		if err != nil {
-			err = s.writeError(c, err)
+			s.writeError(c, err)
 		}
 		return nil
 	}
@@ -269,9 +267,8 @@ func refuseOptions(c echo.Context) error {
 }
 
 // writeError turns echo's own errors into the API's and writes every error
-// of a request through httpx.WriteError, the one path to jsend.Error. It
-// returns the error as classified.
-func (s *Server) writeError(c echo.Context, err error) error {
+// of a request through httpx.WriteError, the one path to jsend.Error.
+func (s *Server) writeError(c echo.Context, err error) {
 	var he *echo.HTTPError
 	if errors.As(err, &he) {
 		switch he.Code {
@@ -289,7 +286,6 @@ func (s *Server) writeError(c echo.Context, err error) error {
 		}
 	}
 	httpx.WriteError(c.Response(), c.Request(), err)
-	return err
 }
 
 // authenticate resolves X-Api-Key to a principal and applies its rate
