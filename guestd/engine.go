@@ -98,6 +98,7 @@ func (e *engine) storeConfig(dir string, stepHook func(string, string, time.Dura
 		Logger:       e.log,
 		LegacyMount:  e.cfg.LegacyMount,
 		NoCompaction: e.cfg.NoCompaction,
+		MinFree:      e.cfg.MinFree,
 		StepHook:     stepHook,
 		Others:       func() ([]string, []string) { return e.others(dir) },
 	}

@@ -38,6 +38,9 @@ type Config struct {
 	Policy *pathpolicy.Policy
 	// NoCompaction turns background compaction off (tests).
 	NoCompaction bool
+	// MinFree is the free space a capture leaves on a store's filesystem
+	// (0: 1% of the filesystem, 1 to 64 MiB); see layers.Config.
+	MinFree uint64
 	// Credentials is the env file written for processes in the sandbox
 	// (DefaultCredentials when empty).
 	Credentials string

@@ -45,6 +45,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.config.Credentials, "credentials", guestd.DefaultCredentials,
 		"env `file` written for processes in the sandbox (API address, sandbox id, access token); make run puts it under its STATE")
 	fs.BoolVar(&o.config.NoCompaction, "no-compaction", false, "do not compact layers in the background (tests)")
+	fs.Uint64Var(&o.config.MinFree, "min-free", 0, "`bytes` a capture leaves free on a store's filesystem (0: 1% of it, 1 MiB to 64 MiB)")
 	o.log.AddFlags(fs, "debug logging: each step of an operation, freed layers, processes that cannot be inspected")
 	var allow []string
 	fs.Func("allow-mount", "a mount point whose mount may hold managed directories (repeatable; default /, /tmp and /var/tmp)", func(v string) error {
