@@ -267,3 +267,62 @@ func TestColdBoot(t *testing.T) {
 	}
 	g.stop()
 }
+
+// TestCrashDuringRecovery kills guestd after an operation's commit, then
+// kills the restart in the middle of its recovery (between two syscalls of
+// the swap it finishes, or inside the enrollment it finishes), and checks
+// that the next start recovers: the directory is in the operation's after
+// state, the list holds its checkpoint, and the store checks clean.
+func TestCrashDuringRecovery(t *testing.T) {
+	cases := []struct {
+		scenario, first, during string
+		args                    []string
+	}{
+		{"capture", "capture.commit", "mount.swap.beneath", nil},
+		{"capture", "capture.commit", "mount.swap.unmounted", []string{"--legacy-mount"}},
+		{"restore", "restore.commit", "mount.swap.beneath", nil},
+		{"enroll", "enroll.exchange", "recover.enroll.commit", nil},
+		{"enroll", "enroll.exchange", "recover.enroll.sync", nil},
+	}
+	for _, c := range cases {
+		t.Run(c.scenario+"/"+c.first+"/"+c.during+strings.Join(c.args, ""), func(t *testing.T) {
+			i := slices.IndexFunc(scenarios, func(s scenario) bool { return s.name == c.scenario })
+			sc := scenarios[i]
+			ref, refDir, refSt := prepare(t, sc)
+			ref.start(c.args...)
+			if err := sc.op(t, ref, refDir, refSt); err != nil {
+				t.Fatal(err)
+			}
+			after := fstree.MustSnapshot(t, refDir)
+			wantN := len(ref.list())
+			ref.stop()
+
+			g, dir, st := prepare(t, sc)
+			g.start(append([]string{"STRATA_FAILPOINTS=" + c.first}, c.args...)...)
+			sc.op(t, g, dir, st)
+			if !g.waitKilled(10 * time.Second) {
+				t.Fatalf("failpoint %s did not kill guestd\n%s", c.first, g.log)
+			}
+			g.spawn(append([]string{"STRATA_FAILPOINTS=" + c.during}, c.args...)...)
+			if !g.waitKilled(30 * time.Second) {
+				t.Fatalf("recovery did not reach failpoint %s\n%s", c.during, g.log)
+			}
+			g.start(c.args...)
+			if d := fstree.Diff(after, fstree.MustSnapshot(t, dir)); len(d) > 0 {
+				t.Fatalf("after a crash during recovery the directory is not the operation's result:\n%s", strings.Join(d, "\n"))
+			}
+			if n := len(g.list()); n != wantN {
+				t.Fatalf("%d checkpoints after recovery, want %d", n, wantN)
+			}
+			g.create(dir, "after")
+			g.stop()
+			rep, err := layers.Check(g.store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Problems) > 0 {
+				t.Fatalf("store after a crash during recovery:\n%s", strings.Join(rep.Problems, "\n"))
+			}
+		})
+	}
+}

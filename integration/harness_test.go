@@ -82,6 +82,30 @@ func newGuest(t *testing.T) *guest {
 // An environment entry "-flag" is passed as a command-line flag instead.
 func (g *guest) start(env ...string) {
 	g.t.Helper()
+	g.spawn(env...)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := g.client.Get("http://guest/v1/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		select {
+		case err := <-g.done:
+			g.done <- err
+			g.t.Fatalf("guestd exited at start: %v\n%s", err, g.log)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	g.t.Fatalf("guestd did not serve within 30s\n%s", g.log)
+}
+
+// spawn starts guestd (arguments start with "-", the rest is environment)
+// without waiting for it to serve.
+func (g *guest) spawn(env ...string) {
+	g.t.Helper()
 	g.log = &bytes.Buffer{}
 	args := []string{"--listen", "unix://" + g.sock, "--store", g.store, "--debug", "--credentials", g.credentials()}
 	var envs []string
@@ -100,23 +124,6 @@ func (g *guest) start(env ...string) {
 	}
 	g.done = make(chan error, 1)
 	go func() { g.done <- g.cmd.Wait() }()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := g.client.Get("http://guest/v1/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		select {
-		case err := <-g.done:
-			g.done <- err
-			g.t.Fatalf("guestd exited at start: %v\n%s", err, g.log)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	g.t.Fatalf("guestd did not serve within 30s\n%s", g.log)
 }
 
 // credentials is the env file this guestd writes for processes inside.

@@ -96,7 +96,8 @@ func Check(dir string) (*Report, error) {
 		if err != nil {
 			return err
 		}
-		rep.Problems = append(rep.Problems, mountProblems(filepath.Join(dir, "layers"), rs, table)...)
+		probe := &Store{layers: filepath.Join(dir, "layers"), source: readStoreSource(db)}
+		rep.Problems = append(rep.Problems, probe.mountProblems(rs, table)...)
 		return nil
 	})
 	if err != nil {
@@ -145,7 +146,7 @@ func (s *Store) CheckMounts() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return mountProblems(s.layers, rs, table), nil
+	return s.mountProblems(rs, table), nil
 }
 
 // mountProblems checks the invariant that keeps sealed layers sealed: an
@@ -153,12 +154,11 @@ func (s *Store) CheckMounts() ([]string, error) {
 // (bind mounts of one superblock count once), and each ready root has
 // exactly one writable overlay of this store, on top at its path, with
 // the recorded stack.
-func mountProblems(layers string, roots []*rootRecord, table []*mountinfo.Info) []string {
+func (s *Store) mountProblems(roots []*rootRecord, table []*mountinfo.Info) []string {
 	var out []string
-	probe := &Store{layers: layers}
 	writers := map[uint64]map[uint64]string{} // upper -> superblock -> a mountpoint
 	for _, m := range table {
-		up, ok := probe.upperOf(m)
+		up, ok := s.upperOf(m)
 		if !ok || superReadOnly(m.VFSOptions) {
 			continue
 		}

@@ -174,6 +174,9 @@ func (s *Store) mountedDirs() ([]uint64, error) {
 	}
 	var out []uint64
 	for _, m := range ms {
+		if !s.ours(m) {
+			continue
+		}
 		upper, lowers := parseOverlayOptions(m.VFSOptions, s.layers)
 		for _, d := range append([]string{upper}, lowers...) {
 			if id, ok := layerIDOf(s.layers, d); ok {

@@ -299,7 +299,7 @@ func (s *Store) whereMounted(root *rootRecord) string {
 // upperOf returns the layer id of an overlay mount's upper layer when the
 // mount is one of this store's and writable-stacked.
 func (s *Store) upperOf(m *mountinfo.Info) (uint64, bool) {
-	if m.FSType != "overlay" {
+	if !s.ours(m) {
 		return 0, false
 	}
 	upper, _ := parseOverlayOptions(m.VFSOptions, s.layers)

@@ -61,6 +61,11 @@ func TestMovedRootIsNeverMountedTwice(t *testing.T) {
 		ws := h.mkdir("ws", nil)
 		dir := h.mkdir("ws/project", func(d string) { write(t, d+"/f", "v1") })
 		first := h.capture(dir, "1")
+		// Every mount says whose it is: layer paths alone cannot (mount(2)
+		// stacks name their layers relative to their store).
+		if st := stackAt(mustMounts(t), dir); len(st) != 1 || st[0].Source != h.store.source || !strings.HasPrefix(st[0].Source, sourcePrefix) {
+			t.Fatalf("mounts at the root: %+v, want one with source %q", st, h.store.source)
+		}
 		if err := os.Rename(ws, ws+".old"); err != nil {
 			t.Fatal(err)
 		}

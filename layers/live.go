@@ -19,14 +19,34 @@ func superReadOnly(vfsOpts string) bool {
 	return vfsOpts == "ro" || strings.HasPrefix(vfsOpts, "ro,")
 }
 
-// ours reports whether a mount is an overlay whose upper layer lives in
-// this store: only those may be frozen, replaced or unmounted by us.
+// ours reports whether a mount is an overlay of this store: only those
+// may be frozen, replaced or unmounted by us. Every mount the store makes
+// carries its source tag ("strata-<store id>" in mountinfo's source
+// field): layer paths alone cannot tell, since mount(2) stacks name their
+// layers relative to the store they came from. An untagged overlay (made
+// before stores tagged their mounts) is ours when its upper layer is an
+// absolute path in this store.
 func (s *Store) ours(m *mountinfo.Info) bool {
 	if m.FSType != "overlay" {
 		return false
 	}
+	if m.Source == s.source {
+		return true
+	}
+	if strings.HasPrefix(m.Source, sourcePrefix) {
+		return false
+	}
 	upper, _ := parseOverlayOptions(m.VFSOptions, s.layers)
-	return strings.HasPrefix(upper, s.layers+"/")
+	return filepath.IsAbs(upper) && strings.HasPrefix(upper, s.layers+"/")
+}
+
+// sourcePrefix starts the source tag of every overlay a store mounts.
+const sourcePrefix = "strata-"
+
+// tagged is st with this store's source tag, as it is mounted.
+func (s *Store) tagged(st Stack) Stack {
+	st.Source = s.source
+	return st
 }
 
 // ensureMounted opens root by identity and makes its live mount the one
@@ -57,7 +77,7 @@ func (s *Store) settle(ctx context.Context, root *rootRecord, h *rootHandle) (ch
 		if err := s.immutableAt(root, h); err != nil {
 			return false, err
 		}
-		return true, s.mounter.Mount(ctx, h.target(), root.Mounted)
+		return true, s.mounter.Mount(ctx, h.target(), s.tagged(root.Mounted))
 	}
 	if !s.ours(m) {
 		return false, fmt.Errorf("managed root %s is covered by a %s mount that is not strata's", root.Path, m.FSType)
@@ -156,7 +176,7 @@ func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *rootRecor
 	if err := s.checkOneWriter(h.table, newRoot.Mounted.Upper, top); err != nil {
 		return err
 	}
-	lazy, err := s.mounter.Replace(ctx, h.target(), newRoot.Mounted)
+	lazy, err := s.mounter.Replace(ctx, h.target(), s.tagged(newRoot.Mounted))
 	if lazy {
 		s.recordZombie(old.Path, mountDev(top), old.Mounted)
 	}

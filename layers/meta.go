@@ -1,7 +1,9 @@
 package layers
 
 import (
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,6 +27,7 @@ var (
 	bucketIdempotency  = []byte("idempotency")
 	allBuckets         = [][]byte{bucketMeta, bucketRoots, bucketLayers, bucketCheckpoints, bucketCheckpointID, bucketZombies, bucketSpans, bucketLayerRefs, bucketIdempotency}
 	keySchema          = []byte("schema")
+	keyStoreID         = []byte("store_id")
 )
 
 const schemaVersion = 1
@@ -395,6 +398,39 @@ func (t tx) spans() ([]*spanRecord, error) {
 }
 
 var errMissingRecord = errors.New("metadata is inconsistent")
+
+// storeSource returns the source tag of the store's mounts, made from a
+// random store id that the metadata keeps (created on first use).
+func storeSource(db *bolt.DB) (string, error) {
+	var id []byte
+	err := db.Update(func(btx *bolt.Tx) error {
+		m := btx.Bucket(bucketMeta)
+		if v := m.Get(keyStoreID); v != nil {
+			id = append([]byte(nil), v...)
+			return nil
+		}
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return err
+		}
+		id = []byte(hex.EncodeToString(b[:]))
+		return m.Put(keyStoreID, id)
+	})
+	return sourcePrefix + string(id), err
+}
+
+// readStoreSource is storeSource for a store opened read-only; "" when it
+// has no id yet.
+func readStoreSource(db *bolt.DB) string {
+	var src string
+	db.View(func(btx *bolt.Tx) error {
+		if v := btx.Bucket(bucketMeta).Get(keyStoreID); v != nil {
+			src = sourcePrefix + string(v)
+		}
+		return nil
+	})
+	return src
+}
 
 // maxChain bounds chain walks; overlayfs itself accepts 500 lower layers.
 const maxChain = 100000

@@ -18,7 +18,10 @@ const moveMountBeneath = 0x200
 // fsMounter builds stacks with fsopen/fsconfig/fsmount and swaps them in
 // with move_mount(MOVE_MOUNT_BENEATH): the directory is never empty. Every
 // kernel with "lowerdir+" (6.8) also has MOVE_MOUNT_BENEATH (6.5).
-type fsMounter struct{}
+type fsMounter struct {
+	// probe: the startup probe's mounter, which is no crash point.
+	probe bool
+}
 
 func (m *fsMounter) Name() string { return "fsmount" }
 
@@ -67,7 +70,9 @@ func (m *fsMounter) Replace(ctx context.Context, t target, s Stack) (bool, error
 	}
 	// The new stack is beneath the old one: a crash here leaves both, the
 	// frozen old one on top, and recovery finishes the swap.
-	failpoint.Hit(fpSwapBeneath)
+	if !m.probe {
+		failpoint.Hit(fpSwapBeneath)
+	}
 	return unmountTop(t)
 }
 
@@ -90,7 +95,9 @@ func unmountTop(t target) (lazy bool, err error) {
 // legacyMounter uses mount(2). The option string is cut silently at one
 // page, so layers are named relative to the layers directory from a thread
 // that has its own working directory (unshare(CLONE_FS) + chdir).
-type legacyMounter struct{}
+type legacyMounter struct {
+	probe bool // see fsMounter
+}
 
 func (legacyMounter) Name() string { return "mount2" }
 
@@ -112,7 +119,7 @@ func (legacyMounter) Mount(ctx context.Context, t target, s Stack) error {
 			errc <- &MountError{Op: "chdir", Target: s.Layers, Err: err}
 			return
 		}
-		if err := unix.Mount("overlay", t.Path(), "overlay", 0, data); err != nil {
+		if err := unix.Mount(s.LegacySource(), t.Path(), "overlay", 0, data); err != nil {
 			errc <- &MountError{Op: "mount", Target: t.Name, Err: err}
 			return
 		}
@@ -128,7 +135,9 @@ func (l legacyMounter) Replace(ctx context.Context, t target, s Stack) (bool, er
 	}
 	// Nothing is mounted: a crash here leaves the immutable mountpoint,
 	// and recovery mounts the recorded stack.
-	failpoint.Hit(fpSwapUnmounted)
+	if !l.probe {
+		failpoint.Hit(fpSwapUnmounted)
+	}
 	return lazy, l.Mount(ctx, t, s)
 }
 
@@ -189,12 +198,12 @@ func setImmutableFD(fd int, on bool) error {
 // with each candidate, newest first. legacy forces mount(2).
 func ProbeMounter(ctx context.Context, scratch string, legacy bool) (Mounter, error) {
 	if legacy {
-		return legacyMounter{}, probeOne(ctx, scratch, legacyMounter{})
+		return legacyMounter{}, probeOne(ctx, scratch, legacyMounter{probe: true})
 	}
-	if err := probeOne(ctx, scratch, &fsMounter{}); err == nil {
+	if err := probeOne(ctx, scratch, &fsMounter{probe: true}); err == nil {
 		return &fsMounter{}, nil
 	}
-	if err := probeOne(ctx, scratch, legacyMounter{}); err != nil {
+	if err := probeOne(ctx, scratch, legacyMounter{probe: true}); err != nil {
 		return nil, err
 	}
 	return legacyMounter{}, nil

@@ -24,6 +24,9 @@ type Stack struct {
 	Upper uint64
 	// Lowers are the read-only layers, topmost first.
 	Lowers []uint64
+	// Source is the mount's source tag (mountinfo's source field), which
+	// tells whose mount it is; not part of the recorded stack.
+	Source string `json:"-"`
 }
 
 // Dirs returns every layer id the stack uses, upper first.
@@ -70,7 +73,18 @@ func (s Stack) Config() [][2]string {
 	if s.Upper != 0 {
 		kv = append(kv, [2]string{"upperdir", s.FSDir(s.Upper)}, [2]string{"workdir", s.WorkDir(s.Upper)})
 	}
+	if s.Source != "" {
+		kv = append(kv, [2]string{"source", s.Source})
+	}
 	return append(kv, overlayOptions...)
+}
+
+// LegacySource is the source argument of mount(2) for the stack.
+func (s Stack) LegacySource() string {
+	if s.Source == "" {
+		return "overlay"
+	}
+	return s.Source
 }
 
 // LegacyData is the stack as a mount(2) option string with paths relative

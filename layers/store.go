@@ -74,6 +74,7 @@ type Store struct {
 	trash   string
 	db      *bolt.DB
 	lock    *os.File // flock held for the store's lifetime
+	source  string   // the source tag of this store's mounts (see ours)
 	mounter Mounter
 	log     *slog.Logger
 	boot    string
@@ -177,6 +178,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s.db = db
+	if s.source, err = storeSource(db); err != nil {
+		db.Close()
+		return nil, err
+	}
 	if err := s.recover(ctx); err != nil {
 		db.Close()
 		return nil, err
