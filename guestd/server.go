@@ -2,16 +2,15 @@ package guestd
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"strata/internal/api"
-	"strata/internal/fault"
+	"strata/internal/httpx"
 	"strata/internal/jsend"
 	"strata/layers"
 	"strata/pathpolicy"
@@ -93,29 +92,9 @@ func (s *Server) Mounter() string { return s.engine.main.Mounter() }
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Serve answers requests on ln until ctx is done, then finishes the
-// requests in flight (up to 30 s) and returns.
+// requests in flight (up to 30 s) and returns (httpx.Serve).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{
-		Handler:           s.handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err := srv.Shutdown(shutdownCtx)
-	if e := <-errc; !errors.Is(e, http.ErrServerClosed) {
-		err = errors.Join(err, e)
-	}
-	return err
+	return httpx.Serve(ctx, ln, s.handler, httpx.ServeConfig{Log: s.log})
 }
 
 // Listen opens a listener for addr: "unix:///path/to.sock" (a stale
@@ -191,27 +170,6 @@ func (l *unlinkOnClose) Close() error {
 	return err
 }
 
-type ctxKey int
-
-const requestIDKey ctxKey = 0
-
-func newRequestID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// statusWriter remembers the status for the access log.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	w.status = code
-	w.ResponseWriter.WriteHeader(code)
-}
-
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/checkpoints", s.method(map[string]handler{
@@ -226,61 +184,35 @@ func (s *Server) routes() http.Handler {
 	metricsHandler := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet {
-			s.fail(w, r, errMethod)
+			w.Header().Set("Allow", http.MethodGet)
+			httpx.WriteError(w, r, httpx.ErrMethodNotAllowed)
 			return
 		}
 		metricsHandler.ServeHTTP(w, r)
 	})
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { s.fail(w, r, errRoute) })
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get(jsend.HeaderRequestID)
-		if id == "" || len(id) > 64 {
-			id = newRequestID()
-		}
-		w.Header().Set(jsend.HeaderRequestID, id)
-		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
-		start := time.Now()
-		rr := r.WithContext(context.WithValue(r.Context(), requestIDKey, id))
-		mux.ServeHTTP(sw, rr) // sets rr.Pattern
-		d := time.Since(start)
-		s.log.Info("request", "request_id", id, "method", r.Method, "route", routeOf(rr), "status", sw.status, "duration_ms", float64(d.Microseconds())/1000)
-	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { httpx.WriteError(w, r, httpx.ErrNoRoute) })
+	// The caller is hostproxy (or root in the sandbox): its request id is
+	// kept, so one id names a request in both daemons' logs.
+	edge := &httpx.Edge{Log: s.log, AcceptRequestID: true}
+	return edge.Handler(mux)
 }
-
-var (
-	errRoute  = fault.New(fault.NotFound, "not_found", "no such route")
-	errMethod = fault.New(fault.MethodNotAllowed, "method_not_allowed", "this route does not accept that method")
-)
 
 type handler func(r *http.Request) (any, error)
 
 // method dispatches by HTTP method and writes the handler's data or error
-// as JSend.
+// as JSend (httpx.Respond).
 func (s *Server) method(hs map[string]handler) http.HandlerFunc {
-	var allow []string
-	for m := range hs {
-		allow = append(allow, m)
-	}
-	allowed := strings.Join(allow, ", ")
+	allowed := strings.Join(slices.Sorted(maps.Keys(hs)), ", ")
 	return func(w http.ResponseWriter, r *http.Request) {
 		h, ok := hs[r.Method]
 		if !ok {
 			w.Header().Set("Allow", allowed)
-			s.fail(w, r, errMethod)
+			httpx.WriteError(w, r, httpx.ErrMethodNotAllowed)
 			return
 		}
 		data, err := h(r)
-		if err != nil {
-			s.fail(w, r, err)
-			return
-		}
-		jsend.Success(w, data)
+		httpx.Respond(w, r, data, err)
 	}
-}
-
-func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
-	id, _ := r.Context().Value(requestIDKey).(string)
-	jsend.Error(w, s.log, id, err)
 }
 
 func (s *Server) health(r *http.Request) (any, error) {
@@ -393,13 +325,4 @@ func (s *Server) delete(r *http.Request) (any, error) {
 		return nil, err
 	}
 	return struct{}{}, nil
-}
-
-// routeOf is the route pattern a request matched (the same key hostproxy
-// logs), or "unmatched".
-func routeOf(r *http.Request) string {
-	if r.Pattern == "" {
-		return "unmatched"
-	}
-	return r.Pattern
 }
