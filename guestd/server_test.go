@@ -8,7 +8,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,27 +15,9 @@ import (
 	"strata/internal/httpx"
 )
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // storelessServer is a guestd without a store: enough for the edge and the
 // routes that never reach one.
-func storelessServer(t *testing.T, logs *syncBuffer) *Server {
+func storelessServer(t *testing.T, logs *bytes.Buffer) *Server {
 	s := &Server{
 		log:             slog.New(slog.NewTextHandler(logs, nil)),
 		reg:             prometheus.NewRegistry(),
@@ -71,7 +52,7 @@ func TestEdge(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			logs := &syncBuffer{}
+			logs := &bytes.Buffer{}
 			s := storelessServer(t, logs)
 			r := httptest.NewRequest(tc.method, tc.path, strings.NewReader(tc.body))
 			if tc.body != "" {

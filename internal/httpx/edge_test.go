@@ -11,30 +11,21 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 
 	"strata/internal/fault"
 	"strata/internal/httpx"
 )
 
-// logBuffer collects JSON log lines; handlers may log from any goroutine.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+// logBuffer collects JSON log lines (the handlers in these tests run on
+// the test's goroutine).
+type logBuffer struct{ b bytes.Buffer }
 
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+func (l *logBuffer) Write(p []byte) (int, error) { return l.b.Write(p) }
 
 // lines returns each line as its keys in order and its values.
 func (l *logBuffer) lines(t *testing.T) []logLine {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []logLine
 	for _, s := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
 		if s == "" {
