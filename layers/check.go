@@ -10,6 +10,9 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	bolt "go.etcd.io/bbolt"
+
+	"strata/layers/meta"
+	"strata/layers/overlay"
 )
 
 // Report is what Check found in a store that no guestd has open.
@@ -35,20 +38,20 @@ func Check(dir string) (*Report, error) {
 	rep := &Report{}
 	known := map[uint64]string{}
 	err = db.View(func(btx *bolt.Tx) error {
-		t := tx{btx}
-		rs, err := t.roots()
+		t := meta.Tx{Tx: btx}
+		rs, err := t.Roots()
 		if err != nil {
 			return err
 		}
-		ls, err := t.layers()
+		ls, err := t.Layers()
 		if err != nil {
 			return err
 		}
-		sps, err := t.spans()
+		sps, err := t.Spans()
 		if err != nil {
 			return err
 		}
-		cps, err := t.checkpoints()
+		cps, err := t.Checkpoints()
 		if err != nil {
 			return err
 		}
@@ -64,10 +67,10 @@ func Check(dir string) (*Report, error) {
 		}
 		for _, r := range rs {
 			rep.Roots = append(rep.Roots, r.Path)
-			if r.State != rootReady {
+			if r.State != meta.RootReady {
 				rep.Problems = append(rep.Problems, fmt.Sprintf("root %s is %s", r.Path, r.State))
 			}
-			if _, err := t.chain(r.Active); err != nil {
+			if _, err := t.Chain(r.Active); err != nil {
 				rep.Problems = append(rep.Problems, fmt.Sprintf("root %s: %v", r.Path, err))
 			}
 			for _, d := range r.Mounted.Dirs() {
@@ -77,11 +80,11 @@ func Check(dir string) (*Report, error) {
 			}
 		}
 		for _, c := range cps {
-			if _, err := t.chain(c.Layer); err != nil {
+			if _, err := t.Chain(c.Layer); err != nil {
 				rep.Problems = append(rep.Problems, fmt.Sprintf("checkpoint %s: %v", c.ID, err))
 			}
 		}
-		zs, err := t.zombies()
+		zs, err := t.Zombies()
 		if err != nil {
 			return err
 		}
@@ -96,7 +99,7 @@ func Check(dir string) (*Report, error) {
 		if err != nil {
 			return err
 		}
-		probe := &Store{layers: filepath.Join(dir, "layers"), source: readStoreSource(db)}
+		probe := &Store{layers: filepath.Join(dir, "layers"), source: sourceTag(meta.ReadStoreID(db))}
 		rep.Problems = append(rep.Problems, probe.mountProblems(rs, table)...)
 		return nil
 	})
@@ -135,9 +138,9 @@ func Check(dir string) (*Report, error) {
 // CheckMounts lists what is wrong with the live mounts of an open store
 // (see mountProblems); nil when nothing is.
 func (s *Store) CheckMounts() ([]string, error) {
-	var rs []*rootRecord
-	if err := s.view(func(t tx) (err error) {
-		rs, err = t.roots()
+	var rs []*meta.Root
+	if err := s.view(func(t meta.Tx) (err error) {
+		rs, err = t.Roots()
 		return err
 	}); err != nil {
 		return nil, err
@@ -154,12 +157,12 @@ func (s *Store) CheckMounts() ([]string, error) {
 // (bind mounts of one superblock count once), and each ready root has
 // exactly one writable overlay of this store, on top at its path, with
 // the recorded stack.
-func (s *Store) mountProblems(roots []*rootRecord, table []*mountinfo.Info) []string {
+func (s *Store) mountProblems(roots []*meta.Root, table []*mountinfo.Info) []string {
 	var out []string
 	writers := map[uint64]map[uint64]string{} // upper -> superblock -> a mountpoint
 	for _, m := range table {
 		up, ok := s.upperOf(m)
-		if !ok || superReadOnly(m.VFSOptions) {
+		if !ok || overlay.ReadOnly(m.VFSOptions) {
 			continue
 		}
 		if writers[up] == nil {
@@ -178,7 +181,7 @@ func (s *Store) mountProblems(roots []*rootRecord, table []*mountinfo.Info) []st
 		}
 	}
 	for _, r := range roots {
-		if r.State != rootReady {
+		if r.State != meta.RootReady {
 			continue
 		}
 		sbs := writers[r.Mounted.Upper]

@@ -9,13 +9,16 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"strata/layers/meta"
+	"strata/layers/overlay"
 )
 
 // Compaction keeps mount stacks short however many checkpoints a chain
 // has. A chain is served as segments: single layers, or spans (merged
-// runs of layers). Like a binary counter, whenever the top segment of a
+// runs of layers). Like a binary counter, whenever the top meta.Segment of a
 // chain is at least as large as the one under it, the two are merged into
-// one span; segment sizes then grow strictly downwards, so a chain of n
+// one span; meta.Segment sizes then grow strictly downwards, so a chain of n
 // sealed layers is served by at most log2(n)+1 segments plus its base.
 // Every layer was once the top of its chain, so every checkpoint's own
 // chain is as short, and restoring any of them mounts a short stack.
@@ -24,88 +27,32 @@ import (
 // a span holds only changes, so compaction costs grow with what was
 // changed, never with the size of the directory.
 
-// segment is one lower layer of a mount stack.
-type segment struct {
-	dir    uint64 // the layer or span directory
-	top    uint64 // newest layer covered
-	bottom uint64 // oldest layer covered
-	count  int    // layers covered
-	base   bool   // the root's base layer
-}
-
-// decompose returns the segments that serve the chain of top, topmost
-// first, using the largest span available at each step.
-func (t tx) decompose(top uint64) ([]segment, error) {
-	var out []segment
-	for cur := top; cur != 0; {
-		spans, err := t.spansOf(cur)
-		if err != nil {
-			return nil, err
-		}
-		var best *spanRecord
-		for _, sp := range spans {
-			if best == nil || sp.Count > best.Count {
-				best = sp
-			}
-		}
-		seg := segment{dir: cur, top: cur, bottom: cur, count: 1}
-		if best != nil {
-			seg = segment{dir: best.ID, top: cur, bottom: best.Bottom, count: best.Count}
-		}
-		l, err := t.layer(seg.bottom)
-		if err != nil {
-			return nil, err
-		}
-		seg.base = l.Parent == 0 && seg.count == 1
-		out = append(out, seg)
-		cur = l.Parent
-		if len(out) > maxChain {
-			return nil, fmt.Errorf("chain of layer %d does not end: %w", top, errMissingRecord)
-		}
-	}
-	return out, nil
-}
-
-// nextMerge returns the index i of the first pair (segs[i], segs[i+1])
-// the binary-counter rule merges, or -1.
-func nextMerge(segs []segment) int {
-	for i := 0; i+1 < len(segs); i++ {
-		if segs[i+1].base || segs[i].base {
-			return -1
-		}
-		if segs[i].count >= segs[i+1].count {
-			return i
-		}
-	}
-	return -1
-}
-
 // compactChain merges segments of the chain of top until the rule holds.
 // It reads only sealed layers, which never change, so it runs beside the
 // operations on the root; each span is committed only if the layers it
 // covers are still there.
 func (s *Store) compactChain(ctx context.Context, rootID, top uint64) error {
 	for {
-		var segs []segment
+		var segs []meta.Segment
 		if err := s.db.View(func(btx *bolt.Tx) (err error) {
-			t := tx{btx}
-			if l, err := t.layer(top); err != nil || !l.Sealed {
+			t := meta.Tx{Tx: btx}
+			if l, err := t.Layer(top); err != nil || !l.Sealed {
 				segs = nil
 				return nil
 			}
-			segs, err = t.decompose(top)
+			segs, err = t.Decompose(top)
 			return err
 		}); err != nil {
 			return err
 		}
-		i := nextMerge(segs)
+		i := meta.NextMerge(segs)
 		if i < 0 {
 			return nil
 		}
 		upper, lower := segs[i], segs[i+1]
 		var below []uint64
 		for _, sg := range segs[i+2:] {
-			below = append(below, sg.dir)
+			below = append(below, sg.Dir)
 		}
 		if err := s.buildSpan(ctx, rootID, upper, lower, below); err != nil {
 			if errors.Is(err, errStale) {
@@ -119,34 +66,34 @@ func (s *Store) compactChain(ctx context.Context, rootID, top uint64) error {
 // buildSpan merges two adjacent segments into a new span. Crash
 // ordering: built in tmp/, renamed into layers/ (an orphan until the
 // commit, swept at startup), then recorded.
-func (s *Store) buildSpan(ctx context.Context, rootID uint64, upper, lower segment, below []uint64) error {
+func (s *Store) buildSpan(ctx context.Context, rootID uint64, upper, lower meta.Segment, below []uint64) error {
 	id := s.newLayerID()
 	defer s.unpin(id)
-	defer s.pin(append([]uint64{upper.dir, lower.dir}, below...)...)()
+	defer s.pin(append([]uint64{upper.Dir, lower.Dir}, below...)...)()
 	o := s.newOp(ctx, opCompact, "")
-	if err := s.buildMerged(o, id, lower.dir, upper.dir, below); err != nil {
+	if err := s.buildMerged(o, id, lower.Dir, upper.Dir, below); err != nil {
 		o.done(err)
 		return err
 	}
-	sp := &spanRecord{ID: id, Root: rootID, Top: upper.top, Bottom: lower.bottom, Count: upper.count + lower.count}
+	sp := &meta.Span{ID: id, Root: rootID, Top: upper.Top, Bottom: lower.Bottom, Count: upper.Count + lower.Count}
 	err := o.step(stepCommit, func() error {
 		return s.db.Update(func(btx *bolt.Tx) error {
-			t := tx{btx}
+			t := meta.Tx{Tx: btx}
 			// The covered run must be intact: walk it again, and count
 			// what it covers now (a squash may have shortened it).
 			cur, n := sp.Top, 1
 			for ; cur != sp.Bottom; n++ {
-				l, err := t.layer(cur)
-				if err != nil || l.Parent == 0 || n > maxChain {
+				l, err := t.Layer(cur)
+				if err != nil || l.Parent == 0 || n > meta.MaxChain {
 					return errStale
 				}
 				cur = l.Parent
 			}
-			if _, err := t.layer(cur); err != nil {
+			if _, err := t.Layer(cur); err != nil {
 				return errStale
 			}
 			sp.Count = n
-			return t.putSpan(sp)
+			return t.PutSpan(sp)
 		})
 	})
 	if err != nil {
@@ -167,7 +114,7 @@ func (s *Store) buildMerged(o *op, id, lower, upper uint64, below []uint64) erro
 	for i, b := range below {
 		belowDirs[i] = s.fsDir(b)
 	}
-	stage := filepath.Join(s.tmp, layerName(id))
+	stage := filepath.Join(s.tmp, overlay.LayerName(id))
 	err := o.step(stepMerge, func() error {
 		if err := os.MkdirAll(filepath.Join(stage, "fs"), 0o755); err != nil {
 			return err
@@ -179,7 +126,7 @@ func (s *Store) buildMerged(o *op, id, lower, upper uint64, below []uint64) erro
 			if err := syncFS(stage); err != nil {
 				return err
 			}
-			if err := os.Rename(stage, filepath.Join(s.layers, layerName(id))); err != nil {
+			if err := os.Rename(stage, filepath.Join(s.layers, overlay.LayerName(id))); err != nil {
 				return err
 			}
 			// The caller's commit names it (and lets the dirs it replaces
@@ -198,12 +145,12 @@ func (s *Store) buildMerged(o *op, id, lower, upper uint64, below []uint64) erro
 func (s *Store) compactRoot(ctx context.Context, rootID uint64) error {
 	var top uint64
 	err := s.db.View(func(btx *bolt.Tx) error {
-		t := tx{btx}
-		r, err := t.root(rootID)
-		if err != nil || r == nil || r.State != rootReady {
+		t := meta.Tx{Tx: btx}
+		r, err := t.Root(rootID)
+		if err != nil || r == nil || r.State != meta.RootReady {
 			return err
 		}
-		l, err := t.layer(r.Active)
+		l, err := t.Layer(r.Active)
 		if err != nil {
 			return err
 		}

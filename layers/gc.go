@@ -12,66 +12,9 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"strata/holders"
+	"strata/layers/meta"
+	"strata/layers/overlay"
 )
-
-// sweepRecords deletes the records of layers that no checkpoint and no
-// live directory needs: mark every chain from a checkpoint's layer and
-// from each root's active layer, sweep the rest. Their dirs go in collect.
-func (s *Store) sweepRecords(t tx) error {
-	all, err := t.layers()
-	if err != nil {
-		return err
-	}
-	needed := make(map[uint64]bool, len(all))
-	mark := func(id uint64) {
-		for id != 0 && !needed[id] {
-			needed[id] = true
-			l := all[id]
-			if l == nil {
-				return
-			}
-			id = l.Parent
-		}
-	}
-	cps, err := t.checkpoints()
-	if err != nil {
-		return err
-	}
-	for _, c := range cps {
-		mark(c.Layer)
-	}
-	roots, err := t.roots()
-	if err != nil {
-		return err
-	}
-	for _, r := range roots {
-		mark(r.Active)
-		if r.Enroll != nil {
-			mark(r.Enroll.Base)
-		}
-	}
-	for id := range all {
-		if !needed[id] {
-			if err := t.deleteLayer(id); err != nil {
-				return err
-			}
-		}
-	}
-	spans, err := t.spans()
-	if err != nil {
-		return err
-	}
-	for _, sp := range spans {
-		// Every layer under a needed one is needed, so a span is needed
-		// exactly when its top is.
-		if !needed[sp.Top] {
-			if err := t.deleteSpan(sp); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
 
 // collect deletes layer dirs that nothing needs: not a layer record, not
 // in a root's mounted stack, not used by a lazily detached stack that
@@ -88,22 +31,22 @@ func (s *Store) collect(ctx context.Context) {
 		keep[id] = true
 	}
 	err := s.db.View(func(btx *bolt.Tx) error {
-		t := tx{btx}
-		ls, err := t.layers()
+		t := meta.Tx{Tx: btx}
+		ls, err := t.Layers()
 		if err != nil {
 			return err
 		}
 		for id := range ls {
 			keep[id] = true
 		}
-		sps, err := t.spans()
+		sps, err := t.Spans()
 		if err != nil {
 			return err
 		}
 		for _, sp := range sps {
 			keep[sp.ID] = true
 		}
-		rs, err := t.roots()
+		rs, err := t.Roots()
 		if err != nil {
 			return err
 		}
@@ -112,7 +55,7 @@ func (s *Store) collect(ctx context.Context) {
 				keep[id] = true
 			}
 		}
-		zs, err := t.zombies()
+		zs, err := t.Zombies()
 		for _, z := range zs {
 			for _, id := range z.Layers {
 				keep[id] = true
@@ -177,9 +120,9 @@ func (s *Store) mountedDirs() ([]uint64, error) {
 		if !s.ours(m) {
 			continue
 		}
-		upper, lowers := parseOverlayOptions(m.VFSOptions, s.layers)
+		upper, lowers := overlay.ParseOptions(m.VFSOptions, s.layers)
 		for _, d := range append([]string{upper}, lowers...) {
-			if id, ok := layerIDOf(s.layers, d); ok {
+			if id, ok := overlay.LayerIDOf(s.layers, d); ok {
 				out = append(out, id)
 			}
 		}
@@ -189,16 +132,16 @@ func (s *Store) mountedDirs() ([]uint64, error) {
 
 // liveZombies drops the records of lazily detached stacks that nothing
 // uses any more (or that belong to an earlier boot) and returns the rest.
-func (s *Store) liveZombies(ctx context.Context) []*zombieRecord {
-	var zs []*zombieRecord
+func (s *Store) liveZombies(ctx context.Context) []*meta.Zombie {
+	var zs []*meta.Zombie
 	if err := s.db.View(func(btx *bolt.Tx) (err error) {
-		zs, err = tx{btx}.zombies()
+		zs, err = meta.Tx{Tx: btx}.Zombies()
 		return err
 	}); err != nil {
 		s.log.Error("read zombies", "err", err)
 		return nil
 	}
-	var live, dead []*zombieRecord
+	var live, dead []*meta.Zombie
 	for _, z := range zs {
 		if z.Boot == s.boot {
 			// A process that cannot be inspected may be the user: keep the
@@ -214,7 +157,7 @@ func (s *Store) liveZombies(ctx context.Context) []*zombieRecord {
 	if len(dead) > 0 {
 		err := s.db.Update(func(btx *bolt.Tx) error {
 			for _, z := range dead {
-				if err := (tx{btx}).deleteZombie(z.ID); err != nil {
+				if err := (meta.Tx{Tx: btx}).DeleteZombie(z.ID); err != nil {
 					return err
 				}
 			}
@@ -234,18 +177,18 @@ func (s *Store) recover(ctx context.Context) error {
 	if err := clearDir(s.trash); err != nil {
 		return err
 	}
-	var roots []*rootRecord
+	var roots []*meta.Root
 	err := s.db.Update(func(btx *bolt.Tx) error {
-		t := tx{btx}
+		t := meta.Tx{Tx: btx}
 		var err error
-		if roots, err = t.roots(); err != nil {
+		if roots, err = t.Roots(); err != nil {
 			return err
 		}
-		ls, err := t.layers()
+		ls, err := t.Layers()
 		if err != nil {
 			return err
 		}
-		zs, err := t.zombies()
+		zs, err := t.Zombies()
 		if err != nil {
 			return err
 		}
@@ -258,7 +201,7 @@ func (s *Store) recover(ctx context.Context) error {
 		for _, z := range zs {
 			s.nextID = max(s.nextID, z.ID)
 		}
-		sps, err := t.spans()
+		sps, err := t.Spans()
 		for _, sp := range sps {
 			s.nextID = max(s.nextID, sp.ID)
 		}
@@ -277,7 +220,7 @@ func (s *Store) recover(ctx context.Context) error {
 		}
 	}
 	for _, r := range roots {
-		if r.State != rootEnrolling {
+		if r.State != meta.RootEnrolling {
 			continue
 		}
 		// An enrollment that cannot be finished is reported for its root
@@ -287,17 +230,17 @@ func (s *Store) recover(ctx context.Context) error {
 			s.setProblem(r.ID, err)
 		}
 	}
-	if err := s.db.Update(func(btx *bolt.Tx) error { return s.sweepRecords(tx{btx}) }); err != nil {
+	if err := s.db.Update(func(btx *bolt.Tx) error { return meta.Tx{Tx: btx}.Sweep() }); err != nil {
 		return err
 	}
 	if err := s.db.View(func(btx *bolt.Tx) (err error) {
-		roots, err = tx{btx}.roots()
+		roots, err = meta.Tx{Tx: btx}.Roots()
 		return err
 	}); err != nil {
 		return err
 	}
 	for _, r := range roots {
-		if r.State != rootReady {
+		if r.State != meta.RootReady {
 			continue // an enrollment left alone above is not mounted
 		}
 		if err := s.ensureMounted(ctx, r); err != nil {
@@ -318,9 +261,9 @@ func (s *Store) recover(ctx context.Context) error {
 // resolveEnroll finishes an enrollment whose exchange happened (the
 // user's directory is in the store) and undoes one whose did not. When it
 // cannot tell, it touches nothing and says so.
-func (s *Store) resolveEnroll(ctx context.Context, r *rootRecord) error {
+func (s *Store) resolveEnroll(ctx context.Context, r *meta.Root) error {
 	in := r.Enroll
-	ino, err := lstatIno(filepath.Join(s.layers, relFS(in.Base)))
+	ino, err := lstatIno(filepath.Join(s.layers, overlay.RelFS(in.Base)))
 	switch {
 	case err == nil && ino == in.OrigIno:
 		s.log.Info("finishing interrupted enrollment", "path", r.Path)

@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"strata/internal/fault"
+	"strata/layers/meta"
+	"strata/layers/overlay"
 )
 
 // A managed root is a directory inode, not a path name. Its record keeps
@@ -32,20 +33,6 @@ var ErrDirectoryMoved = fault.New(fault.Conflict, "directory_moved",
 // resolve is the open flags' resolution rule for every path the store
 // opens on behalf of a managed root: no symlinks, no /proc magic links.
 const resolve = unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
-
-// target is where a mount goes: the entry Name of the directory open at
-// Dir. Syscalls that take a path get Path(), which the kernel resolves
-// through the fd, not from the root of the filesystem.
-type target struct {
-	Dir  int
-	Name string
-}
-
-// Path names the target through /proc/self/fd: the kernel follows the fd
-// to the parent directory it was opened on, wherever that now is.
-func (t target) Path() string {
-	return "/proc/self/fd/" + strconv.Itoa(t.Dir) + "/" + t.Name
-}
 
 // openDirAt opens the directory name relative to dirfd (AT_FDCWD with an
 // absolute name for the first) for reading, refusing symlinks anywhere.
@@ -131,7 +118,7 @@ type rootHandle struct {
 	table []*mountinfo.Info
 }
 
-func (h *rootHandle) target() target { return target{Dir: h.parent, Name: h.name} }
+func (h *rootHandle) target() overlay.Target { return overlay.Target{Dir: h.parent, Name: h.name} }
 
 // top is the mount on top of the root, or nil.
 func (h *rootHandle) top() *mountinfo.Info {
@@ -153,7 +140,7 @@ func (h *rootHandle) Close() {
 // then says where the root's live mount is now, when the mount table
 // shows it. A record from before identities were kept (Ino 0) adopts the
 // inode found at its path.
-func (s *Store) openRoot(root *rootRecord) (*rootHandle, error) {
+func (s *Store) openRoot(root *meta.Root) (*rootHandle, error) {
 	dir, name := filepath.Dir(root.Path), filepath.Base(root.Path)
 	for attempt := 0; ; attempt++ {
 		h, retry, err := s.tryOpenRoot(root, dir, name)
@@ -163,7 +150,7 @@ func (s *Store) openRoot(root *rootRecord) (*rootHandle, error) {
 	}
 }
 
-func (s *Store) tryOpenRoot(root *rootRecord, dir, name string) (h *rootHandle, retry bool, err error) {
+func (s *Store) tryOpenRoot(root *meta.Root, dir, name string) (h *rootHandle, retry bool, err error) {
 	moved := func(cause error) error {
 		fe := ErrDirectoryMoved.With("path", root.Path)
 		if where := s.whereMounted(root); where != "" && where != root.Path {
@@ -230,14 +217,14 @@ func (s *Store) tryOpenRoot(root *rootRecord, dir, name string) (h *rootHandle, 
 
 // adoptIdentity records the identity of a root enrolled before the store
 // kept one. Failure is logged: the next operation adopts it again.
-func (s *Store) adoptIdentity(root *rootRecord) {
-	err := s.update(func(t tx) error {
-		r, err := t.root(root.ID)
+func (s *Store) adoptIdentity(root *meta.Root) {
+	err := s.update(func(t meta.Tx) error {
+		r, err := t.Root(root.ID)
 		if err != nil || r == nil {
 			return err
 		}
 		r.Dev, r.Ino = root.Dev, root.Ino
-		return t.putRoot(r)
+		return t.PutRoot(r)
 	})
 	if err != nil {
 		s.log.Error("record managed root identity", "path", root.Path, "err", err)
@@ -283,7 +270,7 @@ func stackAt(table []*mountinfo.Info, path string) []*mountinfo.Info {
 
 // whereMounted returns the mountpoint of a live overlay of ours whose
 // upper layer is root's active one, or "" when the table shows none.
-func (s *Store) whereMounted(root *rootRecord) string {
+func (s *Store) whereMounted(root *meta.Root) string {
 	table, err := mountinfo.GetMounts(func(m *mountinfo.Info) (bool, bool) { return m.FSType != "overlay", false })
 	if err != nil {
 		return ""
@@ -302,8 +289,8 @@ func (s *Store) upperOf(m *mountinfo.Info) (uint64, bool) {
 	if !s.ours(m) {
 		return 0, false
 	}
-	upper, _ := parseOverlayOptions(m.VFSOptions, s.layers)
-	return layerIDOf(s.layers, upper)
+	upper, _ := overlay.ParseOptions(m.VFSOptions, s.layers)
+	return overlay.LayerIDOf(s.layers, upper)
 }
 
 // mountDev is the device number of a mount's superblock.
@@ -324,7 +311,7 @@ func (s *Store) checkOneWriter(table []*mountinfo.Info, upper uint64, replacing 
 		if !ok || up != upper {
 			continue
 		}
-		if replacing != nil && mountDev(m) == mountDev(replacing) && superReadOnly(m.VFSOptions) {
+		if replacing != nil && mountDev(m) == mountDev(replacing) && overlay.ReadOnly(m.VFSOptions) {
 			continue // the frozen stack being swapped out (or a bind of it)
 		}
 		return fmt.Errorf("layer %d is already the upper layer of the overlay at %s: %w", upper, m.Mountpoint, errSecondWriter)

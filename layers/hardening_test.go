@@ -20,6 +20,8 @@ import (
 	"strata/holders"
 	"strata/internal/fault"
 	"strata/internal/testenv"
+	"strata/layers/meta"
+	"strata/layers/overlay"
 	"strata/pathpolicy"
 )
 
@@ -244,15 +246,15 @@ func TestSymlinkSwapDuringEnrollNeverCoversAnotherDirectory(t *testing.T) {
 
 // beneathOnly slides the new stack beneath the old one and stops there, as
 // a crash between move_mount(BENEATH) and the unmount would.
-type beneathOnly struct{ fsMounter }
+type beneathOnly struct{ overlay.Mounter }
 
-func (b *beneathOnly) Replace(ctx context.Context, t target, s Stack) (bool, error) {
-	mfd, err := b.build(s)
+func (b *beneathOnly) Replace(ctx context.Context, t overlay.Target, s overlay.Stack) (bool, error) {
+	mfd, err := overlay.Detached(s)
 	if err != nil {
 		return false, err
 	}
 	defer unix.Close(mfd)
-	if err := unix.MoveMount(mfd, "", t.Dir, t.Name, unix.MOVE_MOUNT_F_EMPTY_PATH|moveMountBeneath); err != nil {
+	if err := unix.MoveMount(mfd, "", t.Dir, t.Name, unix.MOVE_MOUNT_F_EMPTY_PATH|overlay.MoveMountBeneath); err != nil {
 		return false, err
 	}
 	return false, errors.New("simulated crash after move_mount beneath")
@@ -270,14 +272,14 @@ func TestRecoveryFinishesHalfDoneSwap(t *testing.T) {
 	write(t, dir+"/g", "v2")
 	h.store.cfg.StepHook = func(o, s string, d time.Duration, err error) {
 		if o == opCapture && s == stepCommit {
-			h.store.mounter = &beneathOnly{}
+			h.store.mounter = &beneathOnly{overlay.FSMounter()}
 		}
 	}
 	// swapOrRecover retries the way recovery does: that retry is the
 	// code under test, in process.
 	_, err := h.store.Capture(context.Background(), dir, "2")
 	h.store.cfg.StepHook = nil
-	h.store.mounter = &fsMounter{}
+	h.store.mounter = overlay.FSMounter()
 	if err != nil {
 		t.Fatalf("capture whose swap stopped half way: %v", err)
 	}
@@ -286,10 +288,10 @@ func TestRecoveryFinishesHalfDoneSwap(t *testing.T) {
 	}
 	h.assertOneWriter()
 	// The same state found by a restart.
-	h.store.mounter = &beneathOnly{}
+	h.store.mounter = &beneathOnly{overlay.FSMounter()}
 	write(t, dir+"/h", "v3")
 	_, err = h.store.Capture(context.Background(), dir, "3")
-	h.store.mounter = &fsMounter{}
+	h.store.mounter = overlay.FSMounter()
 	t.Logf("capture 3: %v", err)
 	h.reopen()
 	if n := len(stackAt(mustMounts(t), dir)); n != 1 {
@@ -376,16 +378,16 @@ func TestUnfinishableEnrollmentIsReportedNotFatal(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = db.Update(func(btx *bolt.Tx) error {
-		t := tx{btx}
-		if err := t.putLayer(&layerRecord{ID: 9000, Root: 9002, Sealed: true}); err != nil {
+		t := meta.Tx{Tx: btx}
+		if err := t.PutLayer(&meta.Layer{ID: 9000, Root: 9002, Sealed: true}); err != nil {
 			return err
 		}
-		if err := t.putLayer(&layerRecord{ID: 9001, Root: 9002, Parent: 9000}); err != nil {
+		if err := t.PutLayer(&meta.Layer{ID: 9001, Root: 9002, Parent: 9000}); err != nil {
 			return err
 		}
-		return t.putRoot(&rootRecord{ID: 9002, Path: bad, State: rootEnrolling, Active: 9001,
-			Enroll:  &enrollIntent{OrigIno: 1, MountpointIno: 2, Base: 9000, Checkpoint: "cp_x"},
-			Mounted: Stack{Layers: filepath.Join(h.dir, "layers"), Upper: 9001, Lowers: []uint64{9000}}})
+		return t.PutRoot(&meta.Root{ID: 9002, Path: bad, State: meta.RootEnrolling, Active: 9001,
+			Enroll:  &meta.EnrollIntent{OrigIno: 1, MountpointIno: 2, Base: 9000, Checkpoint: "cp_x"},
+			Mounted: overlay.Stack{Layers: filepath.Join(h.dir, "layers"), Upper: 9001, Lowers: []uint64{9000}}})
 	})
 	db.Close()
 	if err != nil {
@@ -431,7 +433,7 @@ func TestFullFilesystemIs507AndNeverATrap(t *testing.T) {
 		detachUnder(small)
 		filepath.WalkDir(small, func(p string, d os.DirEntry, err error) error {
 			if d != nil && d.IsDir() {
-				setImmutable(p, false)
+				overlay.SetImmutable(p, false)
 			}
 			return nil
 		})

@@ -3,21 +3,18 @@ package layers
 import (
 	"time"
 
-	"strata/internal/fault"
+	"strata/layers/meta"
 )
 
 // Idempotent retries. A create or restore may carry a key; its first
 // answer is recorded in the same metadata transaction as the checkpoint
 // or the restore it answers, so a client that lost the answer (a timeout,
 // a 500 after the commit, a guestd restart) can retry with the same key
-// and get that answer instead of a second checkpoint.
-
-// idempotencyTTL is how long an answer is kept for retries.
-const idempotencyTTL = 24 * time.Hour
+// and get that answer instead of a second checkpoint (meta.Replay and
+// meta.Record).
 
 // ErrIdempotencyKeyReused answers a key sent again with another request.
-var ErrIdempotencyKeyReused = fault.New(fault.Unprocessable, "idempotency_key_reused",
-	"This Idempotency-Key was already used with a different request.")
+var ErrIdempotencyKeyReused = meta.ErrIdempotencyKeyReused
 
 // Option adjusts one Capture or Restore.
 type Option func(*options)
@@ -40,51 +37,25 @@ func applyOptions(opts []Option) options {
 	return o
 }
 
-// idem is one request's key and what it asked for.
-type idem struct {
-	key     string
-	request string
+func createRequest(key, path, name string) meta.Request {
+	return meta.Request{Key: key, Body: "create\x00" + path + "\x00" + name}
 }
 
-func createRequest(key, path, name string) idem {
-	return idem{key: key, request: "create\x00" + path + "\x00" + name}
+func restoreRequest(key, id string) meta.Request {
+	return meta.Request{Key: key, Body: "restore\x00" + id}
 }
 
-func restoreRequest(key, id string) idem {
-	return idem{key: key, request: "restore\x00" + id}
+// answer is a checkpoint as the idempotency record keeps it.
+func answer(c Checkpoint) meta.Answer {
+	return meta.Answer{ID: c.ID, Path: c.Path, Name: c.Name, CreatedAt: c.CreatedAt, ParentID: c.ParentID}
 }
 
-// replay returns the recorded answer to this request, if there is one
-// younger than idempotencyTTL; a record of another request under the
-// same key is ErrIdempotencyKeyReused.
-func (t tx) replay(r idem, now time.Time) (*Checkpoint, error) {
-	if r.key == "" {
-		return nil, nil
-	}
-	rec, err := t.idempotency(r.key)
-	if err != nil || rec == nil || now.Sub(rec.Created) > idempotencyTTL {
-		return nil, err
-	}
-	if rec.Request != r.request {
-		return nil, ErrIdempotencyKeyReused.With("idempotency_key", r.key)
-	}
-	res := rec.Result
-	return &res, nil
-}
-
-// record stores the answer to r, inside the transaction that commits it.
-// A key recorded meanwhile for another request fails the commit.
-func (t tx) record(r idem, res Checkpoint, now time.Time) error {
-	if r.key == "" {
+// fromAnswer is a kept answer as the store returns it.
+func fromAnswer(a *meta.Answer) *Checkpoint {
+	if a == nil {
 		return nil
 	}
-	if _, err := t.replay(r, now); err != nil {
-		return err
-	}
-	if err := t.pruneIdempotency(now); err != nil {
-		return err
-	}
-	return t.putIdempotency(&idemRecord{Key: r.key, Request: r.request, Result: res, Created: now})
+	return &Checkpoint{ID: a.ID, Path: a.Path, Name: a.Name, CreatedAt: a.CreatedAt, ParentID: a.ParentID}
 }
 
 // Knows reports whether this store holds an answer under key. A caller
@@ -92,9 +63,9 @@ func (t tx) record(r idem, res Checkpoint, now time.Time) error {
 // not go to: a key known elsewhere was used for another request.
 func (s *Store) Knows(key string) (bool, error) {
 	var ok bool
-	err := s.view(func(t tx) error {
-		rec, err := t.idempotency(key)
-		ok = rec != nil && time.Since(rec.Created) <= idempotencyTTL
+	err := s.view(func(t meta.Tx) error {
+		rec, err := t.Idempotency(key)
+		ok = rec != nil && time.Since(rec.Created) <= meta.IdempotencyTTL
 		return err
 	})
 	return ok, err

@@ -13,11 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"strata/holders"
+	"strata/layers/meta"
+	"strata/layers/overlay"
 )
-
-func superReadOnly(vfsOpts string) bool {
-	return vfsOpts == "ro" || strings.HasPrefix(vfsOpts, "ro,")
-}
 
 // ours reports whether a mount is an overlay of this store: only those
 // may be frozen, replaced or unmounted by us. Every mount the store makes
@@ -36,22 +34,31 @@ func (s *Store) ours(m *mountinfo.Info) bool {
 	if strings.HasPrefix(m.Source, sourcePrefix) {
 		return false
 	}
-	upper, _ := parseOverlayOptions(m.VFSOptions, s.layers)
+	upper, _ := overlay.ParseOptions(m.VFSOptions, s.layers)
 	return filepath.IsAbs(upper) && strings.HasPrefix(upper, s.layers+"/")
 }
 
 // sourcePrefix starts the source tag of every overlay a store mounts.
 const sourcePrefix = "strata-"
 
+// sourceTag is the source tag of the mounts of the store with this id; ""
+// for a store without one (never opened read-write since ids exist).
+func sourceTag(id string) string {
+	if id == "" {
+		return ""
+	}
+	return sourcePrefix + id
+}
+
 // tagged is st with this store's source tag, as it is mounted.
-func (s *Store) tagged(st Stack) Stack {
+func (s *Store) tagged(st overlay.Stack) overlay.Stack {
 	st.Source = s.source
 	return st
 }
 
 // ensureMounted opens root by identity and makes its live mount the one
 // the metadata says (see settle).
-func (s *Store) ensureMounted(ctx context.Context, root *rootRecord) error {
+func (s *Store) ensureMounted(ctx context.Context, root *meta.Root) error {
 	h, err := s.openRoot(root)
 	if err != nil {
 		return err
@@ -68,7 +75,7 @@ func (s *Store) ensureMounted(ctx context.Context, root *rootRecord) error {
 // a half-done swap (the recorded stack slid beneath a frozen old one)
 // finished. changed reports that the mounts at the root are not what h
 // saw any more: the caller reopens it.
-func (s *Store) settle(ctx context.Context, root *rootRecord, h *rootHandle) (changed bool, err error) {
+func (s *Store) settle(ctx context.Context, root *meta.Root, h *rootHandle) (changed bool, err error) {
 	m := h.top()
 	if m == nil {
 		if err := s.checkOneWriter(h.table, root.Mounted.Upper, nil); err != nil {
@@ -83,14 +90,14 @@ func (s *Store) settle(ctx context.Context, root *rootRecord, h *rootHandle) (ch
 		return false, fmt.Errorf("managed root %s is covered by a %s mount that is not strata's", root.Path, m.FSType)
 	}
 	if root.Mounted.Matches(m.VFSOptions) {
-		if superReadOnly(m.VFSOptions) {
-			return false, thaw(h.target())
+		if overlay.ReadOnly(m.VFSOptions) {
+			return false, overlay.Thaw(h.target())
 		}
 		return false, nil
 	}
 	// A stack from before a crash: freeze it (it may share its upper with
 	// the stack we want) and swap.
-	if !superReadOnly(m.VFSOptions) {
+	if !overlay.ReadOnly(m.VFSOptions) {
 		if err := s.freezeOrBusy(ctx, root, h); err != nil {
 			return false, err
 		}
@@ -100,26 +107,26 @@ func (s *Store) settle(ctx context.Context, root *rootRecord, h *rootHandle) (ch
 		// unmounting the old one: finish that swap rather than mount a
 		// second copy of the same upper.
 		under := h.stack[1]
-		lazy, err := unmountTop(h.target())
+		lazy, err := overlay.UnmountTop(h.target())
 		if err != nil {
 			return false, err
 		}
 		if lazy {
-			s.recordZombie(root.Path, mountDev(m), stackOf(s.layers, m))
+			s.recordZombie(root.Path, mountDev(m), overlay.StackOf(s.layers, m.VFSOptions))
 		}
-		if superReadOnly(under.VFSOptions) {
-			return true, thaw(h.target())
+		if overlay.ReadOnly(under.VFSOptions) {
+			return true, overlay.Thaw(h.target())
 		}
 		return true, nil
 	}
 	old := *root
-	old.Mounted = stackOf(s.layers, m)
+	old.Mounted = overlay.StackOf(s.layers, m.VFSOptions)
 	return true, s.swap(ctx, h, &old, root)
 }
 
 // immutableAt sets the immutable flag on the unmounted mountpoint of the
 // open root h, checking that the directory it opened is the root's.
-func (s *Store) immutableAt(root *rootRecord, h *rootHandle) error {
+func (s *Store) immutableAt(root *meta.Root, h *rootHandle) error {
 	fd, err := openDirAt(h.parent, h.name)
 	if err != nil {
 		return err
@@ -132,43 +139,13 @@ func (s *Store) immutableAt(root *rootRecord, h *rootHandle) error {
 	if st.Ino != root.Ino || st.Dev != root.Dev {
 		return ErrDirectoryMoved.With("path", root.Path)
 	}
-	return setImmutableFD(fd, true)
-}
-
-// stackOf describes a mounted overlay of ours as a read-only Stack (its
-// upper listed first among the lowers: what matters is the dirs it uses).
-func stackOf(layers string, m *mountinfo.Info) Stack {
-	upper, lowers := parseOverlayOptions(m.VFSOptions, layers)
-	st := Stack{Layers: layers}
-	for _, d := range append([]string{upper}, lowers...) {
-		if id, ok := layerIDOf(layers, d); ok {
-			st.Lowers = append(st.Lowers, id)
-		}
-	}
-	return st
-}
-
-// layerIDOf parses "<layers>/<id>/fs".
-func layerIDOf(layers, dir string) (uint64, bool) {
-	rest, ok := strings.CutPrefix(dir, layers+"/")
-	if !ok {
-		return 0, false
-	}
-	name, ok := strings.CutSuffix(rest, "/fs")
-	if !ok {
-		return 0, false
-	}
-	var id uint64
-	if _, err := fmt.Sscanf(name, "%d", &id); err != nil {
-		return 0, false
-	}
-	return id, true
+	return overlay.SetImmutableFD(fd, true)
 }
 
 // swap replaces the (frozen) stack of old at the open root h with
 // newRoot's. An old stack still in use is detached lazily and recorded as
 // a zombie, so that its layer dirs outlive it.
-func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *rootRecord) error {
+func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *meta.Root) error {
 	top := h.top()
 	if top == nil {
 		return fmt.Errorf("managed root %s: nothing mounted to swap", old.Path)
@@ -183,7 +160,7 @@ func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *rootRecor
 	if err == nil && !lazy && old.Mounted.Upper != 0 && old.Mounted.Upper != newRoot.Mounted.Upper {
 		// The old upper is no mount's upper any more: its overlay work
 		// dir is scratch space nobody will use again.
-		if rerr := os.RemoveAll(filepath.Join(s.layers, relWork(old.Mounted.Upper))); rerr != nil {
+		if rerr := os.RemoveAll(filepath.Join(s.layers, overlay.RelWork(old.Mounted.Upper))); rerr != nil {
 			s.log.Warn("remove work dir of a sealed layer", "layer", old.Mounted.Upper, "err", rerr)
 		}
 	}
@@ -192,11 +169,11 @@ func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *rootRecor
 
 // recordZombie records a stack detached lazily because it was in use: its
 // layer dirs stay until nothing uses its superblock.
-func (s *Store) recordZombie(path string, dev uint64, st Stack) {
-	z := &zombieRecord{ID: s.newLayerID(), Boot: s.boot, Dev: dev, Layers: st.Dirs()}
+func (s *Store) recordZombie(path string, dev uint64, st overlay.Stack) {
+	z := &meta.Zombie{ID: s.newLayerID(), Boot: s.boot, Dev: dev, Layers: st.Dirs()}
 	s.unpin(z.ID)
 	s.log.Warn("old stack still in use, detached lazily", "path", path, "dev", dev)
-	if err := s.db.Update(func(btx *bolt.Tx) error { return tx{btx}.putZombie(z) }); err != nil {
+	if err := s.db.Update(func(btx *bolt.Tx) error { return meta.Tx{Tx: btx}.PutZombie(z) }); err != nil {
 		s.log.Error("record detached stack", "path", path, "err", err)
 	}
 }
@@ -204,8 +181,8 @@ func (s *Store) recordZombie(path string, dev uint64, st Stack) {
 // freezeOrBusy freezes the live mount of the open root h, turning the
 // kernel's EBUSY (a writer the advisory scan did not see) into 409
 // directory_busy.
-func (s *Store) freezeOrBusy(ctx context.Context, root *rootRecord, h *rootHandle) error {
-	err := freeze(h.target())
+func (s *Store) freezeOrBusy(ctx context.Context, root *meta.Root, h *rootHandle) error {
+	err := overlay.Freeze(h.target())
 	if err == nil || !errors.Is(err, unix.EBUSY) {
 		return err
 	}
@@ -216,7 +193,7 @@ func (s *Store) freezeOrBusy(ctx context.Context, root *rootRecord, h *rootHandl
 	return holders.BusyError(root.Path, nil)
 }
 
-func (s *Store) holdersMounted(ctx context.Context, root *rootRecord, h *rootHandle) ([]holders.Holder, error) {
+func (s *Store) holdersMounted(ctx context.Context, root *meta.Root, h *rootHandle) ([]holders.Holder, error) {
 	top := h.top()
 	if top == nil {
 		return nil, fmt.Errorf("managed root %s is not mounted", root.Path)
@@ -229,7 +206,7 @@ func (s *Store) holdersMounted(ctx context.Context, root *rootRecord, h *rootHan
 }
 
 // busyCheckMounted is the advisory scan of a managed root.
-func (s *Store) busyCheckMounted(ctx context.Context, root *rootRecord, h *rootHandle) error {
+func (s *Store) busyCheckMounted(ctx context.Context, root *meta.Root, h *rootHandle) error {
 	holders, err := s.holdersMounted(ctx, root, h)
 	if err != nil {
 		return err

@@ -14,6 +14,8 @@ import (
 
 	"strata/holders"
 	"strata/internal/fault"
+	"strata/layers/meta"
+	"strata/layers/overlay"
 	"strata/pathpolicy"
 )
 
@@ -29,13 +31,14 @@ func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) 
 		return Checkpoint{}, err
 	}
 	defer release()
-	var root *rootRecord
+	var root *meta.Root
 	var prior *Checkpoint
-	if err := s.view(func(t tx) error {
-		if prior, err = t.replay(req, time.Now()); err != nil || prior != nil {
+	if err := s.view(func(t meta.Tx) error {
+		a, err := t.Replay(req, time.Now())
+		if prior = fromAnswer(a); err != nil || prior != nil {
 			return err
 		}
-		root, err = t.rootByPath(path)
+		root, err = t.RootByPath(path)
 		return err
 	}); err != nil {
 		return Checkpoint{}, err
@@ -43,7 +46,7 @@ func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) 
 	if prior != nil {
 		return *prior, nil
 	}
-	if root != nil && root.State == rootEnrolling {
+	if root != nil && root.State == meta.RootEnrolling {
 		// An enrollment that failed after its exchange (guestd still
 		// running): finish or undo it now, then go on. Finishing does not
 		// depend on this request: a client that hangs up must not leave
@@ -51,13 +54,13 @@ func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) 
 		if err := s.resolveEnroll(context.WithoutCancel(ctx), root); err != nil {
 			return Checkpoint{}, err
 		}
-		if err := s.view(func(t tx) error {
-			root, err = t.rootByPath(path)
+		if err := s.view(func(t meta.Tx) error {
+			root, err = t.RootByPath(path)
 			return err
 		}); err != nil {
 			return Checkpoint{}, err
 		}
-		if root != nil && root.State == rootEnrolling {
+		if root != nil && root.State == meta.RootEnrolling {
 			return Checkpoint{}, fmt.Errorf("managed root %s: interrupted enrollment cannot be resolved", path)
 		}
 	}
@@ -148,7 +151,7 @@ func openEnrollee(path string) (*enrollee, error) {
 // rename exchange moves the contents into the store and an empty
 // immutable directory to path; recovery finds out which side of that
 // exchange it is on by inode and finishes or undoes it.
-func (s *Store) enroll(o *op, path, name string, req idem) (Checkpoint, error) {
+func (s *Store) enroll(o *op, path, name string, req meta.Request) (Checkpoint, error) {
 	var e *enrollee
 	defer func() { e.close() }()
 	s.enrollMu.Lock()
@@ -188,9 +191,9 @@ func (s *Store) enroll(o *op, path, name string, req idem) (Checkpoint, error) {
 	defer s.unpin(base, upper)
 	rootID := s.newLayerID() // ids share one sequence; a root id never names a dir
 	defer s.unpin(rootID)
-	intent := &enrollIntent{OrigIno: e.ino, Base: base, Checkpoint: newCheckpointID(), Name: name, Created: time.Now().UTC()}
-	if req.key != "" {
-		intent.Idempotency = &idemRecord{Key: req.key, Request: req.request}
+	intent := &meta.EnrollIntent{OrigIno: e.ino, Base: base, Checkpoint: newCheckpointID(), Name: name, Created: time.Now().UTC()}
+	if req.Key != "" {
+		intent.Idempotency = &meta.Idempotency{Key: req.Key, Request: req.Body}
 	}
 	mountpoint := s.fsDir(base)
 	cleanup := func() {
@@ -220,17 +223,17 @@ func (s *Store) enroll(o *op, path, name string, req idem) (Checkpoint, error) {
 		return Checkpoint{}, err
 	}
 	defer unix.Close(mp)
-	root := &rootRecord{ID: rootID, Path: path, Dev: e.dev, Ino: intent.MountpointIno, State: rootEnrolling, Active: upper, Enroll: intent,
-		Mounted: Stack{Layers: s.layers, Upper: upper, Lowers: []uint64{base}}}
+	root := &meta.Root{ID: rootID, Path: path, Dev: e.dev, Ino: intent.MountpointIno, State: meta.RootEnrolling, Active: upper, Enroll: intent,
+		Mounted: overlay.Stack{Layers: s.layers, Upper: upper, Lowers: []uint64{base}}}
 	err = o.step(stepIntent, func() error {
-		return s.update(func(t tx) error {
-			if err := t.putLayer(&layerRecord{ID: base, Root: rootID, Sealed: true, Created: intent.Created}); err != nil {
+		return s.update(func(t meta.Tx) error {
+			if err := t.PutLayer(&meta.Layer{ID: base, Root: rootID, Sealed: true, Created: intent.Created}); err != nil {
 				return err
 			}
-			if err := t.putLayer(&layerRecord{ID: upper, Root: rootID, Parent: base, Created: intent.Created}); err != nil {
+			if err := t.PutLayer(&meta.Layer{ID: upper, Root: rootID, Parent: base, Created: intent.Created}); err != nil {
 				return err
 			}
-			return t.putRoot(root)
+			return t.PutRoot(root)
 		})
 	})
 	if err != nil {
@@ -270,7 +273,7 @@ func (s *Store) enroll(o *op, path, name string, req idem) (Checkpoint, error) {
 	}
 	// The path is now an empty directory: make it refuse writes at once,
 	// so that nothing lands where the mount will hide it.
-	immErr := setImmutableFD(mp, true)
+	immErr := overlay.SetImmutableFD(mp, true)
 	// The gate: after the exchange nothing new can enter the old contents
 	// through path, so whoever still holds them held them before; and
 	// nothing may have slipped into the empty directory in between.
@@ -314,9 +317,9 @@ func countEntries(fd int) (int, error) {
 // exchange again, move anything that was written into the empty directory
 // meanwhile back into the user's (renamed aside on a name clash), forget.
 // Whatever cannot be moved back is kept under recovered/ in the store.
-func (s *Store) undoExchange(root *rootRecord, e *enrollee, mp int, cause error) (Checkpoint, error) {
+func (s *Store) undoExchange(root *meta.Root, e *enrollee, mp int, cause error) (Checkpoint, error) {
 	path, mountpoint := root.Path, s.fsDir(root.Enroll.Base)
-	if err := setImmutableFD(mp, false); err != nil {
+	if err := overlay.SetImmutableFD(mp, false); err != nil {
 		s.log.Error("undo enrollment: clear immutable", "path", path, "err", err)
 		return Checkpoint{}, cause
 	}
@@ -352,7 +355,7 @@ func (s *Store) undoExchange(root *rootRecord, e *enrollee, mp int, cause error)
 // it (recovery after a parent was renamed) is still committed, so the
 // checkpoint the client asked for exists, and is mounted once it is back
 // at its path.
-func (s *Store) finishEnroll(o *op, root *rootRecord, h *rootHandle) (Checkpoint, error) {
+func (s *Store) finishEnroll(o *op, root *meta.Root, h *rootHandle) (Checkpoint, error) {
 	o.ctx = context.WithoutCancel(o.ctx)
 	in := root.Enroll
 	defer func() { h.Close() }()
@@ -378,25 +381,25 @@ func (s *Store) finishEnroll(o *op, root *rootRecord, h *rootHandle) (Checkpoint
 	if err := o.step(stepSync, func() error { return syncFS(s.layers) }); err != nil {
 		return Checkpoint{}, err
 	}
-	cp := &checkpointRecord{ID: in.Checkpoint, Root: root.ID, Layer: in.Base, Name: in.Name, Created: in.Created}
+	cp := &meta.Checkpoint{ID: in.Checkpoint, Root: root.ID, Layer: in.Base, Name: in.Name, Created: in.Created}
 	res := Checkpoint{ID: cp.ID, Path: root.Path, Name: cp.Name, CreatedAt: cp.Created}
 	err := o.step(stepCommit, func() error {
-		return s.update(func(t tx) error {
-			seq, err := t.Bucket(bucketCheckpoints).NextSequence()
+		return s.update(func(t meta.Tx) error {
+			seq, err := t.NextCheckpointSeq()
 			if err != nil {
 				return err
 			}
 			cp.Seq = seq
 			if r := in.Idempotency; r != nil {
-				if err := t.record(idem{key: r.Key, request: r.Request}, res, time.Now()); err != nil {
+				if err := t.Record(meta.Request{Key: r.Key, Body: r.Request}, answer(res), time.Now()); err != nil {
 					return err
 				}
 			}
-			root.State, root.Enroll, root.Head = rootReady, nil, cp.ID
-			if err := t.putCheckpoint(cp); err != nil {
+			root.State, root.Enroll, root.Head = meta.RootReady, nil, cp.ID
+			if err := t.PutCheckpoint(cp); err != nil {
 				return err
 			}
-			return t.putRoot(root)
+			return t.PutRoot(root)
 		})
 	})
 	if err != nil {
@@ -418,15 +421,15 @@ func (s *Store) finishEnroll(o *op, root *rootRecord, h *rootHandle) (Checkpoint
 // was undone): records first, then the layer dirs. A prepared directory
 // that is not empty (files written into the path during a refused
 // enrollment that could not be moved back) is kept under recovered/.
-func (s *Store) abandonEnroll(root *rootRecord) error {
-	err := s.update(func(t tx) error {
-		if err := t.deleteLayer(root.Enroll.Base); err != nil {
+func (s *Store) abandonEnroll(root *meta.Root) error {
+	err := s.update(func(t meta.Tx) error {
+		if err := t.DeleteLayer(root.Enroll.Base); err != nil {
 			return err
 		}
-		if err := t.deleteLayer(root.Active); err != nil {
+		if err := t.DeleteLayer(root.Active); err != nil {
 			return err
 		}
-		return t.deleteRoot(root.ID)
+		return t.DeleteRoot(root.ID)
 	})
 	if err != nil {
 		return err
@@ -445,7 +448,7 @@ func (s *Store) abandonEnroll(root *rootRecord) error {
 
 // openSettled opens root by identity and settles its mount (see settle);
 // the handle it returns shows the mounts as they are afterwards.
-func (s *Store) openSettled(ctx context.Context, root *rootRecord) (*rootHandle, error) {
+func (s *Store) openSettled(ctx context.Context, root *meta.Root) (*rootHandle, error) {
 	h, err := s.openRoot(root)
 	if err != nil {
 		return nil, err
@@ -467,7 +470,7 @@ func (s *Store) openSettled(ctx context.Context, root *rootRecord) (*rootHandle,
 // orphan until the commit; the old mount is frozen read-only before the
 // commit, so nothing written after the freeze can be lost or land in a
 // sealed layer; after the commit, recovery mounts the new stack.
-func (s *Store) capture(o *op, root *rootRecord, name string, req idem) (Checkpoint, error) {
+func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request) (Checkpoint, error) {
 	var h *rootHandle
 	defer func() { h.Close() }()
 	if err := o.step(stepMountCheck, func() (err error) {
@@ -508,7 +511,7 @@ func (s *Store) capture(o *op, root *rootRecord, name string, req idem) (Checkpo
 	}
 	fail := func(err error, thawOld bool) (Checkpoint, error) {
 		if thawOld {
-			if terr := thaw(h.target()); terr != nil {
+			if terr := overlay.Thaw(h.target()); terr != nil {
 				s.log.Error("thaw after failed capture", "path", path, "err", terr)
 			}
 		}
@@ -531,30 +534,30 @@ func (s *Store) capture(o *op, root *rootRecord, name string, req idem) (Checkpo
 	}); err != nil {
 		return fail(err, true)
 	}
-	cp := &checkpointRecord{ID: newCheckpointID(), Root: root.ID, Layer: sealed, Name: name, Created: time.Now().UTC(), Parent: root.Head}
+	cp := &meta.Checkpoint{ID: newCheckpointID(), Root: root.ID, Layer: sealed, Name: name, Created: time.Now().UTC(), Parent: root.Head}
 	res := Checkpoint{ID: cp.ID, Path: path, Name: cp.Name, CreatedAt: cp.Created, ParentID: cp.Parent}
 	newRoot := *root
 	squash := false
 	err := o.step(stepCommit, func() error {
-		return s.update(func(t tx) error {
-			l, err := t.layer(sealed)
+		return s.update(func(t meta.Tx) error {
+			l, err := t.Layer(sealed)
 			if err != nil {
 				return err
 			}
 			l.Sealed = true
-			if err := t.putLayer(l); err != nil {
+			if err := t.PutLayer(l); err != nil {
 				return err
 			}
-			if err := t.putLayer(&layerRecord{ID: next, Root: root.ID, Parent: sealed, Created: cp.Created}); err != nil {
+			if err := t.PutLayer(&meta.Layer{ID: next, Root: root.ID, Parent: sealed, Created: cp.Created}); err != nil {
 				return err
 			}
-			if cp.Seq, err = t.Bucket(bucketCheckpoints).NextSequence(); err != nil {
+			if cp.Seq, err = t.NextCheckpointSeq(); err != nil {
 				return err
 			}
-			if err := t.putCheckpoint(cp); err != nil {
+			if err := t.PutCheckpoint(cp); err != nil {
 				return err
 			}
-			if err := t.record(req, res, cp.Created); err != nil {
+			if err := t.Record(req, answer(res), cp.Created); err != nil {
 				return err
 			}
 			stack, err := s.stackFor(t, next, sealed)
@@ -563,9 +566,9 @@ func (s *Store) capture(o *op, root *rootRecord, name string, req idem) (Checkpo
 			}
 			// Sealing the only child of a layer no checkpoint names makes
 			// that layer squashable.
-			squash = l.Parent != 0 && !t.referenced(l.Parent)
+			squash = l.Parent != 0 && !t.Referenced(l.Parent)
 			newRoot.Active, newRoot.Head, newRoot.Mounted = next, cp.ID, stack
-			return t.putRoot(&newRoot)
+			return t.PutRoot(&newRoot)
 		})
 	})
 	if err != nil {
@@ -587,8 +590,9 @@ func (s *Store) capture(o *op, root *rootRecord, name string, req idem) (Checkpo
 func (s *Store) Restore(ctx context.Context, id string, opts ...Option) (Checkpoint, error) {
 	req := restoreRequest(applyOptions(opts).idemKey, id)
 	var prior *Checkpoint
-	if err := s.view(func(t tx) (err error) {
-		prior, err = t.replay(req, time.Now())
+	if err := s.view(func(t meta.Tx) error {
+		a, err := t.Replay(req, time.Now())
+		prior = fromAnswer(a)
 		return err
 	}); err != nil || prior != nil {
 		if prior != nil {
@@ -620,7 +624,7 @@ func (s *Store) Restore(ctx context.Context, id string, opts ...Option) (Checkpo
 // restore: the new upper is an orphan until the commit; the old mount is
 // frozen first, so its unsaved changes stop changing; the commit drops the
 // old upper's record and recovery mounts the new stack.
-func (s *Store) restore(o *op, id string, req idem) (Checkpoint, error) {
+func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) {
 	// Re-read under the operation claim (a delete may have won the race),
 	// and pin the checkpoint's layer in the same breath: a squash that
 	// replaces it afterwards cannot take its dir away.
@@ -630,8 +634,9 @@ func (s *Store) restore(o *op, id string, req idem) (Checkpoint, error) {
 	}
 	defer unpinCP()
 	var prior *Checkpoint
-	if err := s.view(func(t tx) (err error) {
-		prior, err = t.replay(req, time.Now())
+	if err := s.view(func(t meta.Tx) error {
+		a, err := t.Replay(req, time.Now())
+		prior = fromAnswer(a)
 		return err
 	}); err != nil || prior != nil {
 		if prior != nil {
@@ -687,20 +692,20 @@ func (s *Store) restore(o *op, id string, req idem) (Checkpoint, error) {
 	newRoot := *root
 	res := Checkpoint{ID: cp.ID, Path: path}
 	err = o.step(stepCommit, func() error {
-		return s.update(func(t tx) error {
+		return s.update(func(t meta.Tx) error {
 			// Squashing may have replaced the checkpoint's layer by one with
 			// the same content since it was read: use the current one.
-			c, err := t.mustCheckpoint(id)
+			c, err := mustCheckpoint(t, id)
 			if err != nil {
 				return err
 			}
-			if err := t.record(req, res, time.Now()); err != nil {
+			if err := t.Record(req, answer(res), time.Now()); err != nil {
 				return err
 			}
-			if err := t.deleteLayer(discarded); err != nil {
+			if err := t.DeleteLayer(discarded); err != nil {
 				return err
 			}
-			if err := t.putLayer(&layerRecord{ID: next, Root: root.ID, Parent: c.Layer, Created: time.Now().UTC()}); err != nil {
+			if err := t.PutLayer(&meta.Layer{ID: next, Root: root.ID, Parent: c.Layer, Created: time.Now().UTC()}); err != nil {
 				return err
 			}
 			stack, err := s.stackFor(t, next, c.Layer)
@@ -708,15 +713,15 @@ func (s *Store) restore(o *op, id string, req idem) (Checkpoint, error) {
 				return err
 			}
 			newRoot.Active, newRoot.Head, newRoot.Mounted = next, cp.ID, stack
-			if err := t.putRoot(&newRoot); err != nil {
+			if err := t.PutRoot(&newRoot); err != nil {
 				return err
 			}
 			// The discarded upper may have been the last user of a branch.
-			return s.sweepRecords(t)
+			return t.Sweep()
 		})
 	})
 	if err != nil {
-		if terr := thaw(h.target()); terr != nil {
+		if terr := overlay.Thaw(h.target()); terr != nil {
 			s.log.Error("thaw after failed restore", "path", path, "err", terr)
 		}
 		s.removeLayerDir(next)
@@ -744,15 +749,15 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	o := s.newOp(ctx, opDelete, root.Path)
 	err = o.step(stepCommit, func() error {
 		return s.db.Update(func(btx *bolt.Tx) error {
-			t := tx{btx}
-			c, err := t.mustCheckpoint(id)
+			t := meta.Tx{Tx: btx}
+			c, err := mustCheckpoint(t, id)
 			if err != nil {
 				return err
 			}
-			if err := t.deleteCheckpoint(c); err != nil {
+			if err := t.DeleteCheckpoint(c); err != nil {
 				return err
 			}
-			return s.sweepRecords(t)
+			return t.Sweep()
 		})
 	})
 	if err == nil {
@@ -768,7 +773,7 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 // old upper is sealed), so a failed swap is retried the way startup would
 // do it before the operation reports failure; if that fails too, the next
 // operation on the root or the next start tries again.
-func (s *Store) swapOrRecover(ctx context.Context, h *rootHandle, old, newRoot *rootRecord) error {
+func (s *Store) swapOrRecover(ctx context.Context, h *rootHandle, old, newRoot *meta.Root) error {
 	err := s.swap(ctx, h, old, newRoot)
 	if err == nil {
 		return nil
@@ -781,8 +786,8 @@ func (s *Store) swapOrRecover(ctx context.Context, h *rootHandle, old, newRoot *
 }
 
 // mustCheckpoint returns checkpoint id, or checkpoint_not_found.
-func (t tx) mustCheckpoint(id string) (*checkpointRecord, error) {
-	c, err := t.checkpoint(id)
+func mustCheckpoint(t meta.Tx, id string) (*meta.Checkpoint, error) {
+	c, err := t.Checkpoint(id)
 	if err == nil && c == nil {
 		err = ErrCheckpointNotFound.With("checkpoint_id", id)
 	}
@@ -792,7 +797,7 @@ func (t tx) mustCheckpoint(id string) (*checkpointRecord, error) {
 // lookupPinned is lookup with the checkpoint's layer pinned, read and
 // pinned under the lock that collect holds while it decides what to
 // delete: collect sees either the record or the pin.
-func (s *Store) lookupPinned(id string) (cp *checkpointRecord, root *rootRecord, unpin func(), err error) {
+func (s *Store) lookupPinned(id string) (cp *meta.Checkpoint, root *meta.Root, unpin func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cp, root, err = s.lookup(id)
@@ -805,13 +810,13 @@ func (s *Store) lookupPinned(id string) (cp *checkpointRecord, root *rootRecord,
 }
 
 // lookup returns checkpoint id and its root, or checkpoint_not_found.
-func (s *Store) lookup(id string) (cp *checkpointRecord, root *rootRecord, err error) {
+func (s *Store) lookup(id string) (cp *meta.Checkpoint, root *meta.Root, err error) {
 	err = s.db.View(func(btx *bolt.Tx) error {
-		t := tx{btx}
-		if cp, err = t.checkpoint(id); err != nil || cp == nil {
+		t := meta.Tx{Tx: btx}
+		if cp, err = t.Checkpoint(id); err != nil || cp == nil {
 			return err
 		}
-		root, err = t.root(cp.Root)
+		root, err = t.Root(cp.Root)
 		return err
 	})
 	if err == nil && (cp == nil || root == nil) {
@@ -822,17 +827,17 @@ func (s *Store) lookup(id string) (cp *checkpointRecord, root *rootRecord, err e
 
 // stackFor is the mount stack for an upper layer on top of layer top,
 // served by the fewest segments the spans allow.
-func (s *Store) stackFor(t tx, upper, top uint64) (Stack, error) {
-	segs, err := t.decompose(top)
+func (s *Store) stackFor(t meta.Tx, upper, top uint64) (overlay.Stack, error) {
+	segs, err := t.Decompose(top)
 	if err != nil {
-		return Stack{}, err
+		return overlay.Stack{}, err
 	}
 	if len(segs) > maxLowers {
-		return Stack{}, fmt.Errorf("layer chain of %d segments exceeds overlayfs's %d lower layers", len(segs), maxLowers)
+		return overlay.Stack{}, fmt.Errorf("layer chain of %d segments exceeds overlayfs's %d lower layers", len(segs), maxLowers)
 	}
-	st := Stack{Layers: s.layers, Upper: upper, Lowers: make([]uint64, len(segs))}
+	st := overlay.Stack{Layers: s.layers, Upper: upper, Lowers: make([]uint64, len(segs))}
 	for i, sg := range segs {
-		st.Lowers[i] = sg.dir
+		st.Lowers[i] = sg.Dir
 	}
 	return st, nil
 }

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"strata/internal/testenv"
+	"strata/layers/overlay"
 )
 
 func names(t *testing.T, dir string) []string {
@@ -217,7 +218,7 @@ func detachAllUnder(base string) {
 	}
 	filepath.WalkDir(base, func(p string, d os.DirEntry, err error) error {
 		if d != nil && d.IsDir() {
-			setImmutable(p, false)
+			overlay.SetImmutable(p, false)
 		}
 		return nil
 	})
@@ -289,10 +290,10 @@ func itoa(i int) string {
 type failingMounter struct{}
 
 func (failingMounter) Name() string { return "failing" }
-func (failingMounter) Mount(context.Context, target, Stack) error {
+func (failingMounter) Mount(context.Context, overlay.Target, overlay.Stack) error {
 	return errors.New("mount fails")
 }
-func (failingMounter) Replace(context.Context, target, Stack) (bool, error) {
+func (failingMounter) Replace(context.Context, overlay.Target, overlay.Stack) (bool, error) {
 	return false, errors.New("replace fails")
 }
 

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"strata/internal/fstree"
+	"strata/layers/meta"
 )
 
 // mutate applies one random change to dir, of every kind a user makes:
@@ -184,11 +185,11 @@ func TestManyCheckpoints(t *testing.T) {
 // one chain: the binary counter's log2(n)+1 segments, plus the base.
 func depthBound(n int) int { return bits.Len(uint(n)) + 2 }
 
-func (h *harness) rootOf(path string) *rootRecord {
+func (h *harness) rootOf(path string) *meta.Root {
 	h.t.Helper()
-	var r *rootRecord
+	var r *meta.Root
 	if err := h.store.db.View(func(btx *bolt.Tx) (err error) {
-		r, err = tx{btx}.rootByPath(path)
+		r, err = meta.Tx{Tx: btx}.RootByPath(path)
 		return err
 	}); err != nil || r == nil {
 		h.t.Fatalf("root %s: %v", path, err)
@@ -227,12 +228,12 @@ func TestSquashInsideSpan(t *testing.T) {
 			t.Fatalf("compaction did not settle after a squash inside a span: %v", err)
 		}
 		if err := h.store.db.View(func(btx *bolt.Tx) error {
-			t2 := tx{btx}
-			sps, err := t2.spans()
+			t2 := meta.Tx{Tx: btx}
+			sps, err := t2.Spans()
 			for _, sp := range sps {
 				cur, n := sp.Top, 1
 				for ; cur != sp.Bottom; n++ {
-					l, err := t2.layer(cur)
+					l, err := t2.Layer(cur)
 					if err != nil {
 						return err
 					}

@@ -1,12 +1,13 @@
 package layers
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"slices"
 
 	bolt "go.etcd.io/bbolt"
+
+	"strata/layers/meta"
 )
 
 // Squash: a sealed layer that no checkpoint names any more and that has
@@ -17,75 +18,27 @@ import (
 // children of the child follow it, spans are re-pointed or dropped. The
 // old directories stay until no mount uses them.
 
-// squashPair is a layer to merge into its only child.
-type squashPair struct{ upper, lower uint64 } // child, parent
-
-// squashCandidates lists the squashable pairs of rootID, lowest first.
-func (t tx) squashCandidates(rootID uint64) ([]squashPair, error) {
-	all, err := t.layers()
-	if err != nil {
-		return nil, err
-	}
-	referenced := map[uint64]bool{}
-	cps, err := t.checkpoints()
-	if err != nil {
-		return nil, err
-	}
-	for _, c := range cps {
-		referenced[c.Layer] = true
-	}
-	roots, err := t.roots()
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range roots {
-		referenced[r.Active] = true
-		if r.Enroll != nil {
-			return nil, nil // never while an enrollment is pending
-		}
-	}
-	children := map[uint64][]uint64{}
-	for _, l := range all {
-		if l.Parent != 0 {
-			children[l.Parent] = append(children[l.Parent], l.ID)
-		}
-	}
-	var out []squashPair
-	for _, l := range all {
-		if l.Root != rootID || !l.Sealed || referenced[l.ID] || len(children[l.ID]) != 1 {
-			continue
-		}
-		child := all[children[l.ID][0]]
-		if child == nil || !child.Sealed {
-			continue // an active upper cannot be rewritten
-		}
-		out = append(out, squashPair{upper: child.ID, lower: l.ID})
-	}
-	slices.SortFunc(out, func(a, b squashPair) int { return cmp.Compare(a.lower, b.lower) })
-	return out, nil
-}
-
 // squashRoot merges every squashable pair of a root. The caller holds
 // compactMu.
 func (s *Store) squashRoot(ctx context.Context, rootID uint64) error {
 	for {
-		var pair squashPair
+		var pair meta.SquashPair
 		var below []uint64
 		var ok bool
 		err := s.db.View(func(btx *bolt.Tx) error {
-			t := tx{btx}
-			cands, err := t.squashCandidates(rootID)
+			t := meta.Tx{Tx: btx}
+			cands, err := t.SquashCandidates(rootID)
 			if err != nil || len(cands) == 0 {
 				return err
 			}
 			pair, ok = cands[0], true
-			l, err := t.layer(pair.lower)
+			l, err := t.Layer(pair.Lower)
 			if err != nil {
 				return err
 			}
-			segs, err := t.decompose(l.Parent)
+			segs, err := t.Decompose(l.Parent)
 			for _, sg := range segs {
-				below = append(below, sg.dir)
+				below = append(below, sg.Dir)
 			}
 			return err
 		})
@@ -101,84 +54,84 @@ func (s *Store) squashRoot(ctx context.Context, rootID uint64) error {
 	}
 }
 
-func (s *Store) squash(ctx context.Context, rootID uint64, p squashPair, below []uint64) error {
+func (s *Store) squash(ctx context.Context, rootID uint64, p meta.SquashPair, below []uint64) error {
 	id := s.newLayerID()
 	defer s.unpin(id)
-	defer s.pin(append([]uint64{p.upper, p.lower}, below...)...)()
+	defer s.pin(append([]uint64{p.Upper, p.Lower}, below...)...)()
 	o := s.newOp(ctx, opSquash, "")
-	if err := s.buildMerged(o, id, p.lower, p.upper, below); err != nil {
+	if err := s.buildMerged(o, id, p.Lower, p.Upper, below); err != nil {
 		o.done(err)
 		return err
 	}
 	err := o.step(stepCommit, func() error {
 		return s.db.Update(func(btx *bolt.Tx) error {
-			t := tx{btx}
+			t := meta.Tx{Tx: btx}
 			// Still the same situation? Anything else: drop the work.
-			cands, err := t.squashCandidates(rootID)
+			cands, err := t.SquashCandidates(rootID)
 			if err != nil {
 				return err
 			}
 			if !slices.Contains(cands, p) {
 				return errStale
 			}
-			lower, err := t.layer(p.lower)
+			lower, err := t.Layer(p.Lower)
 			if err != nil {
 				return err
 			}
-			upper, err := t.layer(p.upper)
+			upper, err := t.Layer(p.Upper)
 			if err != nil {
 				return err
 			}
-			merged := &layerRecord{ID: id, Root: rootID, Parent: lower.Parent, Sealed: true, Created: upper.Created}
-			if err := t.putLayer(merged); err != nil {
+			merged := &meta.Layer{ID: id, Root: rootID, Parent: lower.Parent, Sealed: true, Created: upper.Created}
+			if err := t.PutLayer(merged); err != nil {
 				return err
 			}
-			cps, err := t.checkpoints()
+			cps, err := t.Checkpoints()
 			if err != nil {
 				return err
 			}
 			for _, c := range cps {
-				if c.Layer == p.upper {
-					if err := t.moveCheckpoint(c, id); err != nil {
+				if c.Layer == p.Upper {
+					if err := t.MoveCheckpoint(c, id); err != nil {
 						return err
 					}
 				}
 			}
-			all, err := t.layers()
+			all, err := t.Layers()
 			if err != nil {
 				return err
 			}
 			for _, l := range all {
-				if l.Parent == p.upper {
+				if l.Parent == p.Upper {
 					l.Parent = id
-					if err := t.putLayer(l); err != nil {
+					if err := t.PutLayer(l); err != nil {
 						return err
 					}
 				}
 			}
-			spans, err := t.spans()
+			spans, err := t.Spans()
 			if err != nil {
 				return err
 			}
 			for _, sp := range spans {
 				switch {
-				case sp.Top == p.lower, sp.Bottom == p.upper, sp.Top == p.upper && sp.Bottom == p.lower:
+				case sp.Top == p.Lower, sp.Bottom == p.Upper, sp.Top == p.Upper && sp.Bottom == p.Lower:
 					// Ends between the two, or is the merged layer itself.
-					if err := t.deleteSpan(sp); err != nil {
+					if err := t.DeleteSpan(sp); err != nil {
 						return err
 					}
-				case sp.Bottom == p.lower || sp.Top == p.upper:
-					if err := t.deleteSpan(sp); err != nil {
+				case sp.Bottom == p.Lower || sp.Top == p.Upper:
+					if err := t.DeleteSpan(sp); err != nil {
 						return err
 					}
-					if sp.Bottom == p.lower {
+					if sp.Bottom == p.Lower {
 						sp.Bottom = id
 					}
-					if sp.Top == p.upper {
+					if sp.Top == p.Upper {
 						sp.Top = id
 					}
 					sp.Count--
-					if err := t.putSpan(sp); err != nil {
+					if err := t.PutSpan(sp); err != nil {
 						return err
 					}
 				default:
@@ -188,22 +141,22 @@ func (s *Store) squash(ctx context.Context, rootID uint64, p squashPair, below [
 					// wrong sizes, and buildSpan's walk misses Bottom, so
 					// every span it builds is stale and compactChain
 					// retries forever.
-					inside, err := t.spanCovers(sp, id)
+					inside, err := t.SpanCovers(sp, id)
 					if err != nil {
 						return err
 					}
 					if inside {
 						sp.Count--
-						if err := t.putSpan(sp); err != nil {
+						if err := t.PutSpan(sp); err != nil {
 							return err
 						}
 					}
 				}
 			}
-			if err := t.deleteLayer(p.lower); err != nil {
+			if err := t.DeleteLayer(p.Lower); err != nil {
 				return err
 			}
-			return t.deleteLayer(p.upper)
+			return t.DeleteLayer(p.Upper)
 		})
 	})
 	if err != nil {
@@ -211,21 +164,4 @@ func (s *Store) squash(ctx context.Context, rootID uint64, p squashPair, below [
 	}
 	o.done(err)
 	return err
-}
-
-// spanCovers reports whether layer id lies strictly inside span sp: below
-// sp.Top on the walk down to sp.Bottom, and above sp.Bottom.
-func (t tx) spanCovers(sp *spanRecord, id uint64) (bool, error) {
-	cur := sp.Top
-	for n := 1; n < sp.Count && cur != sp.Bottom; n++ {
-		l, err := t.layer(cur)
-		if err != nil {
-			return false, err
-		}
-		if l.Parent == id {
-			return true, nil
-		}
-		cur = l.Parent
-	}
-	return false, nil
 }

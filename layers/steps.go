@@ -44,18 +44,9 @@ const (
 	stepCollect        = "collect"
 )
 
-// Failpoints inside steps, between two syscalls of one step (see
-// internal/failpoint); the crash tests kill guestd at each of them too.
-const (
-	// fpSwapBeneath: the new stack is slid beneath the frozen old one,
-	// which is still on top.
-	fpSwapBeneath = "mount.swap.beneath"
-	// fpSwapUnmounted: mount(2) fallback, the old stack is unmounted and
-	// the new one not yet mounted.
-	fpSwapUnmounted = "mount.swap.unmounted"
-	// fpCollectTrashed: a layer dir is in trash/, not yet deleted.
-	fpCollectTrashed = "collect.trashed"
-)
+// fpCollectTrashed is a failpoint inside cleanup: a layer dir is in
+// trash/, not yet deleted.
+const fpCollectTrashed = "collect.trashed"
 
 // op runs the named steps of one operation: each step is logged at debug
 // with its duration and is a failpoint right after it succeeds; the

@@ -19,6 +19,8 @@ import (
 	"strata/holders"
 	"strata/internal/failpoint"
 	"strata/internal/fault"
+	"strata/layers/meta"
+	"strata/layers/overlay"
 	"strata/pathpolicy"
 )
 
@@ -75,7 +77,7 @@ type Store struct {
 	db      *bolt.DB
 	lock    *os.File // flock held for the store's lifetime
 	source  string   // the source tag of this store's mounts (see ours)
-	mounter Mounter
+	mounter overlay.Mounter
 	log     *slog.Logger
 	boot    string
 
@@ -162,26 +164,28 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := clearDir(s.tmp); err != nil {
 		return nil, err
 	}
-	m, err := ProbeMounter(ctx, filepath.Join(s.tmp, "probe"), cfg.LegacyMount)
+	m, err := overlay.Probe(ctx, filepath.Join(s.tmp, "probe"), cfg.LegacyMount)
 	if err != nil && isNoSpace(err) {
 		// A full filesystem must not keep the directories it holds from
 		// being mounted: pick the mounter without writing anything.
 		s.log.Warn("store filesystem is full; choosing the mounter without a probe", "err", err)
-		m, err = probeNoWrite(s.layers, cfg.LegacyMount)
+		m, err = overlay.ProbeNoWrite(s.layers, cfg.LegacyMount)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("overlayfs is not usable on %s (need overlay support, xattrs and d_type on the store's filesystem, and root): %w", s.dir, err)
 	}
 	s.mounter = m
-	db, err := openDB(filepath.Join(s.dir, "meta.db"))
+	db, err := meta.Open(filepath.Join(s.dir, "meta.db"))
 	if err != nil {
 		return nil, err
 	}
 	s.db = db
-	if s.source, err = storeSource(db); err != nil {
+	id, err := meta.StoreID(db)
+	if err != nil {
 		db.Close()
 		return nil, err
 	}
+	s.source = sourceTag(id)
 	if err := s.recover(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -214,12 +218,12 @@ func (s *Store) Dir() string { return s.dir }
 func (s *Store) List(ctx context.Context) ([]Checkpoint, error) {
 	var out []Checkpoint
 	err := s.db.View(func(btx *bolt.Tx) error {
-		t := tx{btx}
-		cs, err := t.checkpoints()
+		t := meta.Tx{Tx: btx}
+		cs, err := t.Checkpoints()
 		if err != nil {
 			return err
 		}
-		rs, err := t.roots()
+		rs, err := t.Roots()
 		if err != nil {
 			return err
 		}
@@ -231,7 +235,7 @@ func (s *Store) List(ctx context.Context) ([]Checkpoint, error) {
 		for _, c := range cs {
 			p, ok := paths[c.Root]
 			if !ok {
-				return fmt.Errorf("checkpoint %s: root %d: %w", c.ID, c.Root, errMissingRecord)
+				return fmt.Errorf("checkpoint %s: root %d: %w", c.ID, c.Root, meta.ErrInconsistent)
 			}
 			out = append(out, Checkpoint{ID: c.ID, Path: p, Name: c.Name, CreatedAt: c.Created, ParentID: c.Parent})
 		}
@@ -241,13 +245,13 @@ func (s *Store) List(ctx context.Context) ([]Checkpoint, error) {
 }
 
 // update runs fn in a read-write transaction of the metadata.
-func (s *Store) update(fn func(t tx) error) error {
-	return s.db.Update(func(btx *bolt.Tx) error { return fn(tx{btx}) })
+func (s *Store) update(fn func(t meta.Tx) error) error {
+	return s.db.Update(func(btx *bolt.Tx) error { return fn(meta.Tx{Tx: btx}) })
 }
 
 // view runs fn in a read-only transaction of the metadata.
-func (s *Store) view(fn func(t tx) error) error {
-	return s.db.View(func(btx *bolt.Tx) error { return fn(tx{btx}) })
+func (s *Store) view(fn func(t meta.Tx) error) error {
+	return s.db.View(func(btx *bolt.Tx) error { return fn(meta.Tx{Tx: btx}) })
 }
 
 // policy returns the path policy with every store directory protected.
@@ -296,9 +300,9 @@ const (
 
 // Directories returns the managed roots, with where each stands.
 func (s *Store) Directories() ([]Directory, error) {
-	var rs []*rootRecord
-	if err := s.view(func(t tx) (err error) {
-		rs, err = t.roots()
+	var rs []*meta.Root
+	if err := s.view(func(t meta.Tx) (err error) {
+		rs, err = t.Roots()
 		return err
 	}); err != nil {
 		return nil, err
@@ -306,7 +310,7 @@ func (s *Store) Directories() ([]Directory, error) {
 	out := make([]Directory, 0, len(rs))
 	for _, r := range rs {
 		d := Directory{Path: r.Path, CheckpointID: r.Head, State: DirReady}
-		if r.State != rootReady {
+		if r.State != meta.RootReady {
 			d.State, d.Problem = DirUnavailable, "an interrupted enrollment could not be finished"
 			out = append(out, d)
 			continue
@@ -346,7 +350,7 @@ func (s *Store) setProblem(root uint64, err error) {
 func (s *Store) Roots() ([]string, error) {
 	var out []string
 	err := s.db.View(func(btx *bolt.Tx) error {
-		rs, err := tx{btx}.roots()
+		rs, err := meta.Tx{Tx: btx}.Roots()
 		for _, r := range rs {
 			out = append(out, r.Path)
 		}
@@ -359,7 +363,7 @@ func (s *Store) Roots() ([]string, error) {
 func (s *Store) HasCheckpoint(id string) (bool, error) {
 	var ok bool
 	err := s.db.View(func(btx *bolt.Tx) error {
-		c, err := tx{btx}.checkpoint(id)
+		c, err := meta.Tx{Tx: btx}.Checkpoint(id)
 		ok = c != nil
 		return err
 	})
@@ -464,7 +468,7 @@ func newCheckpointID() string {
 // makeLayerDir creates layers/<id>/{fs,work} via tmp/, fs taking the
 // attributes of the directory open at attrSrc unless it is -1.
 func (s *Store) makeLayerDir(id uint64, work bool, attrSrc int) error {
-	stage := filepath.Join(s.tmp, layerName(id))
+	stage := filepath.Join(s.tmp, overlay.LayerName(id))
 	if err := os.MkdirAll(filepath.Join(stage, "fs"), 0o755); err != nil {
 		return err
 	}
@@ -479,7 +483,7 @@ func (s *Store) makeLayerDir(id uint64, work bool, attrSrc int) error {
 			return err
 		}
 	}
-	if err := os.Rename(stage, filepath.Join(s.layers, layerName(id))); err != nil {
+	if err := os.Rename(stage, filepath.Join(s.layers, overlay.LayerName(id))); err != nil {
 		os.RemoveAll(stage)
 		return err
 	}
@@ -487,12 +491,12 @@ func (s *Store) makeLayerDir(id uint64, work bool, attrSrc int) error {
 }
 
 // fsDir is layer id's content directory.
-func (s *Store) fsDir(id uint64) string { return filepath.Join(s.layers, relFS(id)) }
+func (s *Store) fsDir(id uint64) string { return filepath.Join(s.layers, overlay.RelFS(id)) }
 
 // removeLayerDir moves a layer dir to trash and deletes it.
 func (s *Store) removeLayerDir(id uint64) error {
-	src := filepath.Join(s.layers, layerName(id))
-	dst := filepath.Join(s.trash, layerName(id)+"."+strconv.FormatInt(time.Now().UnixNano(), 36))
+	src := filepath.Join(s.layers, overlay.LayerName(id))
+	dst := filepath.Join(s.trash, overlay.LayerName(id)+"."+strconv.FormatInt(time.Now().UnixNano(), 36))
 	if err := os.Rename(src, dst); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil

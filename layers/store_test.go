@@ -21,6 +21,8 @@ import (
 	"strata/internal/fault"
 	"strata/internal/fstree"
 	"strata/internal/testenv"
+	"strata/layers/meta"
+	"strata/layers/overlay"
 	"strata/pathpolicy"
 )
 
@@ -30,7 +32,7 @@ var mounters = []struct {
 	legacy bool
 }{{"fsmount", false}, {"mount2", true}}
 
-// forEachMounter runs fn once per Mounter implementation: the conformance
+// forEachMounter runs fn once per overlay.Mounter implementation: the conformance
 // suite of the store.
 func forEachMounter(t *testing.T, fn func(t *testing.T, h *harness)) {
 	for _, m := range mounters {
@@ -97,7 +99,7 @@ func (h *harness) teardown() {
 		if d != nil && d.IsDir() {
 			for unix.Unmount(p, unix.MNT_DETACH) == nil {
 			}
-			setImmutable(p, false)
+			overlay.SetImmutable(p, false)
 		}
 		return nil
 	})
@@ -159,14 +161,14 @@ func (h *harness) assertNoOrphans() {
 	}
 	var known []uint64
 	if err := h.store.db.View(func(btx *bolt.Tx) error {
-		ls, err := tx{btx}.layers()
+		ls, err := meta.Tx{Tx: btx}.Layers()
 		for id := range ls {
 			known = append(known, id)
 		}
 		if err != nil {
 			return err
 		}
-		sps, err := tx{btx}.spans()
+		sps, err := meta.Tx{Tx: btx}.Spans()
 		for _, sp := range sps {
 			known = append(known, sp.ID)
 		}
@@ -174,7 +176,7 @@ func (h *harness) assertNoOrphans() {
 			return err
 		}
 		// The live mounts may still use dirs whose records are gone.
-		rs, err := tx{btx}.roots()
+		rs, err := meta.Tx{Tx: btx}.Roots()
 		for _, r := range rs {
 			for _, d := range r.Mounted.Dirs() {
 				if !slices.Contains(known, d) {
@@ -196,7 +198,7 @@ func (h *harness) layerRecords() int {
 	h.t.Helper()
 	n := 0
 	if err := h.store.db.View(func(btx *bolt.Tx) error {
-		ls, err := tx{btx}.layers()
+		ls, err := meta.Tx{Tx: btx}.Layers()
 		n = len(ls)
 		return err
 	}); err != nil {
@@ -299,9 +301,9 @@ func TestRoundTrip(t *testing.T) {
 		h.assertNoOrphans()
 		// Only the active layer keeps an overlay work dir.
 		if err := h.store.db.View(func(btx *bolt.Tx) error {
-			ls, err := tx{btx}.layers()
+			ls, err := meta.Tx{Tx: btx}.Layers()
 			for id, l := range ls {
-				_, serr := os.Stat(filepath.Join(h.dir, "layers", relWork(id)))
+				_, serr := os.Stat(filepath.Join(h.dir, "layers", overlay.RelWork(id)))
 				if l.Sealed && serr == nil {
 					t.Errorf("sealed layer %d still has a work dir", id)
 				}

@@ -1,4 +1,4 @@
-package layers
+package overlay
 
 import (
 	"context"
@@ -14,14 +14,14 @@ type Mounter interface {
 	// Name identifies the implementation in logs and metrics.
 	Name() string
 	// Mount attaches s at t, on top of whatever is there.
-	Mount(ctx context.Context, t target, s Stack) error
+	Mount(ctx context.Context, t Target, s Stack) error
 	// Replace puts s at t in place of the mount on top of it, which the
 	// caller has frozen. lazy reports that the old mount was still in use
 	// and was detached lazily: it lives on, read-only, for its holders.
-	Replace(ctx context.Context, t target, s Stack) (lazy bool, err error)
+	Replace(ctx context.Context, t Target, s Stack) (lazy bool, err error)
 }
 
-// MountError is a failed mount syscall with its operation and target.
+// MountError is a failed mount syscall with its operation and Target.
 type MountError struct {
 	Op     string
 	Target string

@@ -1,4 +1,4 @@
-package layers
+package overlay
 
 import (
 	"context"
@@ -69,7 +69,7 @@ func TestLegacyDataDepth(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		s.Lowers = append(s.Lowers, uint64(200000+i))
 	}
-	err := legacyMounter{}.Mount(context.Background(), target{Dir: -1, Name: "nonexistent"}, s)
+	err := legacyMounter{}.Mount(context.Background(), Target{Dir: -1, Name: "nonexistent"}, s)
 	if err == nil || !strings.Contains(err.Error(), "exceed one page") {
 		t.Fatalf("Mount of a 500-layer stack with long names: %v, want a refusal", err)
 	}
@@ -79,7 +79,7 @@ func FuzzParseOverlayOptions(f *testing.F) {
 	f.Add("rw,lowerdir+=/a/1/fs,upperdir=/a/2/fs", "/a")
 	f.Add("lowerdir=1/fs:2/fs,upperdir=3/fs", "/a")
 	f.Fuzz(func(t *testing.T, opts, layers string) {
-		upper, lowers := parseOverlayOptions(opts, "/store/layers")
+		upper, lowers := ParseOptions(opts, "/store/layers")
 		for _, l := range append(lowers, upper) {
 			if l != "" && !strings.HasPrefix(l, "/") {
 				t.Fatalf("relative layer %q from %q", l, opts)

@@ -1,4 +1,4 @@
-package layers
+package overlay
 
 import (
 	"path/filepath"
@@ -51,17 +51,17 @@ func (s Stack) Equal(o Stack) bool {
 	return true
 }
 
-func layerName(id uint64) string { return strconv.FormatUint(id, 10) }
+func LayerName(id uint64) string { return strconv.FormatUint(id, 10) }
 
-// relFS and relWork are a layer's directories relative to the layers dir.
-func relFS(id uint64) string   { return layerName(id) + "/fs" }
-func relWork(id uint64) string { return layerName(id) + "/work" }
+// RelFS and RelWork are a layer's directories relative to the layers dir.
+func RelFS(id uint64) string   { return LayerName(id) + "/fs" }
+func RelWork(id uint64) string { return LayerName(id) + "/work" }
 
 // FSDir is the absolute path of layer id's content directory.
-func (s Stack) FSDir(id uint64) string { return filepath.Join(s.Layers, relFS(id)) }
+func (s Stack) FSDir(id uint64) string { return filepath.Join(s.Layers, RelFS(id)) }
 
 // WorkDir is the absolute path of layer id's overlay work directory.
-func (s Stack) WorkDir(id uint64) string { return filepath.Join(s.Layers, relWork(id)) }
+func (s Stack) WorkDir(id uint64) string { return filepath.Join(s.Layers, RelWork(id)) }
 
 // Config is the stack as fsconfig key/value pairs with absolute paths, one
 // "lowerdir+" per layer (kernel 6.8+), in the order they must be applied.
@@ -97,10 +97,10 @@ func (s Stack) LegacyData() string {
 		if i > 0 {
 			b.WriteByte(':')
 		}
-		b.WriteString(relFS(l))
+		b.WriteString(RelFS(l))
 	}
 	if s.Upper != 0 {
-		b.WriteString(",upperdir=" + relFS(s.Upper) + ",workdir=" + relWork(s.Upper))
+		b.WriteString(",upperdir=" + RelFS(s.Upper) + ",workdir=" + RelWork(s.Upper))
 	}
 	for _, o := range overlayOptions {
 		b.WriteString("," + o[0] + "=" + o[1])
@@ -108,12 +108,12 @@ func (s Stack) LegacyData() string {
 	return b.String()
 }
 
-// parseOverlayOptions extracts the layer directories of a mounted overlay
+// ParseOptions extracts the layer directories of a mounted overlay
 // from its super options as mountinfo shows them: "lowerdir+=" entries (new
 // mount API), or one colon-joined "lowerdir=" (mount(2), possibly relative
 // to the layers dir), and "upperdir=". Escaped colons and commas do not
 // occur in our own layer paths, so they are not unescaped.
-func parseOverlayOptions(opts, layersDir string) (upper string, lowers []string) {
+func ParseOptions(opts, layersDir string) (upper string, lowers []string) {
 	abs := func(p string) string {
 		if filepath.IsAbs(p) {
 			return p
@@ -143,7 +143,7 @@ func parseOverlayOptions(opts, layersDir string) (upper string, lowers []string)
 
 // Matches reports whether a mounted overlay's options describe s.
 func (s Stack) Matches(opts string) bool {
-	upper, lowers := parseOverlayOptions(opts, s.Layers)
+	upper, lowers := ParseOptions(opts, s.Layers)
 	want := ""
 	if s.Upper != 0 {
 		want = s.FSDir(s.Upper)

@@ -1,19 +1,21 @@
-package layers
+package overlay
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"strata/internal/failpoint"
 )
 
-// moveMountBeneath is MOVE_MOUNT_BENEATH (Linux 6.5), not yet named in x/sys.
-const moveMountBeneath = 0x200
+// MoveMountBeneath is MOVE_MOUNT_BENEATH (Linux 6.5), not yet named in x/sys.
+const MoveMountBeneath = 0x200
 
 // fsMounter builds stacks with fsopen/fsconfig/fsmount and swaps them in
 // with move_mount(MOVE_MOUNT_BENEATH): the directory is never empty. Every
@@ -47,7 +49,7 @@ func (m *fsMounter) build(s Stack) (int, error) {
 	return mfd, nil
 }
 
-func (m *fsMounter) Mount(ctx context.Context, t target, s Stack) error {
+func (m *fsMounter) Mount(ctx context.Context, t Target, s Stack) error {
 	mfd, err := m.build(s)
 	if err != nil {
 		return err
@@ -59,26 +61,26 @@ func (m *fsMounter) Mount(ctx context.Context, t target, s Stack) error {
 	return nil
 }
 
-func (m *fsMounter) Replace(ctx context.Context, t target, s Stack) (bool, error) {
+func (m *fsMounter) Replace(ctx context.Context, t Target, s Stack) (bool, error) {
 	mfd, err := m.build(s)
 	if err != nil {
 		return false, err
 	}
 	defer unix.Close(mfd)
-	if err := unix.MoveMount(mfd, "", t.Dir, t.Name, unix.MOVE_MOUNT_F_EMPTY_PATH|moveMountBeneath); err != nil {
+	if err := unix.MoveMount(mfd, "", t.Dir, t.Name, unix.MOVE_MOUNT_F_EMPTY_PATH|MoveMountBeneath); err != nil {
 		return false, &MountError{Op: "move_mount beneath", Target: t.Name, Err: err}
 	}
 	// The new stack is beneath the old one: a crash here leaves both, the
 	// frozen old one on top, and recovery finishes the swap.
 	if !m.probe {
-		failpoint.Hit(fpSwapBeneath)
+		failpoint.Hit(FailpointSwapBeneath)
 	}
-	return unmountTop(t)
+	return UnmountTop(t)
 }
 
-// unmountTop removes the top mount at t: a plain umount when nothing uses
+// UnmountTop removes the top mount at t: a plain umount when nothing uses
 // it, a lazy detach when something does.
-func unmountTop(t target) (lazy bool, err error) {
+func UnmountTop(t Target) (lazy bool, err error) {
 	err = unix.Unmount(t.Path(), unix.UMOUNT_NOFOLLOW)
 	if err == nil {
 		return false, nil
@@ -101,7 +103,7 @@ type legacyMounter struct {
 
 func (legacyMounter) Name() string { return "mount2" }
 
-func (legacyMounter) Mount(ctx context.Context, t target, s Stack) error {
+func (legacyMounter) Mount(ctx context.Context, t Target, s Stack) error {
 	data := s.LegacyData()
 	if len(data) >= os.Getpagesize() {
 		return &MountError{Op: "mount", Target: t.Name, Err: errors.New("overlay options exceed one page")}
@@ -128,52 +130,52 @@ func (legacyMounter) Mount(ctx context.Context, t target, s Stack) error {
 	return <-errc
 }
 
-func (l legacyMounter) Replace(ctx context.Context, t target, s Stack) (bool, error) {
-	lazy, err := unmountTop(t)
+func (l legacyMounter) Replace(ctx context.Context, t Target, s Stack) (bool, error) {
+	lazy, err := UnmountTop(t)
 	if err != nil {
 		return false, err
 	}
 	// Nothing is mounted: a crash here leaves the immutable mountpoint,
 	// and recovery mounts the recorded stack.
 	if !l.probe {
-		failpoint.Hit(fpSwapUnmounted)
+		failpoint.Hit(FailpointSwapUnmounted)
 	}
 	return lazy, l.Mount(ctx, t, s)
 }
 
-// freeze makes the overlay superblock at t read-only. It fails with
+// Freeze makes the overlay superblock at t read-only. It fails with
 // EBUSY while any process has a file open for writing on it (a writable
 // shared mapping too): the atomic gate of every capture and restore.
-func freeze(t target) error {
+func Freeze(t Target) error {
 	if err := unix.Mount("", t.Path(), "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 		return &MountError{Op: "remount ro", Target: t.Name, Err: err}
 	}
 	return nil
 }
 
-// thaw makes the overlay superblock at t writable again.
-func thaw(t target) error {
+// Thaw makes the overlay superblock at t writable again.
+func Thaw(t Target) error {
 	if err := unix.Mount("", t.Path(), "", unix.MS_REMOUNT, ""); err != nil {
 		return &MountError{Op: "remount rw", Target: t.Name, Err: err}
 	}
 	return nil
 }
 
-// setImmutable sets or clears FS_IMMUTABLE_FL on the directory dir (a
+// SetImmutable sets or clears FS_IMMUTABLE_FL on the directory dir (a
 // path the store controls). An immutable empty mountpoint refuses every
 // write that would land under a mount while the mount is away, and
 // mounting over it still works.
-func setImmutable(dir string, on bool) error {
+func SetImmutable(dir string, on bool) error {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return &os.PathError{Op: "open", Path: dir, Err: err}
 	}
 	defer unix.Close(fd)
-	return setImmutableFD(fd, on)
+	return SetImmutableFD(fd, on)
 }
 
-// setImmutableFD is setImmutable on an open directory.
-func setImmutableFD(fd int, on bool) error {
+// SetImmutableFD is SetImmutable on an open directory.
+func SetImmutableFD(fd int, on bool) error {
 	const fsImmutableFL = 0x10
 	dir := "fd " + strconv.Itoa(fd)
 	flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
@@ -193,10 +195,10 @@ func setImmutableFD(fd int, on bool) error {
 	return nil
 }
 
-// ProbeMounter picks the best Mounter the kernel supports by mounting a
+// Probe picks the best Mounter the kernel supports by mounting a
 // tiny overlay under scratch (an empty directory on the store's filesystem)
 // with each candidate, newest first. legacy forces mount(2).
-func ProbeMounter(ctx context.Context, scratch string, legacy bool) (Mounter, error) {
+func Probe(ctx context.Context, scratch string, legacy bool) (Mounter, error) {
 	if legacy {
 		return legacyMounter{}, probeOne(ctx, scratch, legacyMounter{probe: true})
 	}
@@ -222,17 +224,17 @@ func probeOne(ctx context.Context, scratch string, m Mounter) error {
 			return err
 		}
 	}
-	dfd, err := openDirAt(unix.AT_FDCWD, scratch)
+	dfd, err := unix.Open(scratch, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return err
+		return &os.PathError{Op: "open", Path: scratch, Err: err}
 	}
 	defer unix.Close(dfd)
-	t := target{Dir: dfd, Name: "m"}
+	t := Target{Dir: dfd, Name: "m"}
 	if err := m.Mount(ctx, t, s); err != nil {
 		return err
 	}
 	defer unix.Unmount(t.Path(), unix.MNT_DETACH)
-	if err := freeze(t); err != nil {
+	if err := Freeze(t); err != nil {
 		return err
 	}
 	if _, err := m.Replace(ctx, t, Stack{Layers: scratch, Upper: 4, Lowers: []uint64{3, 2, 1}}); err != nil {
@@ -241,10 +243,10 @@ func probeOne(ctx context.Context, scratch string, m Mounter) error {
 	return unix.Unmount(t.Path(), 0)
 }
 
-// probeNoWrite picks a Mounter without creating anything (the store's
+// ProbeNoWrite picks a Mounter without creating anything (the store's
 // filesystem is full): the new mount API when the kernel's overlayfs
 // takes "lowerdir+" (6.8+), mount(2) otherwise. Nothing is mounted.
-func probeNoWrite(dir string, legacy bool) (Mounter, error) {
+func ProbeNoWrite(dir string, legacy bool) (Mounter, error) {
 	if legacy {
 		return legacyMounter{}, nil
 	}
@@ -258,3 +260,75 @@ func probeNoWrite(dir string, legacy bool) (Mounter, error) {
 	}
 	return &fsMounter{}, nil
 }
+
+// Target is where a mount goes: the entry Name of the directory open at
+// Dir. Syscalls that take a path get Path(), which the kernel resolves
+// through the fd, not from the root of the filesystem.
+type Target struct {
+	Dir  int
+	Name string
+}
+
+// Path names the Target through /proc/self/fd: the kernel follows the fd
+// to the parent directory it was opened on, wherever that now is.
+func (t Target) Path() string {
+	return "/proc/self/fd/" + strconv.Itoa(t.Dir) + "/" + t.Name
+}
+
+// ReadOnly reports whether a mount's super options say read-only (a
+// frozen stack).
+func ReadOnly(vfsOpts string) bool {
+	return vfsOpts == "ro" || strings.HasPrefix(vfsOpts, "ro,")
+}
+
+// StackOf describes a mounted overlay of ours as a read-only Stack (its
+// upper listed first among the lowers: what matters is the dirs it uses).
+func StackOf(layers, vfsOpts string) Stack {
+	upper, lowers := ParseOptions(vfsOpts, layers)
+	st := Stack{Layers: layers}
+	for _, d := range append([]string{upper}, lowers...) {
+		if id, ok := LayerIDOf(layers, d); ok {
+			st.Lowers = append(st.Lowers, id)
+		}
+	}
+	return st
+}
+
+// LayerIDOf parses "<layers>/<id>/fs".
+func LayerIDOf(layers, dir string) (uint64, bool) {
+	rest, ok := strings.CutPrefix(dir, layers+"/")
+	if !ok {
+		return 0, false
+	}
+	name, ok := strings.CutSuffix(rest, "/fs")
+	if !ok {
+		return 0, false
+	}
+	var id uint64
+	if _, err := fmt.Sscanf(name, "%d", &id); err != nil {
+		return 0, false
+	}
+	return id, true
+}
+
+// Failpoints inside Replace, between two of its syscalls (see
+// internal/failpoint); the crash tests kill guestd at each of them.
+const (
+	// FailpointSwapBeneath: the new stack is slid beneath the frozen old
+	// one, which is still on top.
+	FailpointSwapBeneath = "mount.swap.beneath"
+	// FailpointSwapUnmounted: mount(2) fallback, the old stack is
+	// unmounted and the new one not yet mounted.
+	FailpointSwapUnmounted = "mount.swap.unmounted"
+)
+
+// FSMounter is the Mounter built on the new mount API (kernel 6.8+).
+func FSMounter() Mounter { return &fsMounter{} }
+
+// LegacyMounter is the Mounter built on mount(2).
+func LegacyMounter() Mounter { return legacyMounter{} }
+
+// Detached builds a detached mount of s (fsopen, fsconfig, fsmount) and
+// returns its fd, for a caller that moves it itself (tests that stop a
+// swap half way).
+func Detached(s Stack) (int, error) { return (&fsMounter{}).build(s) }

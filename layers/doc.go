@@ -1,0 +1,48 @@
+// Package layers is strata's directory checkpoint engine: it turns a plain
+// directory into a managed root (an overlayfs mount over a chain of
+// layers), takes checkpoints of it, restores and deletes them, and keeps
+// every step safe to crash in the middle of.
+//
+// The model, in short (docs/design.md has the long form):
+//
+//   - A Store serves one filesystem: numbered layer directories under
+//     <store>/layers, staging in tmp/, deletion in trash/, and the
+//     metadata (package meta). One guestd owns a store at a time: Open
+//     takes the store's lock before it touches anything.
+//   - A managed root is a directory inode, not a path: enrollment (the
+//     first capture) exchanges the directory's contents into the store as
+//     the base layer and leaves an empty, immutable mountpoint at the path,
+//     whose (device, inode) the root record keeps. Every operation opens
+//     the parent by handle and checks that identity before it acts, and
+//     names the root by (parent fd, name) afterwards: a rename or a
+//     symlink between two steps cannot redirect it. A root whose path no
+//     longer leads to it is "moved" (409 directory_moved), never mounted
+//     twice.
+//   - A layer is an overlayfs upper directory, active (the live, writable
+//     upper) or sealed (never changes again). A checkpoint names a sealed
+//     layer; its content is that layer's chain. Capture freezes the live
+//     mount (remount read-only: the kernel's EBUSY is the busy gate),
+//     seals the upper, commits, and slides a new stack (package overlay)
+//     under the old one. Restore puts a fresh upper on a checkpoint's
+//     layer. Delete drops a record; mark-and-sweep frees the layers
+//     nothing needs once no mount uses them.
+//   - Compaction merges runs of sealed layers into spans so that a stack
+//     stays within log2(n)+3 lower layers; squash merges a layer no
+//     checkpoint names into its only child.
+//   - Crash safety: build where the metadata does not look, commit the
+//     metadata, then make the mounts match it. Open recovers from every
+//     crash point (finishes or undoes enrollments, finishes half-done
+//     swaps, remounts every root), and a crash during recovery is
+//     recovered by the next Open.
+//   - Invariant: an upper layer is the upper of at most one writable
+//     overlay superblock; every mount carries the store's source tag so
+//     that the mount table says whose it is (CheckMounts, Check).
+//
+// Operations are named steps (steps.go): logged, timed, and failpoints
+// for the crash tests. Errors are fault errors with stable codes; the
+// HTTP mapping lives in internal/jsend, never here.
+//
+// What it does not do: decide which paths may be enrolled (pathpolicy),
+// find the processes that hold a directory (holders), or speak HTTP
+// (guestd).
+package layers
