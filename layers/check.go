@@ -138,11 +138,8 @@ func Check(dir string) (*Report, error) {
 // CheckMounts lists what is wrong with the live mounts of an open store
 // (see mountProblems); nil when nothing is.
 func (s *Store) CheckMounts() ([]string, error) {
-	var rs []*meta.Root
-	if err := s.view(func(t meta.Tx) (err error) {
-		rs, err = t.Roots()
-		return err
-	}); err != nil {
+	rs, err := s.rootRecords()
+	if err != nil {
 		return nil, err
 	}
 	table, err := mountinfo.GetMounts(nil)

@@ -183,6 +183,12 @@ func (s *Store) tryOpenRoot(root *meta.Root, dir, name string) (h *rootHandle, r
 		return fail(moved(fmt.Errorf("%s has no entry %q", dir, name)))
 	}
 	if root.Ino == 0 {
+		// A record from before roots kept their identity: adopt the inode
+		// at the path only when it evidently is the root (its live mount
+		// on it, or the empty immutable mountpoint of a cold boot).
+		if !s.looksLikeRoot(root, pfd, name) {
+			return fail(moved(fmt.Errorf("%s does not look like the managed root (no identity recorded)", root.Path)))
+		}
 		root.Dev, root.Ino = st.Dev, ino
 		s.adoptIdentity(root)
 	}
@@ -213,6 +219,31 @@ func (s *Store) tryOpenRoot(root *meta.Root, dir, name string) (h *rootHandle, r
 		return nil, true, fmt.Errorf("managed root %s: mount table changed while it was read (mount %d, expected %d)", root.Path, got, want)
 	}
 	return h, false, nil
+}
+
+// looksLikeRoot reports whether dirfd/name is root's mountpoint by what
+// can be seen: our overlay with the root's upper on top of it, or, with
+// nothing mounted, an empty directory with the immutable flag.
+func (s *Store) looksLikeRoot(root *meta.Root, dirfd int, name string) bool {
+	table, err := mountinfo.GetMounts(nil)
+	if err != nil {
+		return false
+	}
+	if st := stackAt(table, root.Path); len(st) > 0 {
+		up, ok := s.upperOf(st[0])
+		return ok && (up == root.Active || up == root.Mounted.Upper)
+	}
+	fd, err := openDirAt(dirfd, name)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+	if err != nil || flags&0x10 == 0 { // FS_IMMUTABLE_FL
+		return false
+	}
+	n, err := countEntries(fd)
+	return err == nil && n == 0
 }
 
 // adoptIdentity records the identity of a root enrolled before the store

@@ -541,3 +541,76 @@ func TestIdempotencyKey(t *testing.T) {
 		t.Fatalf("a retried restore ran again: %v", err)
 	}
 }
+
+// forgetIdentity clears the recorded identity of every root, as records
+// written before roots kept one are.
+func (h *harness) forgetIdentity() {
+	h.t.Helper()
+	h.store.Close()
+	h.store = nil
+	db, err := bolt.Open(filepath.Join(h.dir, "meta.db"), 0o600, nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Update(func(btx *bolt.Tx) error {
+		t := meta.Tx{Tx: btx}
+		rs, err := t.Roots()
+		for _, r := range rs {
+			r.Dev, r.Ino = 0, 0
+			if err == nil {
+				err = t.PutRoot(r)
+			}
+		}
+		return err
+	}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// A root recorded before roots kept their identity adopts the inode at
+// its path only when that evidently is the root: its mount is on it, or
+// it is the empty immutable mountpoint after a reboot. A directory
+// someone put at the path of a moved root is never adopted and covered.
+func TestRecordWithoutIdentity(t *testing.T) {
+	testenv.RequiresRootMounts(t)
+	t.Run("mounted", func(t *testing.T) {
+		h := newHarness(t, false)
+		dir := h.mkdir("project", func(d string) { write(t, d+"/f", "v1") })
+		h.capture(dir, "1")
+		h.forgetIdentity()
+		h.open()
+		if r := h.rootOf(dir); r.Ino == 0 {
+			t.Fatal("identity not adopted")
+		}
+		h.capture(dir, "2")
+	})
+	t.Run("cold boot", func(t *testing.T) {
+		h := newHarness(t, false)
+		dir := h.mkdir("project", func(d string) { write(t, d+"/f", "v1") })
+		h.capture(dir, "1")
+		h.forgetIdentity()
+		detachUnder(dir)
+		h.open()
+		if got := readString(t, dir+"/f"); got != "v1" {
+			t.Fatalf("after a cold boot f=%q", got)
+		}
+	})
+	t.Run("moved", func(t *testing.T) {
+		h := newHarness(t, false)
+		ws := h.mkdir("ws", nil)
+		dir := h.mkdir("ws/project", func(d string) { write(t, d+"/f", "v1") })
+		h.capture(dir, "1")
+		h.forgetIdentity()
+		if err := os.Rename(ws, ws+".old"); err != nil {
+			t.Fatal(err)
+		}
+		h.mkdir("ws/project", func(d string) { write(t, d+"/other", "not the root") })
+		h.open()
+		if ms, _ := mountinfo.GetMounts(mountinfo.SingleEntryFilter(dir)); len(ms) != 0 {
+			t.Fatal("a directory at a moved root's path was covered")
+		}
+		_, err := h.store.Capture(context.Background(), dir, "2")
+		wantCode(t, err, "directory_moved")
+	})
+}

@@ -58,6 +58,17 @@ func fromAnswer(a *meta.Answer) *Checkpoint {
 	return &Checkpoint{ID: a.ID, Path: a.Path, Name: a.Name, CreatedAt: a.CreatedAt, ParentID: a.ParentID}
 }
 
+// replay returns the kept answer to req, or nil (see meta.Replay).
+func (s *Store) replay(req meta.Request) (*Checkpoint, error) {
+	var prior *Checkpoint
+	err := s.view(func(t meta.Tx) error {
+		a, err := t.Replay(req, time.Now())
+		prior = fromAnswer(a)
+		return err
+	})
+	return prior, err
+}
+
 // Knows reports whether this store holds an answer under key. A caller
 // with several stores (one per filesystem) asks the ones a request does
 // not go to: a key known elsewhere was used for another request.

@@ -589,12 +589,7 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request) (
 // the live directory are discarded; every checkpoint stays restorable.
 func (s *Store) Restore(ctx context.Context, id string, opts ...Option) (Checkpoint, error) {
 	req := restoreRequest(applyOptions(opts).idemKey, id)
-	var prior *Checkpoint
-	if err := s.view(func(t meta.Tx) error {
-		a, err := t.Replay(req, time.Now())
-		prior = fromAnswer(a)
-		return err
-	}); err != nil || prior != nil {
+	if prior, err := s.replay(req); err != nil || prior != nil {
 		if prior != nil {
 			return *prior, nil
 		}
@@ -633,12 +628,7 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 		return Checkpoint{}, err
 	}
 	defer unpinCP()
-	var prior *Checkpoint
-	if err := s.view(func(t meta.Tx) error {
-		a, err := t.Replay(req, time.Now())
-		prior = fromAnswer(a)
-		return err
-	}); err != nil || prior != nil {
+	if prior, err := s.replay(req); err != nil || prior != nil {
 		if prior != nil {
 			return *prior, nil
 		}

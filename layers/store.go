@@ -298,13 +298,20 @@ const (
 	DirUnavailable = "unavailable"
 )
 
-// Directories returns the managed roots, with where each stands.
-func (s *Store) Directories() ([]Directory, error) {
+// rootRecords reads every root record.
+func (s *Store) rootRecords() ([]*meta.Root, error) {
 	var rs []*meta.Root
-	if err := s.view(func(t meta.Tx) (err error) {
+	err := s.view(func(t meta.Tx) (err error) {
 		rs, err = t.Roots()
 		return err
-	}); err != nil {
+	})
+	return rs, err
+}
+
+// Directories returns the managed roots, with where each stands.
+func (s *Store) Directories() ([]Directory, error) {
+	rs, err := s.rootRecords()
+	if err != nil {
 		return nil, err
 	}
 	out := make([]Directory, 0, len(rs))
