@@ -78,7 +78,7 @@ func TestFSSuiteStepwise(t *testing.T) {
 					}
 				}
 				// Every other change was captured, restored and compared.
-				t.Skipf("documented difference: %d of %d changes not checkpointed, capture refused with %s (%s)",
+				t.Logf("documented difference (asserted above): %d of %d changes not checkpointed, capture refused with %s (%s)",
 					len(c.refused), len(c.steps), d.code, d.reason)
 			})
 		}
@@ -100,7 +100,7 @@ func TestFSSuiteStepwise(t *testing.T) {
 			if err := fstest.CheckDirectoryEqual(c.plain, c.dir); err != nil {
 				t.Fatalf("after the failed rename: %v", err)
 			}
-			t.Skipf("documented difference: rename of a directory present in a checkpoint fails with EXDEV (overlayfs with redirect_dir=off)")
+			t.Logf("documented difference (asserted above): rename of a directory present in a checkpoint fails with EXDEV (overlayfs with redirect_dir=off)")
 		})
 		h.assertNoOrphans()
 	})
@@ -415,7 +415,7 @@ func (a *fsSuiteApplier) checkDifferences(t *testing.T) {
 	for _, name := range fsSuiteCases {
 		if d, ok := fsSuiteDifferences[name]; ok {
 			t.Run("Difference/"+name, func(t *testing.T) {
-				t.Skipf("documented difference: steps %v not checkpointed, capture refused with %s (%s); the suite compared the live directory there",
+				t.Logf("documented difference (checked by the parent test): steps %v not checkpointed, capture refused with %s (%s); the suite compared the live directory there",
 					d.steps, d.code, d.reason)
 			})
 		}
