@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"strata/layers/meta"
 	"strata/layers/overlay"
 )
@@ -34,8 +32,7 @@ import (
 func (s *Store) compactChain(ctx context.Context, rootID, top uint64) error {
 	for {
 		var segs []meta.Segment
-		if err := s.db.View(func(btx *bolt.Tx) (err error) {
-			t := meta.Tx{Tx: btx}
+		if err := s.view(func(t meta.Tx) (err error) {
 			if l, err := t.Layer(top); err != nil || !l.Sealed {
 				segs = nil
 				return nil
@@ -77,8 +74,7 @@ func (s *Store) buildSpan(ctx context.Context, rootID uint64, upper, lower meta.
 	}
 	sp := &meta.Span{ID: id, Root: rootID, Top: upper.Top, Bottom: lower.Bottom, Count: upper.Count + lower.Count}
 	err := o.step(stepCommit, func() error {
-		return s.db.Update(func(btx *bolt.Tx) error {
-			t := meta.Tx{Tx: btx}
+		return s.update(func(t meta.Tx) error {
 			// The covered run must be intact: walk it again, and count
 			// what it covers now (a squash may have shortened it).
 			cur, n := sp.Top, 1
@@ -144,8 +140,7 @@ func (s *Store) buildMerged(o *op, id, lower, upper uint64, below []uint64) erro
 // The caller holds compactMu.
 func (s *Store) compactRoot(ctx context.Context, rootID uint64) error {
 	var top uint64
-	err := s.db.View(func(btx *bolt.Tx) error {
-		t := meta.Tx{Tx: btx}
+	err := s.view(func(t meta.Tx) error {
 		r, err := t.Root(rootID)
 		if err != nil || r == nil || r.State != meta.RootReady {
 			return err

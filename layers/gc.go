@@ -9,7 +9,6 @@ import (
 	"strconv"
 
 	"github.com/moby/sys/mountinfo"
-	bolt "go.etcd.io/bbolt"
 
 	"strata/holders"
 	"strata/layers/meta"
@@ -30,8 +29,7 @@ func (s *Store) collect(ctx context.Context) {
 	for id := range s.pins {
 		keep[id] = true
 	}
-	err := s.db.View(func(btx *bolt.Tx) error {
-		t := meta.Tx{Tx: btx}
+	err := s.view(func(t meta.Tx) error {
 		ls, err := t.Layers()
 		if err != nil {
 			return err
@@ -134,8 +132,8 @@ func (s *Store) mountedDirs() ([]uint64, error) {
 // uses any more (or that belong to an earlier boot) and returns the rest.
 func (s *Store) liveZombies(ctx context.Context) []*meta.Zombie {
 	var zs []*meta.Zombie
-	if err := s.db.View(func(btx *bolt.Tx) (err error) {
-		zs, err = meta.Tx{Tx: btx}.Zombies()
+	if err := s.view(func(t meta.Tx) (err error) {
+		zs, err = t.Zombies()
 		return err
 	}); err != nil {
 		s.log.Error("read zombies", "err", err)
@@ -155,9 +153,9 @@ func (s *Store) liveZombies(ctx context.Context) []*meta.Zombie {
 		dead = append(dead, z)
 	}
 	if len(dead) > 0 {
-		err := s.db.Update(func(btx *bolt.Tx) error {
+		err := s.update(func(t meta.Tx) error {
 			for _, z := range dead {
-				if err := (meta.Tx{Tx: btx}).DeleteZombie(z.ID); err != nil {
+				if err := (t).DeleteZombie(z.ID); err != nil {
 					return err
 				}
 			}
@@ -178,8 +176,7 @@ func (s *Store) recover(ctx context.Context) error {
 		return err
 	}
 	var roots []*meta.Root
-	err := s.db.Update(func(btx *bolt.Tx) error {
-		t := meta.Tx{Tx: btx}
+	err := s.update(func(t meta.Tx) error {
 		var err error
 		if roots, err = t.Roots(); err != nil {
 			return err
@@ -227,14 +224,13 @@ func (s *Store) recover(ctx context.Context) error {
 		// and never keeps the others from being served.
 		if err := s.resolveEnroll(ctx, r); err != nil {
 			s.log.Error("interrupted enrollment could not be finished", "path", r.Path, "err", err)
-			s.setProblem(r.ID, err)
 		}
 	}
-	if err := s.db.Update(func(btx *bolt.Tx) error { return meta.Tx{Tx: btx}.Sweep() }); err != nil {
+	if err := s.update(func(t meta.Tx) error { return t.Sweep() }); err != nil {
 		return err
 	}
-	if err := s.db.View(func(btx *bolt.Tx) (err error) {
-		roots, err = meta.Tx{Tx: btx}.Roots()
+	if err := s.view(func(t meta.Tx) (err error) {
+		roots, err = t.Roots()
 		return err
 	}); err != nil {
 		return err
@@ -247,7 +243,6 @@ func (s *Store) recover(ctx context.Context) error {
 			// One broken root must not keep the others from being served;
 			// operations on it retry and report the failure.
 			s.log.Error("remount managed root", "path", r.Path, "err", err)
-			s.setProblem(r.ID, err)
 		} else {
 			s.log.Info("managed root ready", "path", r.Path, "layers", len(r.Mounted.Dirs()))
 		}

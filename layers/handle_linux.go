@@ -106,11 +106,8 @@ func entryIno(dirfd int, name string) (ino uint64, found bool, err error) {
 // rootHandle is an open managed root: its parent directory's fd, its
 // name there, and the mounts stacked on it when it was opened.
 type rootHandle struct {
-	path   string
 	parent int
 	name   string
-	// dev is the device of the filesystem holding the mountpoint.
-	dev uint64
 	// stack is every mount at the root, topmost first; empty when
 	// nothing is mounted there.
 	stack []*mountinfo.Info
@@ -165,7 +162,7 @@ func (s *Store) tryOpenRoot(root *meta.Root, dir, name string) (h *rootHandle, r
 		}
 		return nil, false, err
 	}
-	h = &rootHandle{path: root.Path, parent: pfd, name: name}
+	h = &rootHandle{parent: pfd, name: name}
 	fail := func(err error) (*rootHandle, bool, error) {
 		h.Close()
 		return nil, false, err
@@ -174,7 +171,6 @@ func (s *Store) tryOpenRoot(root *meta.Root, dir, name string) (h *rootHandle, r
 	if err := unix.Fstat(pfd, &st); err != nil {
 		return fail(err)
 	}
-	h.dev = st.Dev
 	ino, found, err := entryIno(pfd, name)
 	if err != nil {
 		return fail(err)
@@ -332,8 +328,10 @@ func mountDev(m *mountinfo.Info) uint64 {
 // checkOneWriter refuses to mount a stack whose upper layer is already the
 // upper of a live superblock, other than replacing, the frozen top being
 // replaced. Two writable overlays on one upper would let writes through
-// one land in a layer the other is about to seal.
-func (s *Store) checkOneWriter(table []*mountinfo.Info, upper uint64, replacing *mountinfo.Info) error {
+// one land in a layer the other is about to seal. The upper in use
+// elsewhere means the root's live mount is elsewhere: directory_moved,
+// with where.
+func (s *Store) checkOneWriter(path string, table []*mountinfo.Info, upper uint64, replacing *mountinfo.Info) error {
 	if upper == 0 {
 		return nil
 	}
@@ -345,9 +343,8 @@ func (s *Store) checkOneWriter(table []*mountinfo.Info, upper uint64, replacing 
 		if replacing != nil && mountDev(m) == mountDev(replacing) && overlay.ReadOnly(m.VFSOptions) {
 			continue // the frozen stack being swapped out (or a bind of it)
 		}
-		return fmt.Errorf("layer %d is already the upper layer of the overlay at %s: %w", upper, m.Mountpoint, errSecondWriter)
+		return ErrDirectoryMoved.With("path", path).With("now_at", m.Mountpoint).
+			Wrap(fmt.Errorf("layer %d is already the upper layer of the overlay at %s", upper, m.Mountpoint))
 	}
 	return nil
 }
-
-var errSecondWriter = errors.New("refusing a second writable mount of one upper layer")

@@ -429,16 +429,7 @@ func TestFullFilesystemIs507AndNeverATrap(t *testing.T) {
 	if err := unix.Mount("tmpfs", small, "tmpfs", 0, "size=8m,nr_inodes=400"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		detachUnder(small)
-		filepath.WalkDir(small, func(p string, d os.DirEntry, err error) error {
-			if d != nil && d.IsDir() {
-				overlay.SetImmutable(p, false)
-			}
-			return nil
-		})
-		unix.Unmount(small, unix.MNT_DETACH)
-	})
+	t.Cleanup(func() { detachAllUnder(small) })
 	cfg := Config{Dir: filepath.Join(small, "store"), Policy: &pathpolicy.Policy{AllowedMounts: []string{small}}, Scanner: holders.NewScanner("/proc")}
 	s, err := Open(context.Background(), cfg)
 	if err != nil {
@@ -613,4 +604,39 @@ func TestRecordWithoutIdentity(t *testing.T) {
 		_, err := h.store.Capture(context.Background(), dir, "2")
 		wantCode(t, err, "directory_moved")
 	})
+}
+
+// The one-writer check itself: when a root's upper layer is already the
+// upper of a writable overlay somewhere else (here mounted by hand, after
+// a reboot-like unmount of the root), neither recovery nor an operation
+// mounts it a second time; they answer directory_moved with where it is.
+func TestUpperMountedElsewhereIsNeverMountedAgain(t *testing.T) {
+	testenv.RequiresRootMounts(t)
+	h := newHarness(t, false)
+	dir := h.mkdir("project", func(d string) { write(t, d+"/f", "v1") })
+	h.capture(dir, "1")
+	r := h.rootOf(dir)
+	elsewhere := h.mkdir("elsewhere", nil)
+	h.store.Close()
+	h.store = nil
+	detachUnder(dir)
+	pfd, err := openDirAt(unix.AT_FDCWD, h.work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pfd)
+	st := r.Mounted
+	if err := overlay.FSMounter().Mount(context.Background(), overlay.Target{Dir: pfd, Name: "elsewhere"}, st); err != nil {
+		t.Fatal(err)
+	}
+	h.open()
+	if ms, _ := mountinfo.GetMounts(mountinfo.SingleEntryFilter(dir)); len(ms) != 0 {
+		t.Fatal("recovery mounted an upper layer that is already mounted elsewhere")
+	}
+	_, err = h.store.Capture(context.Background(), dir, "2")
+	fe := wantCode(t, err, "directory_moved")
+	if fe.Fields["now_at"] != elsewhere {
+		t.Fatalf("now_at %v, want %s", fe.Fields["now_at"], elsewhere)
+	}
+	h.assertOneWriter("not the recorded stack")
 }

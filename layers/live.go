@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
-	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
 	"strata/holders"
@@ -78,7 +77,7 @@ func (s *Store) ensureMounted(ctx context.Context, root *meta.Root) error {
 func (s *Store) settle(ctx context.Context, root *meta.Root, h *rootHandle) (changed bool, err error) {
 	m := h.top()
 	if m == nil {
-		if err := s.checkOneWriter(h.table, root.Mounted.Upper, nil); err != nil {
+		if err := s.checkOneWriter(root.Path, h.table, root.Mounted.Upper, nil); err != nil {
 			return false, err
 		}
 		if err := s.immutableAt(root, h); err != nil {
@@ -150,7 +149,7 @@ func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *meta.Root
 	if top == nil {
 		return fmt.Errorf("managed root %s: nothing mounted to swap", old.Path)
 	}
-	if err := s.checkOneWriter(h.table, newRoot.Mounted.Upper, top); err != nil {
+	if err := s.checkOneWriter(old.Path, h.table, newRoot.Mounted.Upper, top); err != nil {
 		return err
 	}
 	lazy, err := s.mounter.Replace(ctx, h.target(), s.tagged(newRoot.Mounted))
@@ -173,7 +172,7 @@ func (s *Store) recordZombie(path string, dev uint64, st overlay.Stack) {
 	z := &meta.Zombie{ID: s.newLayerID(), Boot: s.boot, Dev: dev, Layers: st.Dirs()}
 	s.unpin(z.ID)
 	s.log.Warn("old stack still in use, detached lazily", "path", path, "dev", dev)
-	if err := s.db.Update(func(btx *bolt.Tx) error { return meta.Tx{Tx: btx}.PutZombie(z) }); err != nil {
+	if err := s.update(func(t meta.Tx) error { return t.PutZombie(z) }); err != nil {
 		s.log.Error("record detached stack", "path", path, "err", err)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
 	"strata/holders"
@@ -31,20 +30,18 @@ func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) 
 		return Checkpoint{}, err
 	}
 	defer release()
-	var root *meta.Root
-	var prior *Checkpoint
-	if err := s.view(func(t meta.Tx) error {
-		a, err := t.Replay(req, time.Now())
-		if prior = fromAnswer(a); err != nil || prior != nil {
-			return err
+	if prior, err := s.replay(req); err != nil || prior != nil {
+		if prior != nil {
+			return *prior, nil
 		}
+		return Checkpoint{}, err
+	}
+	var root *meta.Root
+	if err := s.view(func(t meta.Tx) (err error) {
 		root, err = t.RootByPath(path)
 		return err
 	}); err != nil {
 		return Checkpoint{}, err
-	}
-	if prior != nil {
-		return *prior, nil
 	}
 	if root != nil && root.State == meta.RootEnrolling {
 		// An enrollment that failed after its exchange (guestd still
@@ -82,7 +79,6 @@ func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) 
 // swapped into the path after the checks cannot redirect the enrollment
 // to another directory.
 type enrollee struct {
-	path   string
 	parent int
 	name   string
 	dir    int
@@ -102,7 +98,7 @@ func (e *enrollee) close() {
 // path rules checked by name: no symlink on the way, a directory, not a
 // mount point.
 func openEnrollee(path string) (*enrollee, error) {
-	e := &enrollee{path: path, parent: -1, dir: -1, name: filepath.Base(path)}
+	e := &enrollee{parent: -1, dir: -1, name: filepath.Base(path)}
 	classify := func(err error, offending string) error {
 		switch {
 		case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
@@ -330,9 +326,6 @@ func (s *Store) undoExchange(root *meta.Root, e *enrollee, mp int, cause error) 
 	ents, _ := os.ReadDir(mountpoint)
 	for _, ent := range ents {
 		dst := ent.Name()
-		if _, err := os.Lstat(filepath.Join(mountpoint, dst)); err != nil {
-			continue
-		}
 		err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(mountpoint, ent.Name()), e.dir, dst, unix.RENAME_NOREPLACE)
 		if errors.Is(err, unix.EEXIST) {
 			dst += ".strata-" + strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -738,8 +731,7 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	defer release()
 	o := s.newOp(ctx, opDelete, root.Path)
 	err = o.step(stepCommit, func() error {
-		return s.db.Update(func(btx *bolt.Tx) error {
-			t := meta.Tx{Tx: btx}
+		return s.update(func(t meta.Tx) error {
 			c, err := mustCheckpoint(t, id)
 			if err != nil {
 				return err
@@ -801,8 +793,7 @@ func (s *Store) lookupPinned(id string) (cp *meta.Checkpoint, root *meta.Root, u
 
 // lookup returns checkpoint id and its root, or checkpoint_not_found.
 func (s *Store) lookup(id string) (cp *meta.Checkpoint, root *meta.Root, err error) {
-	err = s.db.View(func(btx *bolt.Tx) error {
-		t := meta.Tx{Tx: btx}
+	err = s.view(func(t meta.Tx) error {
 		if cp, err = t.Checkpoint(id); err != nil || cp == nil {
 			return err
 		}

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"slices"
 
-	bolt "go.etcd.io/bbolt"
-
 	"strata/layers/meta"
 )
 
@@ -25,8 +23,7 @@ func (s *Store) squashRoot(ctx context.Context, rootID uint64) error {
 		var pair meta.SquashPair
 		var below []uint64
 		var ok bool
-		err := s.db.View(func(btx *bolt.Tx) error {
-			t := meta.Tx{Tx: btx}
+		err := s.view(func(t meta.Tx) error {
 			cands, err := t.SquashCandidates(rootID)
 			if err != nil || len(cands) == 0 {
 				return err
@@ -64,8 +61,7 @@ func (s *Store) squash(ctx context.Context, rootID uint64, p meta.SquashPair, be
 		return err
 	}
 	err := o.step(stepCommit, func() error {
-		return s.db.Update(func(btx *bolt.Tx) error {
-			t := meta.Tx{Tx: btx}
+		return s.update(func(t meta.Tx) error {
 			// Still the same situation? Anything else: drop the work.
 			cands, err := t.SquashCandidates(rootID)
 			if err != nil {

@@ -93,11 +93,10 @@ type Store struct {
 	// would each pass the nesting check before the other is recorded.
 	enrollMu sync.Mutex
 
-	mu       sync.Mutex
-	problems map[uint64]string // roots recovery could not mount or finish
-	nextID   uint64
-	busy     map[string]bool // paths with an operation under way
-	pins     map[uint64]int  // layer dirs an operation is using
+	mu     sync.Mutex
+	nextID uint64
+	busy   map[string]bool // paths with an operation under way
+	pins   map[uint64]int  // layer dirs an operation is using
 }
 
 // Errors of the store's operations.
@@ -124,15 +123,14 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		cfg.Scanner = holders.NewScanner("/proc")
 	}
 	s := &Store{
-		cfg:      cfg,
-		dir:      filepath.Clean(cfg.Dir),
-		log:      cfg.Logger.With("store", cfg.Dir),
-		boot:     bootID(),
-		busy:     map[string]bool{},
-		problems: map[uint64]string{},
-		pins:     map[uint64]int{},
-		pending:  map[uint64]bool{},
-		wake:     make(chan struct{}, 1),
+		cfg:     cfg,
+		dir:     filepath.Clean(cfg.Dir),
+		log:     cfg.Logger.With("store", cfg.Dir),
+		boot:    bootID(),
+		busy:    map[string]bool{},
+		pins:    map[uint64]int{},
+		pending: map[uint64]bool{},
+		wake:    make(chan struct{}, 1),
 	}
 	s.layers = filepath.Join(s.dir, "layers")
 	s.tmp = filepath.Join(s.dir, "tmp")
@@ -217,8 +215,7 @@ func (s *Store) Dir() string { return s.dir }
 // List returns every checkpoint of every managed root, oldest first.
 func (s *Store) List(ctx context.Context) ([]Checkpoint, error) {
 	var out []Checkpoint
-	err := s.db.View(func(btx *bolt.Tx) error {
-		t := meta.Tx{Tx: btx}
+	err := s.view(func(t meta.Tx) error {
 		cs, err := t.Checkpoints()
 		if err != nil {
 			return err
@@ -330,15 +327,11 @@ func (s *Store) Directories() ([]Directory, error) {
 				d.NowAt, _ = fe.Fields["now_at"].(string)
 			}
 		case err != nil:
-			d.State, d.Problem = DirUnavailable, err.Error()
+			// The cause names store paths: it goes to the log only.
+			s.log.Error("inspect managed root", "path", r.Path, "err", err)
+			d.State, d.Problem = DirUnavailable, "the directory could not be inspected; guestd's log says why"
 		case h.top() == nil || !r.Mounted.Matches(h.top().VFSOptions):
-			s.mu.Lock()
-			p := s.problems[r.ID]
-			s.mu.Unlock()
-			if p == "" {
-				p = "the directory's live mount is not the recorded one; the next operation on it retries"
-			}
-			d.State, d.Problem = DirUnavailable, p
+			d.State, d.Problem = DirUnavailable, "its live mount is not the recorded one (guestd's log says why); the next operation on it retries"
 		}
 		h.Close()
 		out = append(out, d)
@@ -346,18 +339,11 @@ func (s *Store) Directories() ([]Directory, error) {
 	return out, nil
 }
 
-// setProblem remembers why recovery could not serve a root.
-func (s *Store) setProblem(root uint64, err error) {
-	s.mu.Lock()
-	s.problems[root] = err.Error()
-	s.mu.Unlock()
-}
-
 // Roots returns the paths of the managed roots.
 func (s *Store) Roots() ([]string, error) {
 	var out []string
-	err := s.db.View(func(btx *bolt.Tx) error {
-		rs, err := meta.Tx{Tx: btx}.Roots()
+	err := s.view(func(t meta.Tx) error {
+		rs, err := t.Roots()
 		for _, r := range rs {
 			out = append(out, r.Path)
 		}
@@ -369,8 +355,8 @@ func (s *Store) Roots() ([]string, error) {
 // HasCheckpoint reports whether id is a checkpoint of this store.
 func (s *Store) HasCheckpoint(id string) (bool, error) {
 	var ok bool
-	err := s.db.View(func(btx *bolt.Tx) error {
-		c, err := meta.Tx{Tx: btx}.Checkpoint(id)
+	err := s.view(func(t meta.Tx) error {
+		c, err := t.Checkpoint(id)
 		ok = c != nil
 		return err
 	})
