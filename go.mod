@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/containerd/continuity v0.5.0
+	github.com/hashicorp/yamux v0.1.2
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/moby/sys/mountinfo v0.7.3
 	github.com/prometheus/client_golang v1.25.0

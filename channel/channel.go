@@ -1,0 +1,261 @@
+package channel
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// ErrClosed is returned by Open and Accept after Close.
+var ErrClosed = errors.New("channel: closed")
+
+func config(log *slog.Logger) *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.EnableKeepAlive = false
+	// A stream the other end has not acknowledged yet (a guest still
+	// booting, or paused) must not close the whole session.
+	c.StreamOpenTimeout = 0
+	c.LogOutput = nil
+	c.Logger = slogAdapter{log}
+	return c
+}
+
+type slogAdapter struct{ log *slog.Logger }
+
+func (a slogAdapter) Print(v ...any)                 { a.log.Debug("yamux", "msg", v) }
+func (a slogAdapter) Printf(format string, v ...any) { a.log.Debug("yamux", "format", format, "args", v) }
+func (a slogAdapter) Println(v ...any)               { a.log.Debug("yamux", "msg", v) }
+
+// end is what both ends share: the current session, and the streams the
+// other end opened, delivered through Accept.
+type end struct {
+	log *slog.Logger
+
+	mu      sync.Mutex
+	sess    *yamux.Session
+	changed chan struct{} // closed and replaced when sess changes
+	closed  bool
+
+	incoming chan net.Conn
+	done     chan struct{}
+}
+
+func newEnd(log *slog.Logger) *end {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &end{log: log, changed: make(chan struct{}), incoming: make(chan net.Conn), done: make(chan struct{})}
+}
+
+// setSession publishes s as the current session (nil: none).
+func (e *end) setSession(s *yamux.Session) {
+	e.mu.Lock()
+	e.sess = s
+	close(e.changed)
+	e.changed = make(chan struct{})
+	e.mu.Unlock()
+}
+
+// Open opens a stream to the other end, waiting for a session up to ctx.
+func (e *end) Open(ctx context.Context) (net.Conn, error) {
+	for {
+		e.mu.Lock()
+		s, changed, closed := e.sess, e.changed, e.closed
+		e.mu.Unlock()
+		if closed {
+			return nil, ErrClosed
+		}
+		if s != nil && !s.IsClosed() {
+			st, err := s.OpenStream()
+			if err == nil {
+				return st, nil
+			}
+			if !errors.Is(err, yamux.ErrSessionShutdown) {
+				return nil, err
+			}
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Up reports whether a session is up now.
+func (e *end) Up() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.sess != nil && !e.sess.IsClosed()
+}
+
+// Accept returns the next stream the other end opened.
+func (e *end) Accept() (net.Conn, error) {
+	select {
+	case c := <-e.incoming:
+		return c, nil
+	case <-e.done:
+		return nil, ErrClosed
+	}
+}
+
+// Addr is the channel's address as a net.Listener.
+func (e *end) Addr() net.Addr { return addr{} }
+
+type addr struct{}
+
+func (addr) Network() string { return "channel" }
+func (addr) String() string  { return "channel" }
+
+// serve runs one session until it ends: it delivers the streams the other
+// end opens to Accept.
+func (e *end) serve(s *yamux.Session) {
+	e.setSession(s)
+	for {
+		st, err := s.AcceptStream()
+		if err != nil {
+			break
+		}
+		select {
+		case e.incoming <- st:
+		case <-e.done:
+			st.Close()
+		}
+	}
+	s.Close()
+	e.setSession(nil)
+}
+
+func (e *end) close() {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return
+	}
+	e.closed = true
+	s := e.sess
+	e.mu.Unlock()
+	close(e.done)
+	if s != nil {
+		s.Close()
+	}
+}
+
+// Host is the host end of one machine's channel.
+type Host struct {
+	*end
+	path   string
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// DialHost keeps a session to the guest through the unix socket at path
+// until Close. It returns at once; Open waits for the session.
+func DialHost(path string, log *slog.Logger) *Host {
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &Host{end: newEnd(log), path: path, cancel: cancel}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		h.run(ctx)
+	}()
+	return h
+}
+
+func (h *Host) run(ctx context.Context) {
+	var d net.Dialer
+	backoff := 10 * time.Millisecond
+	for ctx.Err() == nil {
+		conn, err := d.DialContext(ctx, "unix", h.path)
+		if err != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 500*time.Millisecond)
+			continue
+		}
+		backoff = 10 * time.Millisecond
+		s, err := yamux.Client(conn, config(h.log))
+		if err != nil {
+			conn.Close()
+			continue
+		}
+		stop := context.AfterFunc(ctx, func() { s.Close() })
+		h.serve(s)
+		stop()
+		h.log.Debug("channel session ended", "socket", h.path)
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Close ends the session and stops dialling.
+func (h *Host) Close() error {
+	h.cancel()
+	h.end.close()
+	h.wg.Wait()
+	return nil
+}
+
+// Guest is the guest end of the channel.
+type Guest struct {
+	*end
+	open   func() (io.ReadWriteCloser, error)
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// ListenGuest serves the guest end on the port that open opens (OpenPort
+// in a VM), reopening it whenever it ends, until Close.
+func ListenGuest(open func() (io.ReadWriteCloser, error), log *slog.Logger) *Guest {
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &Guest{end: newEnd(log), open: open, cancel: cancel}
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		g.run(ctx)
+	}()
+	return g
+}
+
+func (g *Guest) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		port, err := g.open()
+		if err == nil {
+			s, serr := yamux.Server(port, config(g.log))
+			if serr == nil {
+				stop := context.AfterFunc(ctx, func() { s.Close() })
+				g.serve(s)
+				stop()
+			}
+			port.Close()
+		} else {
+			g.log.Debug("channel port", "err", err)
+		}
+		// With no host end connected the port reads EOF at once: wait
+		// a little before opening it again.
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// Close ends the session and stops reopening the port.
+func (g *Guest) Close() error {
+	g.cancel()
+	g.end.close()
+	g.wg.Wait()
+	return nil
+}

@@ -1,0 +1,31 @@
+// Package channel is the host↔guest channel of a microVM: one byte stream
+// per machine (a virtio-serial port, whose host end is a unix socket that
+// QEMU serves), carrying many independent streams through a yamux session.
+//
+// The host end dials the socket and runs the yamux client; the guest end
+// opens the port device and runs the yamux server. Either end opens
+// streams: the host's carry calls to guestd's local API (HTTP), the
+// guest's carry calls from processes in the sandbox to the public API,
+// which the host serves as coming from that sandbox.
+//
+// What it does:
+//   - Host keeps a session up for as long as it is open: when the stream
+//     breaks (the guest rebooted, QEMU restored a snapshot, the guest end
+//     reset after a protocol error), it dials again and starts a new
+//     session; Open waits for one up to its context;
+//   - Guest opens the port by its name (/sys/class/virtio-ports/*/name; no
+//     udev is needed), and reopens it whenever it reads EOF, which is what
+//     the port gives while no host end is connected;
+//   - both ends are net.Listeners of the streams the other end opens.
+//
+// What it does not do: it does not speak HTTP, authenticate, or time
+// requests out (a stream is a net.Conn: callers set deadlines).
+// Keep-alives are off: a paused guest must not have its session closed
+// under it, and a dead QEMU is seen by its process ending, not by pings.
+//
+// Races: a port has one host end at a time. Bytes written by one session
+// and read by the next (a reconnection in flight) fail yamux's framing,
+// which ends that session on both sides; the next one starts clean.
+// Streams of an ended session fail with an error, and are never moved to
+// the next session.
+package channel

@@ -1,0 +1,44 @@
+// Package vmm runs strata's microVMs: it turns a machine description (a
+// Config value) into a QEMU command line, starts QEMU unprivileged and
+// confined, finds a running QEMU again after the caller restarts, and
+// controls it over QMP (pause, resume, quit, and the raw commands that
+// snapshots build on).
+//
+// The plan is a value: Config.Argv computes the whole command line without
+// touching the system, so tests pin it and a snapshot can record it. Every
+// machine of one DeviceSet version has the same devices with the same ids
+// (a memory snapshot can be restored only into an identical device set);
+// paths, sockets and memory size are the only things that differ between
+// two machines.
+//
+// What it does:
+//   - ProbeAccel picks the accelerator: KVM only where the CPU has
+//     hardware virtualisation (vmx or svm) and /dev/kvm is not the PVM
+//     software hypervisor, on which stock kernels do not boot; TCG
+//     otherwise, with the multi-threaded TCG and the tsc_early_khz boot
+//     parameter microvm needs under it (VMM.md);
+//   - Start runs QEMU as the Config's unprivileged uid and gid, in its own
+//     session (so that the caller's restart or signal never reaches it),
+//     with QEMU's seccomp filter (-sandbox) on, and returns once QMP
+//     answers;
+//   - Attach adopts a QEMU that an earlier process started: it checks the
+//     pid is still that QEMU (its start time and its run directory in the
+//     command line) and reconnects QMP;
+//   - a Machine's Done channel closes when its QEMU exits, whether it was
+//     started or adopted (pidfd).
+//
+// What it does not do: it does not create disks or run directories (the
+// caller owns their layout and ownership), does not speak to the guest
+// (package channel does, over the socket Config.ChannelSocket names), and
+// keeps no state on disk.
+//
+// The QMP client is a small one of our own rather than
+// digitalocean/go-qemu: that client's event channel stalls replies unless
+// it is drained, its line scanner stops at 64 KiB, and what is needed here
+// (commands with ids, events on a channel that never blocks replies, file
+// descriptors with getfd) is about two hundred lines.
+//
+// Races: a Machine's methods may be called from many goroutines; QMP
+// commands are sent one at a time in order. Attach trusts a pid only after
+// comparing its start time, so a reused pid is never taken for a QEMU.
+package vmm

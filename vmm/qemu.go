@@ -1,0 +1,302 @@
+package vmm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Process identifies a QEMU process across restarts of its caller: a pid
+// alone could be reused by another program.
+type Process struct {
+	Pid int `json:"pid"`
+	// StartTime is the process's start time in clock ticks since boot
+	// (/proc/PID/stat, field 22).
+	StartTime uint64 `json:"start_time"`
+}
+
+// Machine is a running QEMU of one Config.
+type Machine interface {
+	// Process identifies the QEMU, to Attach to it again later.
+	Process() Process
+	// Pause stops the guest's CPUs; Resume starts them again.
+	Pause(ctx context.Context) error
+	Resume(ctx context.Context) error
+	// Running tells whether the guest's CPUs run (false when paused).
+	Running(ctx context.Context) (bool, error)
+	// Kill ends QEMU at once (a power cut for the guest).
+	Kill() error
+	// Done is closed once QEMU has exited.
+	Done() <-chan struct{}
+	// Close drops the control connection; QEMU keeps running.
+	Close() error
+}
+
+// Driver starts and adopts machines.
+type Driver interface {
+	Start(ctx context.Context, cfg Config) (Machine, error)
+	Attach(ctx context.Context, cfg Config, p Process) (Machine, error)
+}
+
+// QEMU is the Driver for qemu-system-x86_64.
+type QEMU struct {
+	// Binary is the QEMU program (qemu-system-x86_64 on PATH when empty).
+	Binary string
+	Log    *slog.Logger
+}
+
+// QEMULog is the file, in the run directory, that receives QEMU's own
+// stdout and stderr.
+const QEMULog = "qemu.log"
+
+// Version returns the first line of `qemu --version`; a memory snapshot
+// records it.
+func (d *QEMU) Version(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, d.binary(), "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", d.binary(), err)
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimSpace(line), nil
+}
+
+func (d *QEMU) binary() string {
+	if d.Binary != "" {
+		return d.Binary
+	}
+	return "qemu-system-x86_64"
+}
+
+func (d *QEMU) log() *slog.Logger {
+	if d.Log != nil {
+		return d.Log
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// Start runs QEMU for cfg and returns once its QMP answers. QEMU runs in a
+// session of its own as cfg.Uid: it outlives its caller, which finds it
+// again with Attach. A QEMU that fails to come up is killed before Start
+// returns.
+func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
+	argv, err := cfg.Argv()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range []string{cfg.QMPSocket(), cfg.ChannelSocket()} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+	}
+	logf, err := os.OpenFile(filepath.Join(cfg.Dir, QEMULog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(d.binary(), argv...)
+	cmd.Dir = cfg.Dir
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Setsid:     true,
+		Credential: &syscall.Credential{Uid: cfg.Uid, Gid: cfg.Gid, Groups: []uint32{}},
+	}
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", d.binary(), err)
+	}
+	m := &qemuMachine{cfg: cfg, done: make(chan struct{}), pidfd: -1}
+	m.proc.Pid = cmd.Process.Pid
+	go func() {
+		err := cmd.Wait()
+		m.exited(err)
+	}()
+	fail := func(err error) (Machine, error) {
+		cmd.Process.Kill()
+		<-m.done
+		return nil, fmt.Errorf("%w%s", err, logTail(filepath.Join(cfg.Dir, QEMULog)))
+	}
+	if m.proc.StartTime, err = startTime(m.proc.Pid); err != nil {
+		return fail(err)
+	}
+	if err := m.connect(ctx); err != nil {
+		return fail(err)
+	}
+	d.log().Debug("qemu started", "machine", cfg.Name, "pid", m.proc.Pid, "took", time.Since(t0))
+	return m, nil
+}
+
+// Attach adopts the QEMU p that an earlier process started for cfg. It
+// fails when p is no longer that QEMU (exited, or its pid reused).
+func (d *QEMU) Attach(ctx context.Context, cfg Config, p Process) (Machine, error) {
+	st, err := startTime(p.Pid)
+	if err != nil || st != p.StartTime {
+		return nil, fmt.Errorf("qemu of %s (pid %d): %w", cfg.Name, p.Pid, ErrGone)
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.Pid))
+	if err != nil || !bytes.Contains(cmdline, []byte(cfg.QMPSocket())) {
+		return nil, fmt.Errorf("qemu of %s (pid %d): the process is not this machine's QEMU: %w", cfg.Name, p.Pid, ErrGone)
+	}
+	pidfd, err := unix.PidfdOpen(p.Pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("qemu of %s (pid %d): %w", cfg.Name, p.Pid, ErrGone)
+	}
+	m := &qemuMachine{cfg: cfg, proc: p, done: make(chan struct{}), pidfd: pidfd}
+	go func() {
+		// Not our child: its exit is seen through the pidfd, and init
+		// reaps it.
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); err != unix.EINTR {
+				break
+			}
+		}
+		m.exited(nil)
+	}()
+	if err := m.connect(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// ErrGone is returned by Attach for a QEMU that no longer runs.
+var ErrGone = errors.New("the process is gone")
+
+type qemuMachine struct {
+	cfg  Config
+	proc Process
+	qmp  *QMP
+
+	mu      sync.Mutex
+	pidfd   int
+	done    chan struct{}
+	exitErr error
+}
+
+func (m *qemuMachine) Process() Process      { return m.proc }
+func (m *qemuMachine) Done() <-chan struct{} { return m.done }
+
+// QMP is the machine's monitor connection, for the commands snapshots use.
+func (m *qemuMachine) QMP() *QMP { return m.qmp }
+
+func (m *qemuMachine) exited(err error) {
+	m.mu.Lock()
+	m.exitErr = err
+	if m.pidfd >= 0 {
+		unix.Close(m.pidfd)
+		m.pidfd = -1
+	}
+	m.mu.Unlock()
+	close(m.done)
+}
+
+// connect waits for the QMP socket (QEMU makes it early in its start)
+// and negotiates it.
+func (m *qemuMachine) connect(ctx context.Context) error {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		q, err := DialQMP(ctx, m.cfg.QMPSocket())
+		if err == nil {
+			m.qmp = q
+			return nil
+		}
+		select {
+		case <-m.done:
+			return fmt.Errorf("qemu of %s exited while starting (%v)", m.cfg.Name, m.exitErr)
+		case <-ctx.Done():
+			return fmt.Errorf("qemu of %s: qmp: %w (last: %v)", m.cfg.Name, ctx.Err(), err)
+		case <-tick.C:
+		}
+	}
+}
+
+func (m *qemuMachine) Pause(ctx context.Context) error {
+	_, err := m.qmp.Execute(ctx, "stop", nil)
+	return err
+}
+
+func (m *qemuMachine) Resume(ctx context.Context) error {
+	_, err := m.qmp.Execute(ctx, "cont", nil)
+	return err
+}
+
+func (m *qemuMachine) Running(ctx context.Context) (bool, error) {
+	ret, err := m.qmp.Execute(ctx, "query-status", nil)
+	if err != nil {
+		return false, err
+	}
+	return bytes.Contains(ret, []byte(`"running":true`)), nil
+}
+
+// Kill sends SIGKILL: through the pidfd for an adopted QEMU (a reused pid
+// cannot be hit), to the child otherwise (its pid is ours until reaped).
+func (m *qemuMachine) Kill() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	select {
+	case <-m.done:
+		return nil
+	default:
+	}
+	if m.pidfd >= 0 {
+		return unix.PidfdSendSignal(m.pidfd, unix.SIGKILL, nil, 0)
+	}
+	return unix.Kill(m.proc.Pid, unix.SIGKILL)
+}
+
+func (m *qemuMachine) Close() error {
+	if m.qmp != nil {
+		return m.qmp.Close()
+	}
+	return nil
+}
+
+// startTime reads field 22 of /proc/PID/stat.
+func startTime(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseStartTime(b)
+}
+
+// parseStartTime reads the start time from a /proc/PID/stat line. The
+// command name (field 2) may hold spaces and parentheses: fields are
+// counted after its last ')'.
+func parseStartTime(stat []byte) (uint64, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, errors.New("stat: no command name")
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	// f[0] is field 3 (state); field 22 is f[19].
+	if len(f) < 20 {
+		return 0, errors.New("stat: too few fields")
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// logTail is the end of QEMU's log, for an error about its start.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+		return ""
+	}
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return ": qemu says: " + strings.TrimSpace(string(b))
+}

@@ -1,0 +1,161 @@
+package vmm
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+func testConfig() Config {
+	return Config{
+		Name: "sb-test", Dir: "/run/vm/sb-test", Kernel: "/img/vmlinux", Initrd: "/img/initramfs.cpio",
+		Disk: "/var/lib/vm/sb-test/disk.qcow2", MemoryMiB: 512, VCPUs: 1, Accel: TCG, TSCKHz: 2100000,
+		KernelArgs: []string{"strata.hostname=sb-test"}, Uid: 200001, Gid: 200001,
+	}
+}
+
+// TestArgvIsAPlan: the command line is a pure function of the config,
+// holds the fixed device set with its ids, and carries what TCG needs.
+func TestArgvIsAPlan(t *testing.T) {
+	c := testConfig()
+	a, err := c.Argv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := c.Argv()
+	if !slices.Equal(a, b) {
+		t.Fatal("Argv differs between two calls")
+	}
+	line := strings.Join(a, " ")
+	for _, want := range []string{
+		"-M microvm,pit=on,pic=on,rtc=on",
+		"-accel tcg,thread=multi -cpu max",
+		"-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+		"-no-reboot", "-nodefaults",
+		"tsc_early_khz=2100000", "reboot=t", "strata.hostname=sb-test",
+		"-device virtio-serial-device,id=vser0",
+		"name=" + ChannelPort,
+		"path=/run/vm/sb-test/channel.sock",
+		"-qmp unix:/run/vm/sb-test/qmp.sock,server=on,wait=off",
+		`"filename":"/var/lib/vm/sb-test/disk.qcow2"`,
+		"-device virtio-blk-device,drive=disk0,id=blk0",
+		"-m 512", "-smp 1",
+	} {
+		if !strings.Contains(line, want) {
+			t.Errorf("argv lacks %q:\n%s", want, line)
+		}
+	}
+	for _, never := range []string{"-runas", "-netdev", "-incoming"} {
+		if strings.Contains(line, never) {
+			t.Errorf("argv has %q:\n%s", never, line)
+		}
+	}
+	c.Incoming = true
+	in, _ := c.Argv()
+	if !strings.Contains(strings.Join(in, " "), "-incoming defer") {
+		t.Error("an incoming machine lacks -incoming defer")
+	}
+	c.Accel = KVM
+	k, _ := c.Argv()
+	if l := strings.Join(k, " "); !strings.Contains(l, "-accel kvm -cpu host,-arch-capabilities") || strings.Contains(l, "tsc_early_khz") {
+		t.Errorf("kvm argv: %s", l)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for name, mutate := range map[string]func(*Config){
+		"relative disk":       func(c *Config) { c.Disk = "disk.qcow2" },
+		"comma in a path":     func(c *Config) { c.Kernel = "/img/a,b" },
+		"root":                func(c *Config) { c.Uid = 0 },
+		"no memory":           func(c *Config) { c.MemoryMiB = 0 },
+		"no cpus":             func(c *Config) { c.VCPUs = 0 },
+		"tcg without tsc":     func(c *Config) { c.TSCKHz = 0 },
+		"unknown accel":       func(c *Config) { c.Accel = "hvf" },
+		"spaced kernel arg":   func(c *Config) { c.KernelArgs = []string{"a b"} },
+		"name with a comma":   func(c *Config) { c.Name = "a,b" },
+		"empty name":          func(c *Config) { c.Name = "" },
+		"empty kernel arg":    func(c *Config) { c.KernelArgs = []string{""} },
+		"relative run dir":    func(c *Config) { c.Dir = "run" },
+		"absurd memory (TiB)": func(c *Config) { c.MemoryMiB = 2 << 20 },
+	} {
+		c := testConfig()
+		mutate(&c)
+		if _, err := c.Argv(); err == nil {
+			t.Errorf("%s: Argv accepted it", name)
+		}
+	}
+	if err := testConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const cpuinfoPVM = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu MHz\t\t: 2100.000\nflags\t\t: fpu vme sse sse2 hypervisor\n\nprocessor\t: 1\ncpu MHz\t\t: 1.0\nflags\t\t: vmx\n"
+const cpuinfoVMX = "processor\t: 0\ncpu MHz\t\t: 3000.5\nflags\t\t: fpu vmx sse\n"
+
+func TestProbeAccel(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		host    Host
+		want    string
+		accel   Accel
+		khz     int
+		wantErr bool
+	}{
+		{name: "pvm host: tcg", host: Host{CPUInfo: []byte(cpuinfoPVM), KVM: true, PVM: true}, accel: TCG, khz: 2100000},
+		{name: "no vmx: tcg (only the first processor counts)", host: Host{CPUInfo: []byte(cpuinfoPVM), KVM: true}, accel: TCG, khz: 2100000},
+		{name: "vmx and kvm: kvm", host: Host{CPUInfo: []byte(cpuinfoVMX), KVM: true}, accel: KVM, khz: 3000500},
+		{name: "vmx without /dev/kvm: tcg", host: Host{CPUInfo: []byte(cpuinfoVMX)}, accel: TCG, khz: 3000500},
+		{name: "kvm asked on pvm: error", host: Host{CPUInfo: []byte(cpuinfoPVM), KVM: true, PVM: true}, want: "kvm", wantErr: true},
+		{name: "tcg asked on a kvm host", host: Host{CPUInfo: []byte(cpuinfoVMX), KVM: true}, want: "tcg", accel: TCG, khz: 3000500},
+		{name: "tcg without a clock: error", host: Host{CPUInfo: []byte("flags: fpu\n")}, wantErr: true},
+		{name: "unknown accelerator", host: Host{CPUInfo: []byte(cpuinfoVMX)}, want: "hvf", wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := ProbeAccel(tc.host, tc.want)
+			if tc.wantErr {
+				if err == nil {
+					t.Fatalf("got %+v, want an error", p)
+				}
+				return
+			}
+			if err != nil || p.Accel != tc.accel || p.TSCKHz != tc.khz || p.Reason == "" {
+				t.Fatalf("got %+v, %v; want %s at %d kHz with a reason", p, err, tc.accel, tc.khz)
+			}
+		})
+	}
+}
+
+func TestParseStartTime(t *testing.T) {
+	stat := "1234 (qemu (x) y) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 3 0 987654 1000 200"
+	got, err := parseStartTime([]byte(stat))
+	if err != nil || got != 987654 {
+		t.Fatalf("parseStartTime = %d, %v; want 987654", got, err)
+	}
+	for _, bad := range []string{"", "1 (x", "1 (x) S 1 2"} {
+		if _, err := parseStartTime([]byte(bad)); err == nil {
+			t.Errorf("parseStartTime(%q) succeeded", bad)
+		}
+	}
+}
+
+func FuzzParseStartTime(f *testing.F) {
+	f.Add([]byte("1 (a) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 42 0 0"))
+	f.Add([]byte("1 (a) b) c"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := parseStartTime(b)
+		if err == nil && !strings.Contains(string(b), ")") {
+			t.Fatalf("accepted %q without a command name (%d)", b, v)
+		}
+	})
+}
+
+func FuzzCPUFlags(f *testing.F) {
+	f.Add([]byte(cpuinfoPVM))
+	f.Add([]byte(cpuinfoVMX))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, mhz := cpuFlags(b)
+		if mhz < 0 || mhz >= 1e6 {
+			t.Fatalf("clock %v out of range", mhz)
+		}
+	})
+}
