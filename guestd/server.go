@@ -43,6 +43,9 @@ type Config struct {
 	// Credentials is the env file written for processes in the sandbox
 	// (DefaultCredentials when empty).
 	Credentials string
+	// PowerOff, set only inside a strata microVM, ends the machine; it
+	// enables POST /v1/shutdown, the host's clean stop.
+	PowerOff func()
 }
 
 // Server is a running guestd: its stores and its HTTP handler.
@@ -54,6 +57,7 @@ type Server struct {
 	handler http.Handler
 
 	credentialsPath string
+	powerOff        func()
 }
 
 // New opens the store (recovering every managed root) and builds the API.
@@ -71,7 +75,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{engine: e, log: cfg.Logger, reg: reg, metrics: m, credentialsPath: cfg.Credentials}
+	s := &Server{engine: e, log: cfg.Logger, reg: reg, metrics: m, credentialsPath: cfg.Credentials, powerOff: cfg.PowerOff}
 	if s.credentialsPath == "" {
 		s.credentialsPath = DefaultCredentials
 	}
@@ -181,6 +185,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/credentials", s.method(map[string]handler{http.MethodPut: s.credentials}))
 	mux.HandleFunc("/v1/directories", s.method(map[string]handler{http.MethodGet: s.directories}))
 	mux.HandleFunc("/v1/health", s.method(map[string]handler{http.MethodGet: s.health}))
+	if s.powerOff != nil {
+		mux.HandleFunc("/v1/shutdown", s.method(map[string]handler{http.MethodPost: s.shutdown}))
+	}
 	metricsHandler := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet {
