@@ -7,13 +7,20 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
+	"strata/channel"
 	"strata/guestd"
+	"strata/internal/api"
 	"strata/internal/logx"
 	"strata/pathpolicy"
+	"strata/vmm"
 )
 
 func main() {
@@ -30,6 +37,7 @@ func main() {
 // options are guestd's command line.
 type options struct {
 	listen string
+	vm     bool
 	config guestd.Config // all but the logger
 	log    logx.Options
 }
@@ -46,6 +54,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		"env `file` written for processes in the sandbox (API address, sandbox id, access token); make run puts it under its STATE")
 	fs.BoolVar(&o.config.NoCompaction, "no-compaction", false, "do not compact layers in the background (tests)")
 	fs.Uint64Var(&o.config.MinFree, "min-free", 0, "`bytes` a capture leaves free on a store's filesystem (0: 1% of it, 1 MiB to 64 MiB)")
+	fs.BoolVar(&o.vm, "vm", false, "run as the daemon of a strata microVM: serve the host on the virtio-serial port "+vmm.ChannelPort+
+		" too, carry calls to "+api.GuestAPIURL+" to the host's API through it, and let the host power the machine off")
 	o.log.AddFlags(fs, "debug logging: each step of an operation, freed layers, processes that cannot be inspected")
 	var allow []string
 	fs.Func("allow-mount", "a mount point whose mount may hold managed directories (repeatable; default /, /tmp and /var/tmp)", func(v string) error {
@@ -74,8 +84,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	cfg := o.config
 	cfg.Logger = log
+	if o.vm {
+		// Init (PID 1) stops guestd, syncs, unmounts and powers off.
+		cfg.PowerOff = func() { unix.Kill(1, unix.SIGTERM) }
+	}
 	srv, err := guestd.New(ctx, cfg)
 	if err != nil {
 		return err
@@ -85,8 +101,32 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log.Info("listening", "addr", o.listen, "store", cfg.Store, "mounter", srv.Mounter())
-	err = srv.Serve(ctx, ln)
+	serving := []func() error{func() error { return srv.Serve(ctx, ln) }}
+	if o.vm {
+		// The channel is opened only now, with the store recovered: the
+		// host's first call answered is its sign that the sandbox is up.
+		ch := channel.ListenGuest(func() (io.ReadWriteCloser, error) { return channel.OpenPort(vmm.ChannelPort) }, log)
+		defer ch.Close()
+		fwd, err := net.Listen("tcp", strings.TrimPrefix(api.GuestAPIURL, "http://"))
+		if err != nil {
+			return err
+		}
+		serving = append(serving,
+			func() error { return srv.Serve(ctx, ch) },
+			func() error { return guestd.ForwardAPI(ctx, fwd, ch.Open, log) })
+	}
+	log.Info("listening", "addr", o.listen, "vm", o.vm, "store", cfg.Store, "mounter", srv.Mounter())
+	errs := make(chan error, len(serving))
+	for _, serve := range serving {
+		go func() { errs <- serve() }()
+	}
+	var first error
+	for range serving {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			stop() // one listener failing ends the others
+		}
+	}
 	log.Info("stopped")
-	return err
+	return first
 }

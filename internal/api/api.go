@@ -179,3 +179,8 @@ func ValidCheckpointID(id string) bool {
 	}
 	return true
 }
+
+// GuestAPIURL is the public API's address inside a strata microVM: guestd
+// listens there on the guest's loopback and carries each call to the host
+// through the host↔guest channel (CREATEOS_API_URL in the guest).
+const GuestAPIURL = "http://127.0.0.1:7777"
