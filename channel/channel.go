@@ -259,3 +259,32 @@ func (g *Guest) Close() error {
 	g.wg.Wait()
 	return nil
 }
+
+// Listener is a view of the streams the other end opens whose Close stops
+// only its own Accept, not the channel (for a server that closes its
+// listener when it shuts down).
+func (e *end) Listener() net.Listener {
+	return &view{end: e, done: make(chan struct{})}
+}
+
+type view struct {
+	*end
+	once sync.Once
+	done chan struct{}
+}
+
+func (v *view) Accept() (net.Conn, error) {
+	select {
+	case c := <-v.incoming:
+		return c, nil
+	case <-v.end.done:
+		return nil, ErrClosed
+	case <-v.done:
+		return nil, ErrClosed
+	}
+}
+
+func (v *view) Close() error {
+	v.once.Do(func() { close(v.done) })
+	return nil
+}

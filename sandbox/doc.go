@@ -1,0 +1,40 @@
+// Package sandbox runs sandboxes as microVMs on this host: their records,
+// their disks and run directories, and the lifecycle that moves them
+// between states (creating, running, pausing, paused, resuming, stopping,
+// stopped, error, destroying, destroyed).
+//
+// A sandbox is one QEMU machine (package vmm) booted from the guest image,
+// with its own copy-on-write disk over the image's shared read-only base
+// (a qcow2 overlay: a create copies nothing), guestd inside it, and one
+// host↔guest channel (package channel) that carries both the host's calls
+// to guestd and the guest's calls to the public API.
+//
+// What it does:
+//   - Create, Start, Stop, Pause, Resume and Delete change a sandbox's
+//     state in its record first (Records, which the caller keeps: hostproxy's
+//     registry), then do the work. Create, Start, Pause and Resume answer
+//     at once with the transitional state and finish in the background;
+//     Stop and Delete answer once done;
+//   - a sandbox is running once guestd answers through the channel, which
+//     it does only after it has recovered its store: that answer is the
+//     guest's signal, not a timed poll;
+//   - a QEMU that exits when nobody asked it to puts its sandbox in error,
+//     with a sentence saying so; Start boots it again from its disk;
+//   - Stop asks guestd for a clean shutdown (it syncs, init unmounts and
+//     powers off) and kills QEMU if it has not exited within StopTimeout;
+//   - Recover, at start, adopts every QEMU an earlier process left running
+//     (restarting the caller never kills a sandbox), finishes or undoes
+//     the transitions a crash interrupted, and kills any QEMU of this
+//     state directory that no record claims;
+//   - each QEMU runs as a uid and gid of its own (UIDBase and up), owning
+//     only its run directory and disk.
+//
+// What it does not do: HTTP, authentication, or anything inside the guest
+// (guestd's API is reached through Dial).
+//
+// Races: lifecycle operations on one sandbox are serialized; a second one
+// while a transition is under way is refused with operation_in_progress.
+// The record is written before each step, so a crash leaves a state that
+// Recover finishes: a sandbox is never left running with no record, and a
+// record never names a QEMU that is not its own (Attach checks).
+package sandbox

@@ -1,0 +1,858 @@
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"strata/channel"
+	"strata/vmm"
+)
+
+// Config configures a Manager. Dir, Image, Driver, Accel and Records are
+// required.
+type Config struct {
+	// Dir holds one directory per sandbox (its disk and run files). It
+	// and its parents must be traversable by the sandboxes' uids.
+	Dir     string
+	Image   Image
+	Driver  vmm.Driver
+	Accel   vmm.Probe
+	Records Records
+	Log     *slog.Logger
+	// UIDBase is the first uid (and gid) given to a sandbox's QEMU
+	// (200000 when zero); each sandbox gets the lowest one free.
+	UIDBase uint32
+	// BootTimeout bounds a boot to guestd answering (120 s); StopTimeout
+	// a clean shutdown before QEMU is killed (10 s).
+	BootTimeout, StopTimeout time.Duration
+	// ReserveMiB is host memory kept free beyond the sandboxes' own
+	// (512 MiB when zero): a create that would cut into it is refused
+	// with host_capacity.
+	ReserveMiB int
+	// Booted is called once guestd answers after each boot, before the
+	// sandbox is running (hostproxy hands the guest its credentials).
+	Booted func(ctx context.Context, r Record) error
+	// ServeGuest serves the calls processes in the sandbox make through
+	// its channel, until ln is closed.
+	ServeGuest func(id string, ln net.Listener)
+	// MemAvailable reads the host's available memory in MiB
+	// (/proc/meminfo when nil).
+	MemAvailable func() (int, error)
+}
+
+// Manager runs the microVM sandboxes of one state directory.
+type Manager struct {
+	cfg Config
+	log *slog.Logger
+
+	mu   sync.Mutex
+	live map[string]*machine
+	busy map[string]bool // a lifecycle operation is under way
+	wg   sync.WaitGroup  // background transitions
+	ctx  context.Context // ends with Close
+	stop context.CancelFunc
+}
+
+// machine is a sandbox whose QEMU runs.
+type machine struct {
+	id      string
+	vm      vmm.Machine
+	ch      *channel.Host
+	guestLn net.Listener
+	// expected is set before an exit that someone asked for (stop,
+	// delete), so that the watcher does not call it a failure.
+	mu       sync.Mutex
+	expected bool
+}
+
+func (m *machine) expectExit() {
+	m.mu.Lock()
+	m.expected = true
+	m.mu.Unlock()
+}
+
+func (m *machine) exitExpected() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.expected
+}
+
+// New checks the configuration and the state directory; Recover must run
+// before the sandboxes are used.
+func New(cfg Config) (*Manager, error) {
+	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) || cfg.Driver == nil || cfg.Records == nil || cfg.Image.Key == "" {
+		return nil, errors.New("sandbox: Dir (absolute), Image, Driver and Records are required")
+	}
+	if cfg.UIDBase == 0 {
+		cfg.UIDBase = 200000
+	}
+	if cfg.BootTimeout == 0 {
+		cfg.BootTimeout = 120 * time.Second
+	}
+	if cfg.StopTimeout == 0 {
+		cfg.StopTimeout = 10 * time.Second
+	}
+	if cfg.ReserveMiB == 0 {
+		cfg.ReserveMiB = 512
+	}
+	if cfg.MemAvailable == nil {
+		cfg.MemAvailable = memAvailable
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o711); err != nil {
+		return nil, err
+	}
+	if err := checkTraversable(cfg.Dir); err != nil {
+		return nil, err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Manager{cfg: cfg, log: cfg.Log, live: map[string]*machine{}, busy: map[string]bool{}, ctx: ctx, stop: stop}, nil
+}
+
+// checkTraversable fails when an unprivileged uid could not reach dir:
+// QEMU runs as one and opens its run directory below it.
+func checkTraversable(dir string) error {
+	for d := dir; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("sandbox: %s is not traversable by others (mode %v): the sandboxes' QEMU runs unprivileged below it; chmod o+x %s", d, fi.Mode().Perm(), d)
+		}
+		if d == "/" {
+			return nil
+		}
+	}
+}
+
+// Close stops watching the machines and drops their channels. QEMUs keep
+// running: the next Manager adopts them.
+func (m *Manager) Close() {
+	m.stop()
+	m.wg.Wait()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, mc := range m.live {
+		mc.guestLn.Close()
+		mc.ch.Close()
+		mc.vm.Close()
+		delete(m.live, id)
+	}
+}
+
+func (m *Manager) dir(id string) string { return filepath.Join(m.cfg.Dir, id) }
+
+func (m *Manager) vmConfig(r Record) vmm.Config {
+	dir := m.dir(r.ID)
+	return vmm.Config{
+		Name: r.ID, Dir: dir,
+		Kernel: m.cfg.Image.Kernel, Initrd: m.cfg.Image.Initrd,
+		Disk:      filepath.Join(dir, "disk.qcow2"),
+		MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs,
+		Accel: m.cfg.Accel.Accel, TSCKHz: m.cfg.Accel.TSCKHz,
+		KernelArgs: []string{"strata.hostname=" + hostname(r)},
+		Uid:        r.Machine.Uid, Gid: r.Machine.Gid,
+	}
+}
+
+func hostname(r Record) string {
+	if r.Name != "" {
+		return r.Name
+	}
+	return r.ID
+}
+
+// begin marks a lifecycle operation on id under way, or refuses a second.
+func (m *Manager) begin(id string) (func(), error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.busy[id] {
+		return nil, ErrInProgress
+	}
+	m.busy[id] = true
+	return func() {
+		m.mu.Lock()
+		delete(m.busy, id)
+		m.mu.Unlock()
+	}, nil
+}
+
+// background runs fn with the manager's context, releasing the
+// operation's mark when it returns.
+func (m *Manager) background(done func(), fn func(ctx context.Context)) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer done()
+		fn(m.ctx)
+	}()
+}
+
+// Create records r (in state creating, with a uid of its own) and boots
+// it in the background. r carries the id, account, name and size.
+func (m *Manager) Create(ctx context.Context, r Record) (Record, error) {
+	if err := m.checkCapacity(ctx, r.MemoryMiB); err != nil {
+		return Record{}, err
+	}
+	uid, err := m.freeUID(ctx)
+	if err != nil {
+		return Record{}, err
+	}
+	r.State = Creating
+	r.Machine = &Machine{Uid: uid, Gid: uid, BaseDisk: m.cfg.Image.Disk, Image: m.cfg.Image.Key}
+	done, err := m.begin(r.ID)
+	if err != nil {
+		return Record{}, err
+	}
+	if err := m.cfg.Records.Insert(ctx, r); err != nil {
+		done()
+		return Record{}, err
+	}
+	m.log.Info("sandbox creating", "sandbox", r.ID, "memory_mib", r.MemoryMiB, "vcpus", r.VCPUs, "disk_gib", r.DiskGiB, "uid", uid)
+	m.background(done, func(ctx context.Context) { m.boot(ctx, r.ID) })
+	return r, nil
+}
+
+// Start boots a stopped sandbox, or one in error, from its disk: a cold
+// boot. A sandbox already creating or running is returned as it is.
+func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
+	done, err := m.begin(id)
+	if err != nil {
+		return Record{}, err
+	}
+	r, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
+		switch {
+		case r.Machine == nil:
+			return ErrNotAMachine
+		case r.State == Running || r.State == Creating:
+			return nil
+		case r.State != Stopped && r.State != Error:
+			return ErrWrongState.With("state", string(r.State))
+		}
+		if err := m.checkCapacity(ctx, r.MemoryMiB); err != nil {
+			return err
+		}
+		r.State, r.Error = Creating, ""
+		return nil
+	})
+	if err != nil || r.State == Running {
+		done()
+		return r, err
+	}
+	m.mu.Lock()
+	_, booting := m.live[id]
+	m.mu.Unlock()
+	if booting {
+		done()
+		return r, nil
+	}
+	m.log.Info("sandbox starting", "sandbox", id)
+	m.background(done, func(ctx context.Context) { m.boot(ctx, id) })
+	return r, nil
+}
+
+// boot brings a sandbox in state creating to running: disk, QEMU,
+// channel, guestd answering, credentials. On failure the sandbox is in
+// error and no QEMU of it runs.
+func (m *Manager) boot(ctx context.Context, id string) {
+	t0 := time.Now()
+	r, err := m.cfg.Records.Get(ctx, id)
+	if err != nil {
+		m.log.Error("sandbox boot: no record", "sandbox", id, "err", err)
+		return
+	}
+	fail := func(sentence string, err error) {
+		m.log.Error("sandbox boot failed", "sandbox", id, "err", err)
+		m.teardown(id)
+		m.setState(id, Error, sentence)
+	}
+	if _, err := os.Stat(r.Machine.BaseDisk); err != nil {
+		fail(errBaseDiskMissing, err)
+		return
+	}
+	cfg := m.vmConfig(r)
+	if err := m.prepare(ctx, r, cfg); err != nil {
+		fail(errStartFailedOnHost, err)
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	vm, err := m.cfg.Driver.Start(sctx, cfg)
+	cancel()
+	if err != nil {
+		fail(errStartFailedOnHost, err)
+		return
+	}
+	p := vm.Process()
+	if _, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
+		r.Machine.Process = &p
+		r.Machine.Image = m.cfg.Image.Key
+		return nil
+	}); err != nil {
+		vm.Kill()
+		fail(errStartFailedOnHost, err)
+		return
+	}
+	mc := m.adopt(id, vm, cfg)
+	if err := m.waitGuest(ctx, mc); err != nil {
+		fail(errBootFailed, fmt.Errorf("%w%s", err, consoleTail(cfg.ConsoleLog())))
+		return
+	}
+	if m.cfg.Booted != nil {
+		if err := m.cfg.Booted(ctx, r); err != nil {
+			m.log.Warn("sandbox booted, but its guest did not take its credentials", "sandbox", id, "err", err)
+		}
+	}
+	m.setState(id, Running, "")
+	m.log.Info("sandbox running", "sandbox", id, "boot", time.Since(t0).Round(time.Millisecond))
+}
+
+// prepare makes the run directory and, on the first boot, the disk: a
+// qcow2 overlay of the base, made under a temporary name and renamed, so
+// that a crash never leaves a half-made disk under the real one.
+func (m *Manager) prepare(ctx context.Context, r Record, cfg vmm.Config) error {
+	uid, gid := int(r.Machine.Uid), int(r.Machine.Gid)
+	if err := os.Mkdir(cfg.Dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := os.Chown(cfg.Dir, uid, gid); err != nil {
+		return err
+	}
+	if _, err := os.Stat(cfg.Disk); err == nil {
+		return nil
+	}
+	tmp := cfg.Disk + ".tmp"
+	os.Remove(tmp)
+	size := int64(r.DiskGiB) << 30
+	if size < m.cfg.Image.DiskBytes {
+		size = m.cfg.Image.DiskBytes
+	}
+	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2",
+		"-b", r.Machine.BaseDisk, "-F", "qcow2", tmp, strconv.FormatInt(size, 10)).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("qemu-img create: %w: %s", err, bytes.TrimSpace(out))
+	}
+	if err := os.Chown(tmp, uid, gid); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, cfg.Disk); err != nil {
+		return err
+	}
+	return syncDir(cfg.Dir)
+}
+
+// adopt connects the channel of a running QEMU, serves the guest's calls
+// and watches for its exit.
+func (m *Manager) adopt(id string, vm vmm.Machine, cfg vmm.Config) *machine {
+	mc := &machine{id: id, vm: vm, ch: channel.DialHost(cfg.ChannelSocket(), m.log.With("sandbox", id))}
+	mc.guestLn = mc.ch.Listener()
+	m.mu.Lock()
+	m.live[id] = mc
+	m.mu.Unlock()
+	if m.cfg.ServeGuest != nil {
+		go m.cfg.ServeGuest(id, mc.guestLn)
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		select {
+		case <-vm.Done():
+		case <-m.ctx.Done():
+			return
+		}
+		m.mu.Lock()
+		if m.live[id] == mc {
+			delete(m.live, id)
+		}
+		m.mu.Unlock()
+		mc.guestLn.Close()
+		mc.ch.Close()
+		vm.Close()
+		if mc.exitExpected() {
+			return
+		}
+		m.log.Error("sandbox's QEMU exited unexpectedly", "sandbox", id, "console", consoleTail(cfg.ConsoleLog()))
+		m.cfg.Records.Update(context.Background(), id, func(r *Record) error {
+			if r.State == Destroying || r.State == Stopped {
+				return nil
+			}
+			r.State, r.Error = Error, errUnexpectedExit
+			if r.Machine != nil {
+				r.Machine.Process = nil
+			}
+			return nil
+		})
+	}()
+	return mc
+}
+
+// waitGuest waits for guestd to answer its health route through the
+// channel. The request is sent at once and answered when guestd serves:
+// the first answer is the guest's signal that it is up.
+func (m *Manager) waitGuest(ctx context.Context, mc *machine) error {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
+	defer cancel()
+	for {
+		attempt, acancel := context.WithTimeout(ctx, 15*time.Second)
+		err := guestHealth(attempt, mc.ch)
+		acancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-mc.vm.Done():
+			return errors.New("QEMU exited during the boot")
+		case <-ctx.Done():
+			return fmt.Errorf("guestd did not answer within %v: %w", m.cfg.BootTimeout, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func guestHealth(ctx context.Context, ch *channel.Host) error {
+	conn, err := ch.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: guestd\r\nConnection: close\r\n\r\n"); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("guestd health: %s", resp.Status)
+	}
+	return nil
+}
+
+// Dial opens a stream to the guestd of a running sandbox (the vm:// guest
+// address scheme).
+func (m *Manager) Dial(ctx context.Context, id string) (net.Conn, error) {
+	m.mu.Lock()
+	mc := m.live[id]
+	m.mu.Unlock()
+	if mc == nil {
+		return nil, &net.OpError{Op: "dial", Net: GuestScheme, Err: fmt.Errorf("sandbox %s has no running machine", id)}
+	}
+	c, err := mc.ch.Open(ctx)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: GuestScheme, Err: err}
+	}
+	return c, nil
+}
+
+// Pause stops a running sandbox's CPUs: 202-style, the record says
+// pausing until it is paused. A paused sandbox is returned as it is.
+func (m *Manager) Pause(ctx context.Context, id string) (Record, error) {
+	return m.transition(ctx, id, Running, Pausing, Paused, func(ctx context.Context, mc *machine) error { return mc.vm.Pause(ctx) })
+}
+
+// Resume starts a paused sandbox's CPUs again.
+func (m *Manager) Resume(ctx context.Context, id string) (Record, error) {
+	return m.transition(ctx, id, Paused, Resuming, Running, func(ctx context.Context, mc *machine) error { return mc.vm.Resume(ctx) })
+}
+
+func (m *Manager) transition(ctx context.Context, id string, from, via, to State, do func(context.Context, *machine) error) (Record, error) {
+	done, err := m.begin(id)
+	if err != nil {
+		return Record{}, err
+	}
+	r, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
+		switch {
+		case r.Machine == nil:
+			return ErrNotAMachine
+		case r.State == to:
+			return nil
+		case r.State != from:
+			return ErrNotRunning.With("state", string(r.State))
+		}
+		r.State = via
+		return nil
+	})
+	if err != nil || r.State == to {
+		done()
+		return r, err
+	}
+	m.background(done, func(ctx context.Context) {
+		m.mu.Lock()
+		mc := m.live[id]
+		m.mu.Unlock()
+		if mc == nil {
+			m.setState(id, Error, errUnexpectedExit)
+			return
+		}
+		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := do(qctx, mc)
+		cancel()
+		if err != nil {
+			m.log.Error("sandbox "+string(via)+" failed", "sandbox", id, "err", err)
+			m.setState(id, from, "")
+			return
+		}
+		m.setState(id, to, "")
+		m.log.Info("sandbox "+string(to), "sandbox", id)
+	})
+	return r, nil
+}
+
+// Stop shuts a sandbox down cleanly: guestd syncs, init unmounts and
+// powers off; QEMU is killed if it has not exited within StopTimeout.
+func (m *Manager) Stop(ctx context.Context, id string) (Record, error) {
+	done, err := m.begin(id)
+	if err != nil {
+		return Record{}, err
+	}
+	defer done()
+	r, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
+		switch {
+		case r.Machine == nil:
+			return ErrNotAMachine
+		case r.State == Stopped:
+			return nil
+		case r.State == Destroying || r.State == Destroyed:
+			return ErrWrongState.With("state", string(r.State))
+		}
+		r.State = Stopping
+		return nil
+	})
+	if err != nil || r.State == Stopped {
+		return r, err
+	}
+	m.shutdown(id)
+	return m.setState(id, Stopped, "")
+}
+
+// shutdown ends the sandbox's QEMU, cleanly if it can.
+func (m *Manager) shutdown(id string) {
+	m.mu.Lock()
+	mc := m.live[id]
+	m.mu.Unlock()
+	if mc == nil {
+		return
+	}
+	mc.expectExit()
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StopTimeout)
+	defer cancel()
+	if running, err := mc.vm.Running(ctx); err == nil && !running {
+		mc.vm.Resume(ctx)
+	}
+	clean := m.askShutdown(ctx, mc) == nil
+	select {
+	case <-mc.vm.Done():
+	case <-ctx.Done():
+		clean = false
+		mc.vm.Kill()
+		<-mc.vm.Done()
+	}
+	m.teardown(id)
+	m.log.Info("sandbox stopped", "sandbox", id, "clean", clean, "took", time.Since(t0).Round(time.Millisecond))
+}
+
+func (m *Manager) askShutdown(ctx context.Context, mc *machine) error {
+	conn, err := mc.ch.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	if _, err := io.WriteString(conn, "POST /v1/shutdown HTTP/1.1\r\nHost: guestd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("guestd shutdown: %s", resp.Status)
+	}
+	return nil
+}
+
+// teardown kills the sandbox's QEMU if it still runs and forgets it.
+func (m *Manager) teardown(id string) {
+	m.mu.Lock()
+	mc := m.live[id]
+	delete(m.live, id)
+	m.mu.Unlock()
+	if mc == nil {
+		return
+	}
+	mc.expectExit()
+	mc.vm.Kill()
+	<-mc.vm.Done()
+	mc.guestLn.Close()
+	mc.ch.Close()
+	mc.vm.Close()
+}
+
+// Delete ends the sandbox's QEMU, deletes its disk and run directory, and
+// then its record.
+func (m *Manager) Delete(ctx context.Context, id string) error {
+	done, err := m.begin(id)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if _, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
+		if r.Machine == nil {
+			return ErrNotAMachine
+		}
+		r.State = Destroying
+		return nil
+	}); err != nil {
+		return err
+	}
+	return m.destroy(ctx, id)
+}
+
+func (m *Manager) destroy(ctx context.Context, id string) error {
+	m.teardown(id)
+	if err := os.RemoveAll(m.dir(id)); err != nil {
+		return err
+	}
+	if err := syncDir(m.cfg.Dir); err != nil {
+		return err
+	}
+	m.log.Info("sandbox destroyed", "sandbox", id)
+	return m.cfg.Records.Delete(ctx, id)
+}
+
+// setState writes a final state (and its error sentence) and returns the
+// record. A running QEMU's process stays recorded; a stopped one's is
+// dropped.
+func (m *Manager) setState(id string, s State, sentence string) (Record, error) {
+	r, err := m.cfg.Records.Update(context.Background(), id, func(r *Record) error {
+		r.State, r.Error = s, sentence
+		if (s == Stopped || s == Error) && r.Machine != nil {
+			r.Machine.Process = nil
+		}
+		return nil
+	})
+	if err != nil {
+		m.log.Error("sandbox state not recorded", "sandbox", id, "state", s, "err", err)
+	}
+	return r, err
+}
+
+// Recover adopts the QEMUs an earlier process left running, settles the
+// transitions it left half-done, and kills QEMUs of this state directory
+// that no record claims.
+func (m *Manager) Recover(ctx context.Context) error {
+	records, err := m.cfg.Records.List(ctx)
+	if err != nil {
+		return err
+	}
+	claimed := map[int]bool{}
+	for _, r := range records {
+		if r.Machine == nil {
+			continue
+		}
+		cfg := m.vmConfig(r)
+		var vm vmm.Machine
+		if p := r.Machine.Process; p != nil {
+			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			vm, err = m.cfg.Driver.Attach(actx, cfg, *p)
+			cancel()
+			if err != nil {
+				m.log.Warn("sandbox's QEMU is gone", "sandbox", r.ID, "err", err)
+				vm = nil
+			} else {
+				claimed[p.Pid] = true
+			}
+		}
+		if err := m.settle(ctx, r, vm, cfg); err != nil {
+			return fmt.Errorf("sandbox %s: %w", r.ID, err)
+		}
+	}
+	m.killStrays(claimed)
+	return nil
+}
+
+// settle finishes what a crash interrupted for one sandbox.
+func (m *Manager) settle(ctx context.Context, r Record, vm vmm.Machine, cfg vmm.Config) error {
+	id := r.ID
+	if vm == nil {
+		switch r.State {
+		case Destroying, Destroyed:
+			return m.destroy(ctx, id)
+		case Stopping, Stopped:
+			_, err := m.setState(id, Stopped, "")
+			return err
+		case Creating:
+			done, err := m.begin(id)
+			if err != nil {
+				return err
+			}
+			m.background(done, func(ctx context.Context) { m.boot(ctx, id) })
+			return nil
+		case Error:
+			return nil
+		default:
+			_, err := m.setState(id, Error, errGoneWhileAway)
+			return err
+		}
+	}
+	mc := m.adopt(id, vm, cfg)
+	switch r.State {
+	case Destroying, Destroyed:
+		return m.destroy(ctx, id)
+	case Stopping:
+		m.shutdown(id)
+		_, err := m.setState(id, Stopped, "")
+		return err
+	case Creating:
+		done, err := m.begin(id)
+		if err != nil {
+			return err
+		}
+		m.background(done, func(ctx context.Context) {
+			if err := m.waitGuest(ctx, mc); err != nil {
+				m.teardown(id)
+				m.setState(id, Error, errBootFailed)
+				return
+			}
+			if m.cfg.Booted != nil {
+				m.cfg.Booted(ctx, r)
+			}
+			m.setState(id, Running, "")
+		})
+		return nil
+	}
+	// Running, paused, or half-way between: the CPUs say which.
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	running, err := vm.Running(qctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	s := Paused
+	if running {
+		s = Running
+	}
+	if s != r.State {
+		_, err = m.setState(id, s, "")
+	}
+	m.log.Info("sandbox adopted", "sandbox", id, "state", s, "pid", vm.Process().Pid)
+	return err
+}
+
+// killStrays kills QEMUs whose command line names a run directory of this
+// manager but that no record claims: a crash between starting QEMU and
+// recording it.
+func (m *Manager) killStrays(claimed map[int]bool) {
+	procs, _ := os.ReadDir("/proc")
+	prefix := []byte(m.cfg.Dir + "/")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil || claimed[pid] {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(cmdline, []byte("qemu-system")) || !bytes.Contains(cmdline, prefix) {
+			continue
+		}
+		m.log.Warn("killing a QEMU that no sandbox record claims", "pid", pid)
+		unix.Kill(pid, unix.SIGKILL)
+	}
+}
+
+// freeUID is the lowest uid at or above UIDBase that no record holds.
+func (m *Manager) freeUID(ctx context.Context) (uint32, error) {
+	records, err := m.cfg.Records.List(ctx)
+	if err != nil {
+		return 0, err
+	}
+	used := map[uint32]bool{}
+	for _, r := range records {
+		if r.Machine != nil {
+			used[r.Machine.Uid] = true
+		}
+	}
+	for uid := m.cfg.UIDBase; ; uid++ {
+		if !used[uid] {
+			return uid, nil
+		}
+	}
+}
+
+// checkCapacity refuses a boot that would leave the host less than
+// ReserveMiB of available memory beyond what the guest may take.
+func (m *Manager) checkCapacity(ctx context.Context, memoryMiB int) error {
+	avail, err := m.cfg.MemAvailable()
+	if err != nil {
+		return err
+	}
+	if memoryMiB+m.cfg.ReserveMiB > avail {
+		return ErrHostCapacity.With("memory_mib", memoryMiB).With("available_mib", avail)
+	}
+	return ctx.Err()
+}
+
+func memAvailable() (int, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			if err != nil {
+				return 0, err
+			}
+			return kb / 1024, nil
+		}
+	}
+	return 0, errors.New("/proc/meminfo: no MemAvailable")
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// consoleTail is the end of a guest's console, for logs.
+func consoleTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 1500 {
+		b = b[len(b)-1500:]
+	}
+	return "; console: " + strings.TrimSpace(string(b))
+}
+
