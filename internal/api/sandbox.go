@@ -1,0 +1,249 @@
+package api
+
+import (
+	"fmt"
+	"strings"
+
+	"strata/internal/jsend"
+)
+
+// Resources of a new sandbox: the range of each and its default.
+const (
+	MinMemoryMiB, MaxMemoryMiB, DefaultMemoryMiB = 128, 8192, 512
+	MinVCPUs, MaxVCPUs, DefaultVCPUs             = 1, 4, 1
+	MinDiskGiB, MaxDiskGiB, DefaultDiskGiB       = 1, 64, 4
+)
+
+// MaxSandboxName is the longest sandbox name, in characters (all ASCII).
+const MaxSandboxName = 63
+
+// SandboxIDPrefix starts every sandbox id the API makes.
+const SandboxIDPrefix = "sb-"
+
+// States of a sandbox, as the record's state names them.
+const (
+	SandboxCreating   = "creating"
+	SandboxRunning    = "running"
+	SandboxPausing    = "pausing"
+	SandboxPaused     = "paused"
+	SandboxResuming   = "resuming"
+	SandboxStopping   = "stopping"
+	SandboxStopped    = "stopped"
+	SandboxError      = "error"
+	SandboxDestroying = "destroying"
+	SandboxDestroyed  = "destroyed"
+)
+
+// SandboxTransient reports whether state is one a sandbox passes through
+// on its way to another (creating, pausing, resuming, stopping,
+// destroying): a client waiting for an operation to finish polls on.
+func SandboxTransient(state string) bool {
+	switch state {
+	case SandboxCreating, SandboxPausing, SandboxResuming, SandboxStopping, SandboxDestroying:
+		return true
+	}
+	return false
+}
+
+// Sandbox is a sandbox record as the API shows it. Error is a sentence,
+// set in state error; From names the snapshot a fork was made from.
+type Sandbox struct {
+	ID        string       `json:"id"`
+	Name      string       `json:"name"`
+	State     string       `json:"state"`
+	MemoryMiB int          `json:"memory_mib"`
+	VCPUs     int          `json:"vcpus"`
+	DiskGiB   int          `json:"disk_gib"`
+	CreatedAt string       `json:"created_at"`
+	Error     string       `json:"error,omitempty"`
+	From      *SandboxFrom `json:"from,omitempty"`
+}
+
+// SandboxList is the data of GET /v1/sandboxes: one page of records,
+// paginated the CreateOS way.
+type SandboxList struct {
+	Data       []Sandbox  `json:"data"`
+	Pagination Pagination `json:"pagination"`
+}
+
+// Pagination describes one page: Total records in all, the Limit and
+// Offset asked for, and Count on this page.
+type Pagination struct {
+	Total  int `json:"total"`
+	Limit  int `json:"limit"`
+	Offset int `json:"offset"`
+	Count  int `json:"count"`
+}
+
+// SandboxFrom names the snapshot a fork is made from.
+type SandboxFrom struct {
+	Sandbox  string `json:"sandbox"`
+	Snapshot string `json:"snapshot"`
+}
+
+// SandboxCreateRequest is the body of POST /v1/sandboxes: a new sandbox
+// with the given resources, or, with From, a fork of a snapshot, which
+// takes its resources from the snapshot.
+type SandboxCreateRequest struct {
+	Name      *string      `json:"name,omitempty"`
+	MemoryMiB *int         `json:"memory_mib,omitempty"`
+	VCPUs     *int         `json:"vcpus,omitempty"`
+	DiskGiB   *int         `json:"disk_gib,omitempty"`
+	From      *SandboxFrom `json:"from,omitempty"`
+}
+
+// ParseSandboxCreate decodes the body of POST /v1/sandboxes (at most
+// jsend.MaxBody, exactly one JSON object, no unknown fields: the errors of
+// jsend.DecodeBytes) and validates it (Validate).
+func ParseSandboxCreate(body []byte) (SandboxCreateRequest, error) {
+	if len(body) > jsend.MaxBody {
+		return SandboxCreateRequest{}, jsend.ErrBodyTooLarge
+	}
+	var req SandboxCreateRequest
+	if err := jsend.DecodeBytes(body, &req); err != nil {
+		return SandboxCreateRequest{}, err
+	}
+	return req.Validate()
+}
+
+// Validate checks a decoded create request and returns it with its
+// defaults filled in:
+//
+//   - name, optional, follows ValidateSandboxName;
+//   - memory_mib is 128 to 8192 (default 512), vcpus 1 to 4 (default 1),
+//     disk_gib 1 to 64 (default 4);
+//   - from, optional, is {"sandbox","snapshot"}, both required: a
+//     sandbox id (ValidSandboxID) and a snapshot id (ValidSnapshotID).
+//     A fork takes its resources from the snapshot, so memory_mib, vcpus
+//     or disk_gib beside from is invalid_field naming the first given.
+//
+// A null field is a field left out. For a new sandbox MemoryMiB, VCPUs
+// and DiskGiB come back never nil; for a fork they stay nil. Each broken
+// rule is invalid_field naming the field ("name", "memory_mib", "vcpus",
+// "disk_gib", "from.sandbox", "from.snapshot").
+func (req SandboxCreateRequest) Validate() (SandboxCreateRequest, error) {
+	if req.Name != nil {
+		if err := ValidateSandboxName(*req.Name); err != nil {
+			return SandboxCreateRequest{}, err
+		}
+	}
+	resources := []struct {
+		field         string
+		v             **int
+		min, max, def int
+	}{
+		{"memory_mib", &req.MemoryMiB, MinMemoryMiB, MaxMemoryMiB, DefaultMemoryMiB},
+		{"vcpus", &req.VCPUs, MinVCPUs, MaxVCPUs, DefaultVCPUs},
+		{"disk_gib", &req.DiskGiB, MinDiskGiB, MaxDiskGiB, DefaultDiskGiB},
+	}
+	if req.From != nil {
+		for _, r := range resources {
+			if *r.v != nil {
+				return SandboxCreateRequest{}, jsend.InvalidField(r.field, r.field+" cannot be given with from: a fork takes its resources from the snapshot")
+			}
+		}
+		if !ValidSandboxID(req.From.Sandbox) {
+			return SandboxCreateRequest{}, jsend.InvalidField("from.sandbox", "from.sandbox must be a sandbox id")
+		}
+		if !ValidSnapshotID(req.From.Snapshot) {
+			return SandboxCreateRequest{}, jsend.InvalidField("from.snapshot", `from.snapshot must be a snapshot id ("v1", "auto-1"…)`)
+		}
+		return req, nil
+	}
+	for _, r := range resources {
+		if *r.v == nil {
+			d := r.def
+			*r.v = &d
+			continue
+		}
+		if n := **r.v; n < r.min || n > r.max {
+			return SandboxCreateRequest{}, jsend.InvalidField(r.field, fmt.Sprintf("%s must be %d to %d", r.field, r.min, r.max)).
+				With("min", r.min).With("max", r.max)
+		}
+	}
+	return req, nil
+}
+
+// ValidateSandboxName checks a sandbox name: 1 to 63 characters, each a
+// lowercase ASCII letter, a digit or '-', the first a letter and the last
+// not '-'. That is an RFC 1123 host name label, so a name is safe as the
+// guest's host name, in a DNS name and in a file name, and needs no
+// quoting in a shell or a log. It fails with invalid_field naming "name".
+func ValidateSandboxName(name string) error {
+	if !validSandboxName(name) {
+		return jsend.InvalidField("name", "name must be 1 to 63 lowercase letters, digits and '-', starting with a letter and not ending with '-'").
+			With("limit", MaxSandboxName)
+	}
+	return nil
+}
+
+func validSandboxName(name string) bool {
+	if len(name) == 0 || len(name) > MaxSandboxName || !lower(name[0]) || name[len(name)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !lower(c) && !digit(c) && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidSandboxID reports whether id has the shape of a sandbox id, the
+// check of the {id} path segment before any lookup. The API makes ids of
+// "sb-" and 1 to 40 lowercase letters and digits (MintedSandboxID), but
+// the sandboxes of hostproxy's configuration file keep the ids they were
+// given ("sb-local", "sb-a1"), under the file's rule: 1 to 64 ASCII
+// letters, digits, '.', '_' and '-', the first a letter or a digit. Both
+// are accepted, so that no configured sandbox becomes unreachable.
+func ValidSandboxID(id string) bool {
+	if len(id) == 0 || len(id) > 64 || !lower(id[0]) && !upper(id[0]) && !digit(id[0]) {
+		return false
+	}
+	for i := 1; i < len(id); i++ {
+		if c := id[i]; !lower(c) && !upper(c) && !digit(c) && c != '.' && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// MintedSandboxID reports whether id has the shape of the ids the API
+// makes: "sb-" and 1 to 40 lowercase letters and digits.
+func MintedSandboxID(id string) bool {
+	rest, ok := strings.CutPrefix(id, SandboxIDPrefix)
+	if !ok || len(rest) == 0 || len(rest) > 40 {
+		return false
+	}
+	for i := 0; i < len(rest); i++ {
+		if c := rest[i]; !lower(c) && !digit(c) {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidSnapshotID reports whether id has the shape of a VM snapshot id:
+// "v" or "auto-" followed by a positive decimal number of at most 9
+// digits without leading zeros ("v1", "v12", "auto-3").
+func ValidSnapshotID(id string) bool {
+	n, ok := strings.CutPrefix(id, "v")
+	if !ok {
+		if n, ok = strings.CutPrefix(id, "auto-"); !ok {
+			return false
+		}
+	}
+	if len(n) == 0 || len(n) > 9 || n[0] == '0' {
+		return false
+	}
+	for i := 0; i < len(n); i++ {
+		if !digit(n[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lower(c byte) bool { return c >= 'a' && c <= 'z' }
+func upper(c byte) bool { return c >= 'A' && c <= 'Z' }
+func digit(c byte) bool { return c >= '0' && c <= '9' }
