@@ -43,6 +43,9 @@ type Config struct {
 	Sandboxes []SandboxConfig `json:"sandboxes"`
 	RateLimit RateLimit       `json:"rate_limit"`
 	Timeouts  Timeouts        `json:"timeouts"`
+	// Machines, when set, lets the API create and run microVM
+	// sandboxes on this host.
+	Machines *MachinesConfig `json:"machines,omitempty"`
 }
 
 // AccountConfig is one account and its API keys.
@@ -269,7 +272,7 @@ func (c Config) resolve(getenv func(string) string) (seed, error) {
 		if state == "" {
 			state = StateRunning
 		}
-		if !state.valid() {
+		if !configurable(state) {
 			return s, fmt.Errorf("config: %s.state %q: want running, paused or stopped", where, sb.State)
 		}
 		s.sandboxes = append(s.sandboxes, Sandbox{ID: sb.ID, Account: sb.Account, Guest: sb.Guest, State: state})

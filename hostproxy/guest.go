@@ -149,6 +149,22 @@ func (g *GuestClient) Health(ctx context.Context, guest string) (json.RawMessage
 	return g.call(ctx, guest, http.MethodGet, "/v1/health", nil, "")
 }
 
+// Exec runs a command in the guest (POST /v1/exec with body, already
+// checked); the call may last timeout.
+func (g *GuestClient) Exec(ctx context.Context, guest string, body []byte, timeout time.Duration) (json.RawMessage, error) {
+	return g.callFor(ctx, timeout, guest, http.MethodPost, "/v1/exec", body, "")
+}
+
+// Forget drops the connections to guest (a sandbox stopped or deleted).
+func (g *GuestClient) Forget(guest string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if t := g.transports[guest]; t != nil {
+		t.CloseIdleConnections()
+		delete(g.transports, guest)
+	}
+}
+
 // Close drops idle connections to every guest.
 func (g *GuestClient) Close() {
 	g.mu.Lock()
@@ -185,7 +201,7 @@ func (g *GuestClient) transport(guest string) (*http.Transport, error) {
 		// the calls in flight to it, so a slow one cannot pin host memory.
 		MaxConnsPerHost:       16,
 		IdleConnTimeout:       30 * time.Second,
-		ResponseHeaderTimeout: g.requestTimeout,
+		// Each call's own context bounds it (an exec may last an hour).
 		DisableCompression:    true,
 	}
 	g.transports[guest] = t
@@ -206,11 +222,16 @@ func withRequestID(ctx context.Context, id string) context.Context {
 // idempotencyKey goes out as the Idempotency-Key header, as the client
 // sent it (checked by api.IdempotencyKey).
 func (g *GuestClient) call(ctx context.Context, guest, method, p string, body []byte, idempotencyKey string) (json.RawMessage, error) {
+	return g.callFor(ctx, g.requestTimeout, guest, method, p, body, idempotencyKey)
+}
+
+// callFor is call with a timeout of its own.
+func (g *GuestClient) callFor(ctx context.Context, timeout time.Duration, guest, method, p string, body []byte, idempotencyKey string) (json.RawMessage, error) {
 	t, err := g.transport(guest)
 	if err != nil {
 		return nil, fmt.Errorf("guest %s: %w", guest, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, g.requestTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {

@@ -13,20 +13,22 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 
 	"strata/internal/boltjson"
+	"strata/sandbox"
 )
 
 // SandboxState is the life-cycle state of a sandbox. Only a running
 // sandbox serves checkpoint operations.
-type SandboxState string
+type SandboxState = sandbox.State
 
-// The states of a sandbox.
+// The states a configured sandbox may be given.
 const (
-	StateRunning SandboxState = "running"
-	StatePaused  SandboxState = "paused"
-	StateStopped SandboxState = "stopped"
+	StateRunning = sandbox.Running
+	StatePaused  = sandbox.Paused
+	StateStopped = sandbox.Stopped
 )
 
-func (s SandboxState) valid() bool {
+// configurable tells whether a configured sandbox may be in state s.
+func configurable(s SandboxState) bool {
 	return s == StateRunning || s == StatePaused || s == StateStopped
 }
 
@@ -42,13 +44,10 @@ type APIKey struct {
 	Hash    string `json:"hash"`
 }
 
-// Sandbox is one sandbox of an account and the address of its guest daemon.
-type Sandbox struct {
-	ID      string       `json:"id"`
-	Account string       `json:"account"`
-	Guest   string       `json:"guest"`
-	State   SandboxState `json:"state"`
-}
+// Sandbox is one sandbox of an account: a microVM of this host (its
+// Machine is set), or a configured guest address (a guestd running in
+// someone else's VM, or on this machine for make run's local sandbox).
+type Sandbox = sandbox.Record
 
 // CredentialKind tells an account API key from a sandbox access token.
 type CredentialKind string
@@ -155,20 +154,29 @@ func (r *Registry) seed(ctx context.Context, s seed) error {
 		return err
 	}
 	return r.db.Update(func(tx *bolt.Tx) error {
+		// Configured sandboxes are replaced by the configuration's;
+		// microVM sandboxes (made through the API) are kept.
 		old := map[string]Sandbox{}
-		if err := boltjson.ForEach(tx.Bucket(bucketSandboxes), func(_ []byte, sb *Sandbox) error {
+		var configured [][]byte
+		if err := boltjson.ForEach(tx.Bucket(bucketSandboxes), func(k []byte, sb *Sandbox) error {
 			old[sb.ID] = *sb
+			if sb.Machine == nil {
+				configured = append(configured, append([]byte(nil), k...))
+			}
 			return nil
 		}); err != nil {
 			return err
 		}
-		for _, name := range [][]byte{bucketAccounts, bucketSandboxes} {
-			if err := tx.DeleteBucket(name); err != nil {
+		for _, k := range configured {
+			if err := tx.Bucket(bucketSandboxes).Delete(k); err != nil {
 				return err
 			}
-			if _, err := tx.CreateBucket(name); err != nil {
-				return err
-			}
+		}
+		if err := tx.DeleteBucket(bucketAccounts); err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucket(bucketAccounts); err != nil {
+			return err
 		}
 		creds := tx.Bucket(bucketCredentials)
 		var stale [][]byte
@@ -196,7 +204,15 @@ func (r *Registry) seed(ctx context.Context, s seed) error {
 			}
 		}
 		keep := map[string]bool{}
+		for id, sb := range old {
+			if sb.Machine != nil {
+				keep[id] = true
+			}
+		}
 		for _, sb := range s.sandboxes {
+			if o, ok := old[sb.ID]; ok && o.Machine != nil {
+				return fmt.Errorf("sandbox %q is configured, but a microVM sandbox of that id exists", sb.ID)
+			}
 			if err := boltjson.Put(tx.Bucket(bucketSandboxes), []byte(sb.ID), sb); err != nil {
 				return err
 			}
@@ -296,7 +312,7 @@ func (r *Registry) SetSandboxState(ctx context.Context, id string, state Sandbox
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if !state.valid() {
+	if !state.Valid() {
 		return fmt.Errorf("registry: invalid sandbox state %q", state)
 	}
 	return r.db.Update(func(tx *bolt.Tx) error {

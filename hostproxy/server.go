@@ -21,6 +21,7 @@ import (
 	"strata/internal/fault"
 	"strata/internal/httpx"
 	"strata/internal/jsend"
+	"strata/sandbox"
 )
 
 // Options configure a Server. Only Config is required.
@@ -54,6 +55,12 @@ type Server struct {
 	rand   io.Reader
 
 	publicURL string
+
+	// machines runs the microVM sandboxes (nil without a machines
+	// configuration); ctx ends with Close, for the servers of guest calls.
+	machines *sandbox.Manager
+	ctx      context.Context
+	cancel   context.CancelFunc
 }
 
 type timeouts struct {
@@ -77,6 +84,17 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	dialers := opts.Dialers
 	if dialers == nil {
 		dialers = DefaultDialers()
+	}
+	// The vm:// scheme reaches a microVM's guestd through its channel;
+	// the dialer is bound to the manager once it exists.
+	var machines *sandbox.Manager
+	if cfg.Machines != nil {
+		dialers[sandbox.GuestScheme] = func(ctx context.Context, id string) (net.Conn, error) {
+			if machines == nil {
+				return nil, &net.OpError{Op: "dial", Net: sandbox.GuestScheme, Err: errors.New("not started")}
+			}
+			return machines.Dial(ctx, id)
+		}
 	}
 	t := cfg.Timeouts
 	guestRequest := t.GuestRequest.or(defaultGuestRequest)
@@ -119,6 +137,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		},
 		publicURL: cfg.PublicURL,
 	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if s.publicURL == "" {
 		s.publicURL = "http://" + cmp.Or(cfg.Listen, DefaultListen)
 	}
@@ -132,6 +151,14 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		s.rand = rand.Reader
 	}
 	s.handler = s.routes()
+	if cfg.Machines != nil {
+		if err := s.openMachines(ctx, *cfg.Machines, guestRequest); err != nil {
+			s.cancel()
+			reg.Close()
+			return nil, err
+		}
+		machines = s.machines
+	}
 	return s, nil
 }
 
@@ -144,9 +171,16 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Close releases the registry and idle guest connections. Call it after
 // Serve has returned.
 func (s *Server) Close() error {
+	s.cancel()
+	if s.machines != nil {
+		s.machines.Close()
+	}
 	s.guests.Close()
 	return s.reg.Close()
 }
+
+// Machines is the microVM sandboxes' manager, nil when there is none.
+func (s *Server) Machines() *sandbox.Manager { return s.machines }
 
 // Serve answers requests on ln until ctx is done, then stops accepting,
 // waits for requests in flight (at most the shutdown timeout) and returns.
@@ -192,6 +226,16 @@ func (s *Server) routes() http.Handler {
 	e.GET(sb+"/access-token", s.data(s.showToken), auth)
 	e.DELETE(sb+"/access-token", s.data(s.revokeToken), auth)
 	e.POST(sb+"/access-token/rotate", s.data(s.rotateToken), auth)
+
+	e.POST("/v1/sandboxes", s.createSandbox, auth)
+	e.GET("/v1/sandboxes", s.data(s.listSandboxes), auth)
+	e.GET(sb, s.data(s.getSandbox), auth)
+	e.DELETE(sb, s.data(s.deleteSandbox), auth)
+	e.POST(sb+"/pause", s.lifecycle(s.pauseSandbox, sandbox.Paused), auth)
+	e.POST(sb+"/resume", s.lifecycle(s.resumeSandbox, sandbox.Running), auth)
+	e.POST(sb+"/start", s.lifecycle(s.startSandbox, sandbox.Running), auth)
+	e.POST(sb+"/stop", s.data(s.stopSandbox), auth)
+	e.POST(sb+"/exec", s.data(s.execInSandbox), auth)
 
 	edge := &httpx.Edge{
 		Log: s.log,
@@ -313,6 +357,11 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return err
 		}
 		c.Set(keyPrincipal, p)
+		// A call through a sandbox's channel acts on that sandbox only,
+		// whatever key it carries.
+		if via := channelSandbox(ctx); via != "" && c.Param("id") != via {
+			return errViaChannel
+		}
 		if ok, wait := s.limits.allow(p.ID, now); !ok {
 			return s.rateLimited(c, errRateLimited, wait)
 		}

@@ -66,23 +66,36 @@ func RejectQueryAndBody(r *http.Request) error {
 // pointer to a struct), rejecting non-JSON content types, bodies over
 // MaxBody, unknown fields, fields of the wrong type and trailing data.
 func DecodeObject(r *http.Request, dst any) error {
+	body, err := ReadBody(r, MaxBody, ErrBodyTooLarge)
+	if err != nil {
+		return err
+	}
+	return DecodeBytes(body, dst)
+}
+
+// ReadBody reads r's body for a JSON operation: a content type that is
+// not JSON is ErrUnsupportedMedia, a body over limit bytes is tooLarge.
+func ReadBody(r *http.Request, limit int64, tooLarge error) ([]byte, error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || !(mt == "application/json" || strings.HasSuffix(mt, "+json")) {
-			return ErrUnsupportedMedia
+			return nil, ErrUnsupportedMedia
 		}
 	}
-	if r.ContentLength > MaxBody {
-		return ErrBodyTooLarge
+	if r.ContentLength > limit {
+		return nil, tooLarge
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if r.Body == nil {
+		return nil, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
-		return ErrInvalidJSON.Wrap(err)
+		return nil, ErrInvalidJSON.Wrap(err)
 	}
-	if len(body) > MaxBody {
-		return ErrBodyTooLarge
+	if int64(len(body)) > limit {
+		return nil, tooLarge
 	}
-	return DecodeBytes(body, dst)
+	return body, nil
 }
 
 // DecodeBytes is DecodeObject's parser, apart so that it can be fuzzed.

@@ -1,0 +1,107 @@
+package hostproxy
+
+import (
+	"context"
+	"sort"
+
+	bolt "go.etcd.io/bbolt"
+
+	"strata/internal/boltjson"
+	"strata/internal/fault"
+	"strata/sandbox"
+)
+
+var errNameTaken = fault.New(fault.Conflict, "name_taken", "another sandbox of this account has this name")
+
+// The registry keeps the microVM sandboxes' records for package sandbox.
+var _ sandbox.Records = (*Registry)(nil)
+
+// Insert adds a new sandbox record; its name must be unique among the
+// account's sandboxes that are not destroyed (name_taken).
+func (r *Registry) Insert(ctx context.Context, sb Sandbox) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return r.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSandboxes)
+		if v := b.Get([]byte(sb.ID)); v != nil {
+			return fault.New(fault.Conflict, "sandbox_exists", "a sandbox with this id exists")
+		}
+		if sb.Name != "" {
+			err := boltjson.ForEach(b, func(_ []byte, o *Sandbox) error {
+				if o.Account == sb.Account && o.Name == sb.Name && o.State != sandbox.Destroyed {
+					return errNameTaken.With("name", sb.Name)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return boltjson.Put(b, []byte(sb.ID), sb)
+	})
+}
+
+// Update applies fn to the sandbox's record in one transaction; an error
+// from fn changes nothing.
+func (r *Registry) Update(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error) {
+	if err := ctx.Err(); err != nil {
+		return Sandbox{}, err
+	}
+	var out Sandbox
+	err := r.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSandboxes)
+		sb, err := boltjson.Get[Sandbox](b, []byte(id))
+		if err != nil {
+			return err
+		}
+		if sb == nil {
+			return errSandboxNotFound
+		}
+		if err := fn(sb); err != nil {
+			return err
+		}
+		out = *sb
+		return boltjson.Put(b, []byte(id), sb)
+	})
+	return out, err
+}
+
+// Get returns the sandbox id, or sandbox_not_found.
+func (r *Registry) Get(ctx context.Context, id string) (Sandbox, error) {
+	return r.Sandbox(ctx, id)
+}
+
+// List returns every sandbox, oldest first.
+func (r *Registry) List(ctx context.Context) ([]Sandbox, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var all []Sandbox
+	err := r.db.View(func(tx *bolt.Tx) error {
+		return boltjson.ForEach(tx.Bucket(bucketSandboxes), func(_ []byte, sb *Sandbox) error {
+			all = append(all, *sb)
+			return nil
+		})
+	})
+	sort.SliceStable(all, func(i, j int) bool {
+		if !all[i].CreatedAt.Equal(all[j].CreatedAt) {
+			return all[i].CreatedAt.Before(all[j].CreatedAt)
+		}
+		return all[i].ID < all[j].ID
+	})
+	return all, err
+}
+
+// Delete removes the sandbox's record and its access token.
+func (r *Registry) Delete(ctx context.Context, id string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return r.db.Update(func(tx *bolt.Tx) error {
+		if err := revokeTx(tx, id); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
+	})
+}

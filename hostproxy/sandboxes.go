@@ -1,0 +1,373 @@
+package hostproxy
+
+import (
+	"context"
+	"encoding/base32"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"strata/internal/api"
+	"strata/internal/fault"
+	"strata/internal/httpx"
+	"strata/internal/jsend"
+	"strata/sandbox"
+	"strata/vmm"
+)
+
+// MachinesConfig turns on microVM sandboxes: hostproxy creates, runs and
+// deletes them through the API.
+type MachinesConfig struct {
+	// Dir holds one directory per sandbox (disk, sockets, console log).
+	// It and its parents must be traversable by others (mode o+x): QEMU
+	// runs unprivileged below it.
+	Dir string `json:"dir"`
+	// Image is the guest image directory that strata-image build prints.
+	Image string `json:"image"`
+	// Accel is "tcg", "kvm", or empty to probe the host.
+	Accel string `json:"accel,omitempty"`
+	// BootTimeout bounds a boot to guestd answering (default 120s).
+	BootTimeout Duration `json:"boot_timeout,omitempty"`
+}
+
+var (
+	errTokenLifecycle = fault.New(fault.Forbidden, "forbidden", "access tokens cannot create, list or delete sandboxes; use an account API key")
+	errViaChannel     = fault.New(fault.Forbidden, "forbidden", "a call from inside a sandbox acts only on that sandbox")
+	errNoMachines     = fault.New(fault.Conflict, "sandboxes_disabled", "this host runs no microVM sandboxes (hostproxy has no machines configuration)")
+	errBadPagination  = "limit must be 1 to 500 and offset 0 or more; no other query parameters"
+)
+
+// openMachines starts the lifecycle manager and adopts the sandboxes an
+// earlier hostproxy left running.
+func (s *Server) openMachines(ctx context.Context, mc MachinesConfig, guestRequest time.Duration) error {
+	img, err := sandbox.LoadImage(mc.Image)
+	if err != nil {
+		return err
+	}
+	host, err := vmm.ReadHost()
+	if err != nil {
+		return err
+	}
+	probe, err := vmm.ProbeAccel(host, mc.Accel)
+	if err != nil {
+		return err
+	}
+	m, err := sandbox.New(sandbox.Config{
+		Dir: mc.Dir, Image: img, Accel: probe, Records: s.reg, Log: s.log,
+		Driver:      &vmm.QEMU{Log: s.log},
+		BootTimeout: time.Duration(mc.BootTimeout),
+		Booted:      s.booted,
+		ServeGuest:  s.serveGuest,
+	})
+	if err != nil {
+		return err
+	}
+	s.machines = m
+	s.log.Info("microVM sandboxes", "accel", probe.Accel, "why", probe.Reason, "image", img.Key, "dir", mc.Dir)
+	if err := m.Recover(ctx); err != nil {
+		m.Close()
+		return fmt.Errorf("sandboxes: %w", err)
+	}
+	return nil
+}
+
+// booted hands a freshly booted guest its sandbox id and API address. A
+// token issued earlier survives in the guest's own copy of its
+// credentials; one that no longer exists is cleared here.
+func (s *Server) booted(ctx context.Context, sb Sandbox) error {
+	info, err := s.reg.Token(ctx, sb.ID)
+	if err != nil || info.Enabled {
+		return err
+	}
+	return s.guests.PutCredentials(ctx, guestAddress(sb.ID), api.Credentials{APIURL: api.GuestAPIURL, SandboxID: sb.ID})
+}
+
+func guestAddress(id string) string { return sandbox.GuestScheme + "://" + id }
+
+type channelSandboxKey struct{}
+
+// serveGuest serves the public API to processes inside sandbox id,
+// through its channel: every call acts only on that sandbox.
+func (s *Server) serveGuest(id string, ln net.Listener) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r = r.WithContext(context.WithValue(r.Context(), channelSandboxKey{}, id))
+		r.RemoteAddr = "sandbox-" + id + ":0"
+		s.handler.ServeHTTP(w, r)
+	})
+	err := httpx.Serve(s.ctx, ln, h, httpx.ServeConfig{
+		Log:               s.log,
+		ReadHeaderTimeout: s.timeouts.readHeader,
+		ReadTimeout:       s.timeouts.read,
+		IdleTimeout:       s.timeouts.idle,
+		ShutdownTimeout:   time.Second,
+	})
+	if err != nil {
+		s.log.Debug("guest calls ended", "sandbox", id, "err", err)
+	}
+}
+
+// channelSandbox is the sandbox whose channel a request came through, or
+// "" for a request from the network.
+func channelSandbox(ctx context.Context) string {
+	id, _ := ctx.Value(channelSandboxKey{}).(string)
+	return id
+}
+
+// sandboxView is a record as the API shows it.
+func sandboxView(sb Sandbox) api.Sandbox {
+	v := api.Sandbox{
+		ID: sb.ID, Name: sb.Name, State: string(sb.State),
+		MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, DiskGiB: sb.DiskGiB,
+		Error: sb.Error,
+	}
+	if !sb.CreatedAt.IsZero() {
+		v.CreatedAt = api.FormatTime(sb.CreatedAt)
+	}
+	return v
+}
+
+// lifecycleRoute checks a route on one microVM sandbox: the principal's
+// scope, no query, no body.
+func (s *Server) lifecycleRoute(c echo.Context) (Sandbox, error) {
+	sb, err := s.sandbox(c, false)
+	if err != nil {
+		return sb, err
+	}
+	if err := jsend.RejectQueryAndBody(c.Request()); err != nil {
+		return sb, err
+	}
+	if s.machines == nil || sb.Machine == nil {
+		return sb, sandbox.ErrNotAMachine
+	}
+	return sb, nil
+}
+
+// accountRoute is a route on the account's sandboxes as a whole: account
+// keys only, and never from inside a sandbox.
+func (s *Server) accountRoute(c echo.Context) (Principal, error) {
+	p, _ := c.Get(keyPrincipal).(Principal)
+	if channelSandbox(c.Request().Context()) != "" {
+		return p, errViaChannel
+	}
+	if p.Kind != KindAccountKey {
+		return p, errTokenLifecycle
+	}
+	return p, nil
+}
+
+func (s *Server) newSandboxID() (string, error) {
+	var b [15]byte
+	s.randMu.Lock()
+	_, err := s.rand.Read(b[:])
+	s.randMu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	return api.SandboxIDPrefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:])), nil
+}
+
+// createSandbox is POST /v1/sandboxes: 202 with the record in creating.
+func (s *Server) createSandbox(c echo.Context) error {
+	p, err := s.accountRoute(c)
+	if err != nil {
+		return err
+	}
+	r := c.Request()
+	if err := jsend.RejectQuery(r); err != nil {
+		return err
+	}
+	body, err := jsend.ReadBody(r, jsend.MaxBody, jsend.ErrBodyTooLarge)
+	if err != nil {
+		return err
+	}
+	req, err := api.ParseSandboxCreate(body)
+	if err != nil {
+		return err
+	}
+	if req.From != nil {
+		return fault.New(fault.Unprocessable, "snapshot_not_found", "forks come with VM snapshots, which this host does not have yet").With("field", "from")
+	}
+	if s.machines == nil {
+		return errNoMachines
+	}
+	id, err := s.newSandboxID()
+	if err != nil {
+		return err
+	}
+	rec := Sandbox{
+		ID: id, Account: p.Account, Guest: guestAddress(id),
+		MemoryMiB: *req.MemoryMiB, VCPUs: *req.VCPUs, DiskGiB: *req.DiskGiB,
+		CreatedAt: s.now().UTC().Truncate(time.Second),
+	}
+	if req.Name != nil {
+		rec.Name = *req.Name
+	}
+	rec, err = s.machines.Create(r.Context(), rec)
+	if err != nil {
+		return err
+	}
+	return accepted(c, sandboxView(rec))
+}
+
+// accepted answers 202 with data and the poll interval.
+func accepted(c echo.Context, data any) error {
+	c.Response().Header().Set("X-Poll-After", "1")
+	c.Response().Header().Set("Content-Type", "application/json")
+	c.Response().WriteHeader(http.StatusAccepted)
+	return json.NewEncoder(c.Response()).Encode(map[string]any{"status": "success", "data": data})
+}
+
+// listSandboxes is GET /v1/sandboxes: the account's sandboxes, oldest
+// first, paginated with limit and offset.
+func (s *Server) listSandboxes(c echo.Context) (any, error) {
+	p, err := s.accountRoute(c)
+	if err != nil {
+		return nil, err
+	}
+	if err := jsend.RejectBody(c.Request()); err != nil {
+		return nil, err
+	}
+	limit, offset, err := pagination(c.Request())
+	if err != nil {
+		return nil, err
+	}
+	all, err := s.reg.List(c.Request().Context())
+	if err != nil {
+		return nil, err
+	}
+	mine := []api.Sandbox{}
+	for _, sb := range all {
+		if sb.Account == p.Account {
+			mine = append(mine, sandboxView(sb))
+		}
+	}
+	total := len(mine)
+	page := mine[min(offset, total):min(offset+limit, total)]
+	return api.SandboxList{Data: page, Pagination: api.Pagination{Total: total, Limit: limit, Offset: offset, Count: len(page)}}, nil
+}
+
+// pagination reads ?limit= (1–500, default 50) and ?offset= (≥ 0); any
+// other parameter, or one given twice, is invalid_field.
+func pagination(r *http.Request) (limit, offset int, err error) {
+	limit = 50
+	q := r.URL.Query()
+	for k, v := range q {
+		if len(v) != 1 {
+			return 0, 0, jsend.InvalidField(k, errBadPagination)
+		}
+		n, err := strconv.Atoi(v[0])
+		switch {
+		case k == "limit" && err == nil && n >= 1 && n <= 500:
+			limit = n
+		case k == "offset" && err == nil && n >= 0 && n <= 1<<30:
+			offset = n
+		default:
+			return 0, 0, jsend.InvalidField(k, errBadPagination)
+		}
+	}
+	return limit, offset, nil
+}
+
+func (s *Server) getSandbox(c echo.Context) (any, error) {
+	sb, err := s.sandbox(c, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := jsend.RejectQueryAndBody(c.Request()); err != nil {
+		return nil, err
+	}
+	return sandboxView(sb), nil
+}
+
+func (s *Server) deleteSandbox(c echo.Context) (any, error) {
+	sb, err := s.lifecycleRoute(c)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.machines.Delete(c.Request().Context(), sb.ID); err != nil {
+		return nil, err
+	}
+	s.guests.Forget(sb.Guest)
+	return map[string]string{"id": sb.ID, "state": string(sandbox.Destroyed)}, nil
+}
+
+// lifecycle is a pause, resume or start: 202 with the transitional state,
+// 200 when the sandbox is already where the operation leads.
+func (s *Server) lifecycle(op func(context.Context, string) (Sandbox, error), final sandbox.State) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		sb, err := s.lifecycleRoute(c)
+		if err != nil {
+			return err
+		}
+		rec, err := op(c.Request().Context(), sb.ID)
+		if err != nil {
+			return err
+		}
+		data := map[string]string{"id": rec.ID, "state": string(rec.State)}
+		if rec.State == final {
+			jsend.Success(c.Response(), data)
+			return nil
+		}
+		return accepted(c, data)
+	}
+}
+
+func (s *Server) stopSandbox(c echo.Context) (any, error) {
+	sb, err := s.lifecycleRoute(c)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := s.machines.Stop(c.Request().Context(), sb.ID)
+	if err != nil {
+		return nil, err
+	}
+	s.guests.Forget(sb.Guest)
+	return map[string]string{"id": rec.ID, "state": string(rec.State)}, nil
+}
+
+// execInSandbox is POST /v1/sandboxes/{id}/exec: the body is checked here
+// as guestd checks it, and the call may last the command's timeout.
+func (s *Server) execInSandbox(c echo.Context) (any, error) {
+	sb, err := s.sandbox(c, false)
+	if err != nil {
+		return nil, err
+	}
+	r := c.Request()
+	if err := jsend.RejectQuery(r); err != nil {
+		return nil, err
+	}
+	body, err := jsend.ReadBody(r, api.MaxExecBody, api.ErrExecBodyTooLarge)
+	if err != nil {
+		return nil, err
+	}
+	req, err := api.ParseExec(body)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != StateRunning {
+		return nil, errSandboxNotRunning.With("state", string(sb.State))
+	}
+	timeout := time.Duration(req.TimeoutS)*time.Second + 30*time.Second
+	http.NewResponseController(c.Response().Writer).SetWriteDeadline(time.Now().Add(timeout + 10*time.Second))
+	return s.guestCall(c, "exec", func() (json.RawMessage, error) {
+		return s.guests.Exec(r.Context(), sb.Guest, body, timeout)
+	})
+}
+
+func (s *Server) pauseSandbox(ctx context.Context, id string) (Sandbox, error) {
+	return s.machines.Pause(ctx, id)
+}
+
+func (s *Server) resumeSandbox(ctx context.Context, id string) (Sandbox, error) {
+	return s.machines.Resume(ctx, id)
+}
+
+func (s *Server) startSandbox(ctx context.Context, id string) (Sandbox, error) {
+	return s.machines.Start(ctx, id)
+}
