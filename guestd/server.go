@@ -184,6 +184,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/checkpoints/{id}/restore", s.method(map[string]handler{http.MethodPost: s.restore}))
 	mux.HandleFunc("/v1/credentials", s.method(map[string]handler{http.MethodPut: s.credentials}))
 	mux.HandleFunc("/v1/directories", s.method(map[string]handler{http.MethodGet: s.directories}))
+	mux.HandleFunc("/v1/exec", s.method(map[string]handler{http.MethodPost: s.execute}))
 	mux.HandleFunc("/v1/health", s.method(map[string]handler{http.MethodGet: s.health}))
 	if s.powerOff != nil {
 		mux.HandleFunc("/v1/shutdown", s.method(map[string]handler{http.MethodPost: s.shutdown}))
