@@ -7,11 +7,9 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"maps"
-	"mime"
 	"net/http"
 	"os"
 	"os/exec"
@@ -68,7 +66,7 @@ func (s *Server) execute(r *http.Request) (any, error) {
 	if err := jsend.RejectQuery(r); err != nil {
 		return nil, err
 	}
-	body, err := readExecBody(r)
+	body, err := jsend.ReadBody(r, api.MaxExecBody, api.ErrExecBodyTooLarge)
 	if err != nil {
 		return nil, err
 	}
@@ -83,25 +81,6 @@ func (s *Server) execute(r *http.Request) (any, error) {
 	}
 	httpx.Annotate(r.Context(), slog.Int("exit_code", res.ExitCode), slog.Bool("timed_out", res.TimedOut), slog.Bool("truncated", res.Truncated))
 	return res, nil
-}
-
-// readExecBody reads an exec body under MaxExecBody instead of the 16 KiB
-// of jsend.DecodeObject, with the same Content-Type rule.
-func readExecBody(r *http.Request) ([]byte, error) {
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || !(mt == "application/json" || strings.HasSuffix(mt, "+json")) {
-			return nil, jsend.ErrUnsupportedMedia
-		}
-	}
-	if r.ContentLength > api.MaxExecBody {
-		return nil, api.ErrExecBodyTooLarge
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, api.MaxExecBody+1))
-	if err != nil {
-		return nil, jsend.ErrInvalidJSON.Wrap(err)
-	}
-	return body, nil // ParseExec refuses what is over the limit
 }
 
 // credentialsEnv reads the env file that credentials writes (lines of
