@@ -64,6 +64,14 @@ func (c *Client) call(ctx context.Context, method, path string, body any, out an
 
 // callWith is call with extra request headers.
 func (c *Client) callWith(ctx context.Context, method, path string, header http.Header, body any, out any) (json.RawMessage, error) {
+	var answered http.Header
+	return c.exchange(ctx, method, path, header, body, out, &answered)
+}
+
+// exchange is callWith that also sets *answered to the answer's headers
+// (X-Poll-After) once there is one. A success is 200, or 202 for an
+// operation that goes on after the answer (the sandbox lifecycle).
+func (c *Client) exchange(ctx context.Context, method, path string, header http.Header, body any, out any, answered *http.Header) (json.RawMessage, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -96,6 +104,7 @@ func (c *Client) callWith(ctx context.Context, method, path string, header http.
 		return nil, err
 	}
 	defer resp.Body.Close()
+	*answered = resp.Header
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return nil, err
@@ -111,7 +120,7 @@ func (c *Client) callWith(ctx context.Context, method, path string, header http.
 	}
 	switch env.Status {
 	case "success":
-		if resp.StatusCode != http.StatusOK {
+		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
 			break
 		}
 		if out != nil {
