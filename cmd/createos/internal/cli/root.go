@@ -49,7 +49,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	var apiErr *APIError
 	var callErr *callError
+	var exit *exitStatus
 	switch {
+	case errors.As(err, &exit): // exec: the command's own status
+		return exit.code
 	case errors.As(err, &apiErr):
 		a.printAPIError(apiErr)
 		if a.output != "json" {
@@ -122,6 +125,7 @@ says which values came from there.`,
 
 	sandbox := group(&cobra.Command{Use: "sandbox", Short: "Work with a sandbox"})
 	sandbox.AddCommand(a.checkpointCommand(), a.tokenCommand())
+	sandbox.AddCommand(a.sandboxCommands()...)
 	root.AddCommand(sandbox)
 	return root
 }

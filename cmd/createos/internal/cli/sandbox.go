@@ -1,0 +1,605 @@
+package cli
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"strata/internal/api"
+)
+
+// Sandbox is a sandbox record of the API.
+type Sandbox = api.Sandbox
+
+// SandboxState is the answer of rm, pause, resume, stop and start.
+type SandboxState struct {
+	ID    string `json:"id"`
+	State string `json:"state"`
+}
+
+// ExecResult is the answer of exec.
+type ExecResult = api.ExecResult
+
+// Polling a sandbox that is on its way to a state: X-Poll-After says how
+// long to wait, within these bounds, and defaultPoll when it is absent.
+const (
+	minPoll     = 200 * time.Millisecond
+	maxPoll     = 30 * time.Second
+	defaultPoll = time.Second
+)
+
+// execCallMargin is how much longer than the command's timeout exec waits
+// for the answer: the way through hostproxy and back, and the output.
+const execCallMargin = time.Minute
+
+// now is the clock of the AGE column (tests pin it).
+var now = time.Now
+
+// pollAfter reads X-Poll-After (seconds, a decimal number).
+func pollAfter(h http.Header) time.Duration {
+	s, err := strconv.ParseFloat(h.Get("X-Poll-After"), 64)
+	switch {
+	case err != nil || math.IsNaN(s):
+		return defaultPoll
+	case s >= maxPoll.Seconds():
+		return maxPoll
+	}
+	return max(time.Duration(s*float64(time.Second)), minPoll)
+}
+
+// CreateSandbox asks for a new sandbox; the record comes back in state
+// creating, with the time to wait before polling it.
+func (c *Client) CreateSandbox(ctx context.Context, req api.SandboxCreateRequest) (Sandbox, json.RawMessage, time.Duration, error) {
+	var sb Sandbox
+	var h http.Header
+	raw, err := c.exchange(ctx, http.MethodPost, "/v1/sandboxes", nil, req, &sb, &h)
+	return sb, raw, pollAfter(h), err
+}
+
+// GetSandbox returns the sandbox's record and the time to wait before
+// polling it again.
+func (c *Client) GetSandbox(ctx context.Context, id string) (Sandbox, json.RawMessage, time.Duration, error) {
+	var sb Sandbox
+	var h http.Header
+	raw, err := c.exchange(ctx, http.MethodGet, sandboxPath(id), nil, nil, &sb, &h)
+	return sb, raw, pollAfter(h), err
+}
+
+// ListSandboxes returns one page of the account's sandboxes; limit and
+// offset are sent when not nil.
+func (c *Client) ListSandboxes(ctx context.Context, limit, offset *int) (api.SandboxList, json.RawMessage, error) {
+	q := url.Values{}
+	if limit != nil {
+		q.Set("limit", strconv.Itoa(*limit))
+	}
+	if offset != nil {
+		q.Set("offset", strconv.Itoa(*offset))
+	}
+	path := "/v1/sandboxes"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var list api.SandboxList
+	raw, err := c.call(ctx, http.MethodGet, path, nil, &list)
+	return list, raw, err
+}
+
+// sandboxOps are the operations on one sandbox that answer its state:
+// method and path suffix.
+var sandboxOps = map[string]struct{ method, suffix string }{
+	"rm":     {http.MethodDelete, ""},
+	"pause":  {http.MethodPost, "pause"},
+	"resume": {http.MethodPost, "resume"},
+	"stop":   {http.MethodPost, "stop"},
+	"start":  {http.MethodPost, "start"},
+}
+
+// SandboxOp runs rm, pause, resume, stop or start on a sandbox and returns
+// the state it answers with and the time to wait before polling.
+func (c *Client) SandboxOp(ctx context.Context, op, id string) (SandboxState, json.RawMessage, time.Duration, error) {
+	o, ok := sandboxOps[op]
+	if !ok {
+		return SandboxState{}, nil, 0, fmt.Errorf("unknown sandbox operation %q", op)
+	}
+	path := sandboxPath(id)
+	if o.suffix != "" {
+		path = sandboxPath(id, o.suffix)
+	}
+	var st SandboxState
+	var h http.Header
+	raw, err := c.exchange(ctx, o.method, path, nil, nil, &st, &h)
+	return st, raw, pollAfter(h), err
+}
+
+// Exec runs a command in the sandbox and returns its result.
+func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest) (ExecResult, json.RawMessage, error) {
+	var res ExecResult
+	raw, err := c.call(ctx, http.MethodPost, sandboxPath(id, "exec"), req, &res)
+	return res, raw, err
+}
+
+// sandboxCommands are the lifecycle commands beside checkpoint and
+// access-token under "createos sandbox".
+func (a *app) sandboxCommands() []*cobra.Command {
+	cmds := []*cobra.Command{a.sandboxCreateCommand(), a.sandboxListCommand(), a.sandboxGetCommand(), a.sandboxRmCommand()}
+	for _, o := range []struct{ op, target, short string }{
+		{"pause", api.SandboxPaused, "Pause a running sandbox (its memory is kept); waits until it is paused"},
+		{"resume", api.SandboxRunning, "Resume a paused sandbox; waits until it runs"},
+		{"stop", api.SandboxStopped, "Shut a sandbox down cleanly (its disk is kept)"},
+		{"start", api.SandboxRunning, "Boot a stopped sandbox (or one in error) from its disk; waits until it runs"},
+	} {
+		cmds = append(cmds, a.sandboxOpCommand(o.op, o.target, o.short))
+	}
+	return append(cmds, a.execCommand())
+}
+
+// waitFlags are --no-wait and --wait-timeout.
+type waitFlags struct {
+	noWait  bool
+	timeout time.Duration
+}
+
+func (w *waitFlags) add(cmd *cobra.Command, what string) {
+	cmd.Flags().BoolVar(&w.noWait, "no-wait", false, "answer at once instead of waiting until the sandbox "+what)
+	cmd.Flags().DurationVar(&w.timeout, "wait-timeout", 5*time.Minute, "give up waiting after this long")
+}
+
+// wait polls the sandbox every X-Poll-After (at least minPoll) until it
+// is in state target. It fails when the sandbox goes to error (with the
+// record's reason), settles in another state, or is not there in time.
+func (w *waitFlags) wait(ctx context.Context, c *Client, id, target string, delay time.Duration) (Sandbox, json.RawMessage, error) {
+	ctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	last := "?"
+	for {
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Sandbox{}, nil, w.late(ctx, id, last, target)
+		case <-t.C:
+		}
+		sb, raw, next, err := c.GetSandbox(ctx, id)
+		if err != nil {
+			if ctx.Err() != nil {
+				return Sandbox{}, nil, w.late(ctx, id, last, target)
+			}
+			return Sandbox{}, nil, wrap(err)
+		}
+		last = sb.State
+		switch {
+		case sb.State == target:
+			return sb, raw, nil
+		case sb.State == api.SandboxError:
+			reason := sb.Error
+			if reason == "" {
+				reason = "no reason given"
+			}
+			return sb, raw, &callError{fmt.Errorf("sandbox %s went to state error: %s", id, reason)}
+		case !api.SandboxTransient(sb.State):
+			return sb, raw, &callError{fmt.Errorf("sandbox %s is %s, not %s", id, sb.State, target)}
+		}
+		delay = next
+	}
+}
+
+// late is the error of a wait that ran out of time (or was interrupted).
+func (w *waitFlags) late(ctx context.Context, id, last, target string) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return &callError{fmt.Errorf("sandbox %s is still %s, not %s, after %v (--wait-timeout); see 'createos sandbox get %s'", id, last, target, w.timeout, id)}
+	}
+	return &callError{fmt.Errorf("stopped waiting for sandbox %s (%s): %w", id, last, context.Cause(ctx))}
+}
+
+func (a *app) sandboxCreateCommand() *cobra.Command {
+	var memory, vcpus, disk int
+	var w waitFlags
+	cmd := &cobra.Command{
+		Use:   "create [NAME] [--memory-mib N] [--vcpus N] [--disk-gib N] [--no-wait]",
+		Short: "Create a sandbox (a microVM) and wait until it runs",
+		Long: `Create a sandbox: a microVM booted from the guest image. Resources the
+flags leave out take the API's defaults (512 MiB of memory, 1 vCPU, a 4 GiB
+disk). createos waits until the sandbox runs, polling as the API says, and
+fails with the sandbox's reason if it goes to state error; --no-wait prints
+the record in state creating at once.
+
+NAME is optional: 1 to 63 lowercase letters, digits and '-', starting with a
+letter and not ending with '-', unique among the account's sandboxes.`,
+		Example: "  createos sandbox create web-1 --memory-mib 1024 --vcpus 2\n" +
+			"  id=$(createos sandbox create --no-wait -o json | jq -r .id)",
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var req api.SandboxCreateRequest
+			if len(args) == 1 {
+				if api.ValidateSandboxName(args[0]) != nil {
+					return fmt.Errorf("sandbox name %q: want 1 to 63 lowercase letters, digits and '-', starting with a letter and not ending with '-'", args[0])
+				}
+				req.Name = &args[0]
+			}
+			if cmd.Flags().Changed("memory-mib") {
+				req.MemoryMiB = &memory
+			}
+			if cmd.Flags().Changed("vcpus") {
+				req.VCPUs = &vcpus
+			}
+			if cmd.Flags().Changed("disk-gib") {
+				req.DiskGiB = &disk
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, raw, delay, err := c.CreateSandbox(cmd.Context(), req)
+			if err != nil {
+				return wrap(err)
+			}
+			if !w.noWait && sb.State != api.SandboxRunning {
+				if sb, raw, err = w.wait(cmd.Context(), c, sb.ID, api.SandboxRunning, delay); err != nil {
+					return err
+				}
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			return a.writeSandboxes([]Sandbox{sb})
+		},
+	}
+	cmd.Flags().IntVar(&memory, "memory-mib", api.DefaultMemoryMiB, fmt.Sprintf("memory in MiB (%d to %d)", api.MinMemoryMiB, api.MaxMemoryMiB))
+	cmd.Flags().IntVar(&vcpus, "vcpus", api.DefaultVCPUs, fmt.Sprintf("virtual CPUs (%d to %d)", api.MinVCPUs, api.MaxVCPUs))
+	cmd.Flags().IntVar(&disk, "disk-gib", api.DefaultDiskGiB, fmt.Sprintf("disk in GiB (%d to %d)", api.MinDiskGiB, api.MaxDiskGiB))
+	w.add(cmd, "runs")
+	return cmd
+}
+
+func (a *app) sandboxListCommand() *cobra.Command {
+	var limit, offset int
+	cmd := &cobra.Command{
+		Use:     "list [--limit N] [--offset N]",
+		Aliases: []string{"ls"},
+		Short:   "List the account's sandboxes, oldest first, one page at a time",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var l, o *int
+			if cmd.Flags().Changed("limit") {
+				l = &limit
+			}
+			if cmd.Flags().Changed("offset") {
+				o = &offset
+			}
+			list, raw, err := c.ListSandboxes(cmd.Context(), l, o)
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			p := list.Pagination
+			if len(list.Data) == 0 {
+				if p.Total > 0 {
+					_, err := fmt.Fprintf(a.stdout, "No sandboxes at offset %d (%d in all).\n", p.Offset, p.Total)
+					return err
+				}
+				_, err := fmt.Fprintln(a.stdout, "No sandboxes.")
+				return err
+			}
+			if err := a.writeSandboxes(list.Data); err != nil {
+				return err
+			}
+			if p.Offset > 0 || p.Offset+p.Count < p.Total {
+				fmt.Fprintf(a.stdout, "%d to %d of %d", p.Offset+1, p.Offset+p.Count, p.Total)
+				if next := p.Offset + p.Count; next < p.Total {
+					fmt.Fprintf(a.stdout, "; next page: --offset %d", next)
+				}
+				fmt.Fprintln(a.stdout)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&limit, "limit", 50, "sandboxes per page (1 to 500)")
+	cmd.Flags().IntVar(&offset, "offset", 0, "sandboxes to skip")
+	return cmd
+}
+
+func (a *app) sandboxGetCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "get SANDBOX",
+		Short: "Show a sandbox's record",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, raw, _, err := c.GetSandbox(cmd.Context(), args[0])
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			if err := a.writeSandboxes([]Sandbox{sb}); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "created: %s\n", sb.CreatedAt)
+			if sb.From != nil {
+				fmt.Fprintf(a.stdout, "from: snapshot %s of %s\n", sb.From.Snapshot, sb.From.Sandbox)
+			}
+			if sb.Error != "" {
+				fmt.Fprintf(a.stdout, "error: %s\n", sb.Error)
+			}
+			return nil
+		},
+	}
+}
+
+func (a *app) sandboxRmCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm SANDBOX",
+		Aliases: []string{"delete", "destroy"},
+		Short:   "Destroy a sandbox: its VM, disk, checkpoints and snapshots",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			st, raw, _, err := c.SandboxOp(cmd.Context(), "rm", args[0])
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			_, err = fmt.Fprintf(a.stdout, "Destroyed %s\n", orDash(st.ID))
+			return err
+		},
+	}
+}
+
+// sandboxOpCommand is pause, resume, stop or start: the operation, then,
+// when the answer is a state on the way, a wait for target.
+func (a *app) sandboxOpCommand(op, target, short string) *cobra.Command {
+	var w waitFlags
+	cmd := &cobra.Command{
+		Use:   op + " SANDBOX",
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			id := args[0]
+			st, raw, delay, err := c.SandboxOp(cmd.Context(), op, id)
+			if err != nil {
+				return wrap(err)
+			}
+			if !w.noWait && st.State != target && api.SandboxTransient(st.State) {
+				sb, sraw, err := w.wait(cmd.Context(), c, id, target, delay)
+				if err != nil {
+					return err
+				}
+				st, raw = SandboxState{ID: sb.ID, State: sb.State}, sraw
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			_, err = fmt.Fprintf(a.stdout, "%s is %s\n", id, st.State)
+			return err
+		},
+	}
+	if op != "stop" { // stop answers once the sandbox is stopped
+		w.add(cmd, "is "+target)
+	}
+	return cmd
+}
+
+// execTimeout is exec's --timeout: whole seconds, given as a number
+// ("90") or a duration ("90s", "5m"); 0 when not given.
+type execTimeout int
+
+func (t *execTimeout) String() string {
+	if *t == 0 {
+		return ""
+	}
+	return strconv.Itoa(int(*t))
+}
+
+func (t *execTimeout) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		d, derr := time.ParseDuration(s)
+		if derr != nil || d%time.Second != 0 {
+			return errors.New("want whole seconds, such as 90 or 5m")
+		}
+		n = int(d / time.Second)
+	}
+	if n < 1 || n > api.MaxExecTimeoutS {
+		return fmt.Errorf("want 1 to %d seconds", api.MaxExecTimeoutS)
+	}
+	*t = execTimeout(n)
+	return nil
+}
+
+func (t *execTimeout) Type() string { return "seconds" }
+
+// exitStatus ends createos with the status of a command run by exec; Run
+// prints nothing more for it.
+type exitStatus struct{ code int }
+
+func (e *exitStatus) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+func (a *app) execCommand() *cobra.Command {
+	var cwd, stdinFile string
+	var env []string
+	var timeout execTimeout
+	cmd := &cobra.Command{
+		Use:   "exec SANDBOX [--cwd DIR] [--env K=V]... [--timeout S] [--stdin-file FILE] -- COMMAND [ARG]...",
+		Short: "Run a command in a sandbox and exit with its status",
+		Long: `Run a command in a running sandbox, without a shell (give "sh -c '…'" for
+one), and copy its stdout and stderr here byte for byte. createos exits with
+the command's exit status (128+N when signal N killed it); when --timeout
+passes, the command's whole process group is killed and createos exits 124.
+Each stream keeps its first MiB; a note on stderr says when one was cut.
+
+Put -- before the command, so that its own flags are not taken for
+createos's. --timeout is the command's (default 60 s, at most 3600); the
+call waits that long plus a minute. The command's stdin is empty unless
+--stdin-file gives a file of UTF-8 text up to 1 MiB (/dev/stdin passes
+createos's own). With -o json the API's answer is printed as is, stdout
+and stderr base64-encoded.`,
+		Example: "  createos sandbox exec sb-local -- uname -a\n" +
+			"  createos sandbox exec sb-local --cwd /workspace --env CI=1 --timeout 10m -- make test\n" +
+			"  createos sandbox exec sb-local -- tar -C /workspace -cz . > workspace.tgz",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 2 {
+				return errors.New("give SANDBOX, then -- and the command to run")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := api.ExecRequest{Cmd: args[1:], Cwd: cwd, TimeoutS: int(timeout), Encoding: api.EncodingBase64}
+			for _, kv := range env {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return fmt.Errorf("--env %q: want NAME=VALUE", kv)
+				}
+				if req.Env == nil {
+					req.Env = map[string]string{}
+				}
+				req.Env[k] = v
+			}
+			if stdinFile != "" {
+				in, err := readStdinFile(stdinFile)
+				if err != nil {
+					return err
+				}
+				req.Stdin = in
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			wait := time.Duration(api.DefaultExecTimeoutS) * time.Second
+			if timeout != 0 {
+				wait = time.Duration(timeout) * time.Second
+			}
+			c.HTTP = newHTTPClient(wait + execCallMargin)
+			res, raw, err := c.Exec(cmd.Context(), args[0], req)
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				if err := a.writeJSON(raw); err != nil {
+					return err
+				}
+			} else if err := a.copyOutput(res); err != nil {
+				return err
+			}
+			switch {
+			case res.TimedOut:
+				fmt.Fprintf(a.stderr, "createos: the command timed out after %d s; its process group was killed\n", int(wait/time.Second))
+				return &exitStatus{124}
+			case res.ExitCode == 0:
+				return nil
+			case res.ExitCode < 0 || res.ExitCode > 255:
+				return &exitStatus{1}
+			}
+			return &exitStatus{res.ExitCode}
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cwd, "cwd", "", "absolute working directory of the command (default /)")
+	f.StringArrayVar(&env, "env", nil, "NAME=VALUE added to the command's environment (repeat for more)")
+	f.Var(&timeout, "timeout", "kill the command after this many seconds, or a duration such as 5m (1 to 3600; default 60)")
+	f.StringVar(&stdinFile, "stdin-file", "", "send this file (UTF-8 text, at most 1 MiB) as the command's stdin")
+	_ = cmd.MarkFlagFilename("stdin-file")
+	return cmd
+}
+
+// copyOutput writes the command's stdout and stderr here as they were.
+func (a *app) copyOutput(res ExecResult) error {
+	for _, s := range []struct {
+		w    io.Writer
+		data string
+	}{{a.stdout, res.Stdout}, {a.stderr, res.Stderr}} {
+		b, err := base64.StdEncoding.DecodeString(s.data)
+		if err != nil {
+			return &callError{fmt.Errorf("the API sent output that is not base64: %w", err)}
+		}
+		if _, err := s.w.Write(b); err != nil {
+			return err
+		}
+	}
+	if res.Truncated {
+		fmt.Fprintf(a.stderr, "createos: the output was cut at %d bytes per stream (truncated)\n", api.MaxExecOutput)
+	}
+	return nil
+}
+
+// readStdinFile reads --stdin-file: UTF-8 text of at most MaxExecStdin
+// bytes, since the API takes stdin as a JSON string.
+func readStdinFile(name string) (string, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return "", fmt.Errorf("--stdin-file: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, api.MaxExecStdin+1))
+	if err != nil {
+		return "", fmt.Errorf("--stdin-file: %w", err)
+	}
+	if len(b) > api.MaxExecStdin {
+		return "", fmt.Errorf("--stdin-file %s: over 1 MiB, the most the API takes", name)
+	}
+	if !utf8.Valid(b) {
+		return "", fmt.Errorf("--stdin-file %s: not UTF-8 text; the API takes stdin as a JSON string", name)
+	}
+	return string(b), nil
+}
+
+// writeSandboxes prints records as a table.
+func (a *app) writeSandboxes(list []Sandbox) error {
+	w := a.table()
+	fmt.Fprintln(w, "ID\tNAME\tSTATE\tMEMORY\tVCPUS\tDISK\tAGE")
+	for _, sb := range list {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d MiB\t%d\t%d GiB\t%s\n", sb.ID, orDash(sb.Name), sb.State, sb.MemoryMiB, sb.VCPUs, sb.DiskGiB, age(sb.CreatedAt))
+	}
+	return w.Flush()
+}
+
+// age is how long ago created_at was, in its largest unit: 45s, 12m, 5h,
+// 3d; "-" when it cannot be read.
+func age(createdAt string) string {
+	t, err := time.Parse(time.RFC3339, createdAt)
+	if err != nil {
+		return "-"
+	}
+	d := max(now().Sub(t), 0)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d/time.Hour))
+	}
+	return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
+}
