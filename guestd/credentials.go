@@ -1,6 +1,7 @@
 package guestd
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -47,10 +48,35 @@ func (s *Server) credentials(r *http.Request) (any, error) {
 	if req.Token != "" {
 		fmt.Fprintf(&b, "CREATEOS_API_KEY='%s'\n", req.Token)
 	}
+	if s.credentialsCopy != "" {
+		if err := writeFileAtomic(s.credentialsCopy, []byte(b.String())); err != nil {
+			return nil, err
+		}
+	}
 	if err := writeFileAtomic(s.credentialsPath, []byte(b.String())); err != nil {
 		return nil, err
 	}
 	return struct{}{}, nil
+}
+
+// restoreCredentials puts back the credentials file from its durable
+// copy when it is missing: /run is empty after a boot, and the host has
+// only the token's hash to give again.
+func restoreCredentials(path, copyPath string) error {
+	if copyPath == "" {
+		return nil
+	}
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	b, err := os.ReadFile(copyPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, b)
 }
 
 // writeFileAtomic replaces path with data, mode 0600, durably: a temporary

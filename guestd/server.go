@@ -43,6 +43,10 @@ type Config struct {
 	// Credentials is the env file written for processes in the sandbox
 	// (DefaultCredentials when empty).
 	Credentials string
+	// CredentialsCopy, when set, is a durable copy of the credentials
+	// file, put back at start when the file is gone (inside a microVM,
+	// /run is empty after each boot).
+	CredentialsCopy string
 	// PowerOff, set only inside a strata microVM, ends the machine; it
 	// enables POST /v1/shutdown, the host's clean stop.
 	PowerOff func()
@@ -57,6 +61,7 @@ type Server struct {
 	handler http.Handler
 
 	credentialsPath string
+	credentialsCopy string
 	powerOff        func()
 }
 
@@ -75,9 +80,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{engine: e, log: cfg.Logger, reg: reg, metrics: m, credentialsPath: cfg.Credentials, powerOff: cfg.PowerOff}
+	s := &Server{engine: e, log: cfg.Logger, reg: reg, metrics: m, credentialsPath: cfg.Credentials, credentialsCopy: cfg.CredentialsCopy, powerOff: cfg.PowerOff}
 	if s.credentialsPath == "" {
 		s.credentialsPath = DefaultCredentials
+	}
+	if err := restoreCredentials(s.credentialsPath, s.credentialsCopy); err != nil {
+		e.closeAll()
+		return nil, fmt.Errorf("credentials: %w", err)
 	}
 	s.handler = s.routes()
 	return s, nil
@@ -184,6 +193,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/checkpoints/{id}/restore", s.method(map[string]handler{http.MethodPost: s.restore}))
 	mux.HandleFunc("/v1/credentials", s.method(map[string]handler{http.MethodPut: s.credentials}))
 	mux.HandleFunc("/v1/directories", s.method(map[string]handler{http.MethodGet: s.directories}))
+	mux.HandleFunc("/v1/check", s.method(map[string]handler{http.MethodGet: s.check}))
 	mux.HandleFunc("/v1/exec", s.method(map[string]handler{http.MethodPost: s.execute}))
 	mux.HandleFunc("/v1/health", s.method(map[string]handler{http.MethodGet: s.health}))
 	if s.powerOff != nil {

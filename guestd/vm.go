@@ -100,3 +100,36 @@ func splice(a, b net.Conn) {
 	a.Close()
 	b.Close()
 }
+
+// storeCheck is one store's answer to GET /v1/check.
+type storeCheck struct {
+	Roots       []string `json:"roots"`
+	Checkpoints int      `json:"checkpoints"`
+	Layers      int      `json:"layers"`
+	Dirs        int      `json:"dirs"`
+	Problems    []string `json:"problems"`
+}
+
+// check handles GET /v1/check: every store's consistency report (layers
+// dirs the metadata does not know, records without dirs, roots not
+// ready, mounts that are not the recorded stack). Root in the guest and
+// the host's tests call it; the public API does not forward it. Run it
+// when no operation is under way: one in flight shows as problems.
+func (s *Server) check(r *http.Request) (any, error) {
+	if err := jsend.RejectQueryAndBody(r); err != nil {
+		return nil, err
+	}
+	out := []storeCheck{}
+	for _, st := range s.engine.stores() {
+		rep, err := st.Check(r.Context())
+		if err != nil {
+			return nil, err
+		}
+		problems := rep.Problems
+		if problems == nil {
+			problems = []string{}
+		}
+		out = append(out, storeCheck{Roots: rep.Roots, Checkpoints: rep.Checkpoints, Layers: rep.Layers, Dirs: rep.Dirs, Problems: problems})
+	}
+	return out, nil
+}

@@ -1,6 +1,7 @@
 package layers
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -35,9 +36,24 @@ func Check(dir string) (*Report, error) {
 		return nil, fmt.Errorf("open metadata (is guestd still running?): %w", err)
 	}
 	defer db.Close()
+	return check(db, dir)
+}
+
+// Check inspects the open store as the function Check does a closed one,
+// once background compaction has settled. An operation under way at the
+// same time may show up as a problem (its temporary dirs): call it when
+// none runs, as tests and support tools do.
+func (s *Store) Check(ctx context.Context) (*Report, error) {
+	if err := s.Settle(ctx); err != nil {
+		return nil, err
+	}
+	return check(s.db, s.dir)
+}
+
+func check(db *bolt.DB, dir string) (*Report, error) {
 	rep := &Report{}
 	known := map[uint64]string{}
-	err = db.View(func(btx *bolt.Tx) error {
+	err := db.View(func(btx *bolt.Tx) error {
 		t := meta.Tx{Tx: btx}
 		rs, err := t.Roots()
 		if err != nil {

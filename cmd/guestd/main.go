@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -91,6 +92,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if o.vm {
 		// Init (PID 1) stops guestd, syncs, unmounts and powers off.
 		cfg.PowerOff = func() { unix.Kill(1, unix.SIGTERM) }
+		// Beside the store, not in it: the store owns its directory.
+		cfg.CredentialsCopy = filepath.Join(filepath.Dir(cfg.Store), "strata-credentials.env")
 	}
 	srv, err := guestd.New(ctx, cfg)
 	if err != nil {

@@ -1,0 +1,336 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"strata/internal/testenv"
+)
+
+// vmStack is hostproxy running microVM sandboxes, as a process, with its
+// registry and machines directory kept across restarts.
+type vmStack struct {
+	t        *testing.T
+	image    string
+	data     string
+	machines string
+	config   string
+	addr     string
+	url      string
+	key      string
+	client   *http.Client
+
+	mu    sync.Mutex
+	proxy *exec.Cmd
+	plog  *syncBuffer
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's output and a test's reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startVMStack starts hostproxy with microVM sandboxes. guestRequest
+// bounds each call to a guest ("5s" for the tests of a wedged guest).
+// Every sandbox left at the end is deleted, and any QEMU of the machines
+// directory killed.
+func startVMStack(t *testing.T, guestRequest string) *vmStack {
+	image := testenv.RequiresImage(t)
+	base := t.TempDir()
+	// QEMU runs unprivileged below the machines directory.
+	for d := base; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		os.Chmod(d, 0o711)
+	}
+	s := &vmStack{
+		t: t, image: image, data: filepath.Join(base, "data"), machines: filepath.Join(base, "machines"),
+		config: filepath.Join(base, "hostproxy.json"), key: "sk_vm_integration_key_0123456789abcdef",
+		client: &http.Client{Timeout: 5 * time.Minute},
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.addr = ln.Addr().String()
+	ln.Close()
+	s.url = "http://" + s.addr
+	cfg := map[string]any{
+		"listen": s.addr, "data_dir": s.data,
+		"accounts": []any{
+			map[string]any{"id": "acct-a", "keys": []any{map[string]any{"id": "key-a", "env": "TEST_KEY_A"}}},
+			map[string]any{"id": "acct-b", "keys": []any{map[string]any{"id": "key-b", "env": "TEST_KEY_B"}}},
+		},
+		"rate_limit": map[string]any{"per_second": 1000, "burst": 1000},
+		"timeouts":   map[string]any{"guest_request": guestRequest},
+		"machines":   map[string]any{"dir": s.machines, "image": image, "boot_timeout": "180s"},
+	}
+	b, _ := json.Marshal(cfg)
+	if err := os.WriteFile(s.config, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.start()
+	t.Cleanup(func() {
+		for _, sb := range s.sandboxes("acct-a") {
+			s.call(s.key, "DELETE", "/v1/sandboxes/"+sb, "")
+		}
+		for _, sb := range s.sandboxes("acct-b") {
+			s.call(s.keyB(), "DELETE", "/v1/sandboxes/"+sb, "")
+		}
+		s.stop()
+		killQEMUsUnder(s.machines)
+		if t.Failed() {
+			t.Logf("hostproxy log:\n%s", s.plog)
+			consoles, _ := filepath.Glob(filepath.Join(s.machines, "*", "console.log"))
+			for _, c := range consoles {
+				b, _ := os.ReadFile(c)
+				t.Logf("%s:\n%s", c, tail(b, 3000))
+			}
+		}
+	})
+	return s
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+func (s *vmStack) keyB() string { return s.key + "_b" }
+
+// start runs hostproxy and waits until it serves.
+func (s *vmStack) start() {
+	s.t.Helper()
+	s.mu.Lock()
+	s.plog = &syncBuffer{}
+	s.proxy = exec.Command(filepath.Join(bins, "hostproxy"), "--config", s.config, "--debug")
+	s.proxy.Env = append(os.Environ(), "TEST_KEY_A="+s.key, "TEST_KEY_B="+s.keyB())
+	s.proxy.Stdout, s.proxy.Stderr = s.plog, s.plog
+	err := s.proxy.Start()
+	s.mu.Unlock()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		if c, err := net.Dial("tcp", s.addr); err == nil {
+			c.Close()
+			return
+		}
+		if i > 1000 {
+			s.t.Fatalf("hostproxy did not listen\n%s", s.plog)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop ends hostproxy (SIGTERM); its sandboxes keep running.
+func (s *vmStack) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proxy == nil {
+		return
+	}
+	s.proxy.Process.Signal(syscall.SIGTERM)
+	s.proxy.Wait()
+	s.proxy = nil
+}
+
+// killQEMUsUnder kills every QEMU whose command line names dir: nothing a
+// test starts outlives it.
+func killQEMUsUnder(dir string) {
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if bytes.Contains(cmdline, []byte("qemu-system")) && bytes.Contains(cmdline, []byte(dir+"/")) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// apiReply is one decoded answer of the public API.
+type apiReply struct {
+	Status int
+	Header http.Header
+	Body   map[string]any
+	Raw    []byte
+}
+
+func (r apiReply) data() map[string]any {
+	d, _ := r.Body["data"].(map[string]any)
+	return d
+}
+
+func (r apiReply) code() string {
+	if c, ok := r.data()["code"].(string); ok {
+		return c
+	}
+	return ""
+}
+
+// call sends one request with key; a transport error fails the test.
+func (s *vmStack) call(key, method, path, body string) apiReply {
+	s.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, s.url+path, rd)
+	req.Header.Set("X-Api-Key", key)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	r := apiReply{Status: resp.StatusCode, Header: resp.Header, Raw: raw}
+	if err := json.Unmarshal(raw, &r.Body); err != nil {
+		s.t.Fatalf("%s %s: not JSON (%d): %s", method, path, resp.StatusCode, raw)
+	}
+	return r
+}
+
+// must sends a request that must succeed with want.
+func (s *vmStack) must(want int, method, path, body string) apiReply {
+	s.t.Helper()
+	r := s.call(s.key, method, path, body)
+	if r.Status != want {
+		s.t.Fatalf("%s %s: %d %s, want %d", method, path, r.Status, r.Raw, want)
+	}
+	return r
+}
+
+// sandboxes lists the account's sandbox ids.
+func (s *vmStack) sandboxes(account string) []string {
+	key := s.key
+	if account == "acct-b" {
+		key = s.keyB()
+	}
+	r := s.call(key, "GET", "/v1/sandboxes?limit=500", "")
+	var ids []string
+	list, _ := r.data()["data"].([]any)
+	for _, v := range list {
+		ids = append(ids, v.(map[string]any)["id"].(string))
+	}
+	return ids
+}
+
+// create makes a sandbox and waits until it runs.
+func (s *vmStack) create(key, body string) string {
+	s.t.Helper()
+	r := s.call(key, "POST", "/v1/sandboxes", body)
+	if r.Status != http.StatusAccepted || r.data()["state"] != "creating" || r.Header.Get("X-Poll-After") == "" {
+		s.t.Fatalf("create: %d %s", r.Status, r.Raw)
+	}
+	id := r.data()["id"].(string)
+	s.waitState(key, id, "running", 4*time.Minute)
+	return id
+}
+
+// waitState polls a sandbox until it reaches state; error fails at once.
+func (s *vmStack) waitState(key, id, state string, timeout time.Duration) map[string]any {
+	s.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		r := s.call(key, "GET", "/v1/sandboxes/"+id, "")
+		d := r.data()
+		if d["state"] == state {
+			return d
+		}
+		if d["state"] == "error" && state != "error" || time.Now().After(deadline) {
+			s.t.Fatalf("sandbox %s: %s, waiting for %s", id, r.Raw, state)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// execResult is the data of an exec.
+type execResult struct {
+	ExitCode int    `json:"exit_code"`
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+	TimedOut bool   `json:"timed_out"`
+}
+
+// exec runs cmd in the sandbox and returns its result; the call itself
+// must succeed.
+func (s *vmStack) exec(id string, cmd ...string) execResult {
+	s.t.Helper()
+	b, _ := json.Marshal(map[string]any{"cmd": cmd})
+	r := s.call(s.key, "POST", "/v1/sandboxes/"+id+"/exec", string(b))
+	if r.Status != http.StatusOK {
+		s.t.Fatalf("exec %q in %s: %d %s", cmd, id, r.Status, r.Raw)
+	}
+	var res execResult
+	d, _ := json.Marshal(r.Body["data"])
+	json.Unmarshal(d, &res)
+	return res
+}
+
+// sh runs a shell line in the sandbox and fails unless it exits 0.
+func (s *vmStack) sh(id, line string) string {
+	s.t.Helper()
+	res := s.exec(id, "sh", "-c", line)
+	if res.ExitCode != 0 {
+		s.t.Fatalf("sh -c %q in %s: exit %d\nstdout: %s\nstderr: %s", line, id, res.ExitCode, res.Stdout, res.Stderr)
+	}
+	return res.Stdout
+}
+
+// qemuPid is the pid of a sandbox's QEMU, from the machines directory.
+func (s *vmStack) qemuPid(id string) int {
+	s.t.Helper()
+	procs, _ := os.ReadDir("/proc")
+	needle := []byte(filepath.Join(s.machines, id) + "/")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if bytes.Contains(cmdline, []byte("qemu-system")) && bytes.Contains(cmdline, needle) {
+			return pid
+		}
+	}
+	s.t.Fatalf("no QEMU runs for %s", id)
+	return 0
+}
+
+func jsonBody(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+var _ = fmt.Sprintf

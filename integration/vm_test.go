@@ -1,0 +1,213 @@
+package integration
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestSandboxEndToEnd drives one microVM sandbox through the public API
+// only: create, exec, the seed document's checkpoint flow inside the VM,
+// a call from inside the sandbox through its channel, stop and a cold
+// boot that finds every checkpoint and the live content again, delete.
+func TestSandboxEndToEnd(t *testing.T) {
+	s := startVMStack(t, "60s")
+	t0 := time.Now()
+	id := s.create(s.key, `{"name":"e2e"}`)
+	t.Logf("create to running: %v", time.Since(t0))
+
+	rec := s.must(200, "GET", "/v1/sandboxes/"+id, "").data()
+	if rec["name"] != "e2e" || rec["memory_mib"] != 512.0 || rec["vcpus"] != 1.0 || rec["disk_gib"] != 4.0 || rec["created_at"] == "" {
+		t.Fatalf("record: %v", rec)
+	}
+	if out := s.sh(id, "cat /etc/os-release"); !strings.Contains(out, "Debian") {
+		t.Fatalf("os-release: %q", out)
+	}
+	if res := s.exec(id, "python3", "-c", "import sys; print(6*7); sys.exit(3)"); res.ExitCode != 3 || res.Stdout != "42\n" {
+		t.Fatalf("python3: %+v", res)
+	}
+	if out := s.sh(id, "git --version && stat -f -c %T / && findmnt -no FSTYPE /"); !strings.Contains(out, "git version") || !strings.Contains(out, "xfs") {
+		t.Fatalf("git and xfs: %q", out)
+	}
+	if r := s.call(s.key, "POST", "/v1/sandboxes/"+id+"/exec", `{"cmd":["/no/such/program"]}`); r.Status != 422 || r.code() != "exec_failed" {
+		t.Fatalf("exec of a missing program: %d %s", r.Status, r.Raw)
+	}
+
+	// The seed's flow, with the files changed through exec.
+	cp := "/v1/sandboxes/" + id + "/checkpoints"
+	s.sh(id, "mkdir -p /workspace/project && echo 'package main' > /workspace/project/main.go")
+	a := s.must(200, "POST", cp, `{"path":"/workspace/project","name":"before-update"}`).data()
+	s.sh(id, "echo broken > /workspace/project/main.go && echo new > /workspace/project/extra")
+	b := s.must(200, "POST", cp, `{"path":"/workspace/project","name":"broken"}`).data()
+	if b["parent_id"] != a["id"] {
+		t.Fatalf("parent of the second checkpoint: %v, want %v", b["parent_id"], a["id"])
+	}
+	s.must(200, "POST", cp+"/"+a["id"].(string)+"/restore", "")
+	if out := s.sh(id, "cat /workspace/project/main.go; ls /workspace/project"); out != "package main\nmain.go\n" {
+		t.Fatalf("after restore: %q", out)
+	}
+	list := s.must(200, "GET", cp, "").Body["data"].([]any)
+	if len(list) != 2 {
+		t.Fatalf("list: %v", list)
+	}
+	s.must(200, "DELETE", cp+"/"+b["id"].(string), "")
+	s.sh(id, "echo unsaved > /workspace/project/notes")
+
+	// From inside: the in-guest API address reaches hostproxy through the
+	// channel, with no guest network; the token acts on this sandbox.
+	tok := s.must(200, "POST", "/v1/sandboxes/"+id+"/access-token", "").data()["token"].(string)
+	inside := s.sh(id, `. /run/strata/credentials.env && test "$CREATEOS_API_KEY" = `+tok+` && curl -sS -H "X-Api-Key: $CREATEOS_API_KEY" "$CREATEOS_API_URL/v1/sandboxes/$CREATEOS_SANDBOX_ID/checkpoints"`)
+	if !strings.Contains(inside, a["id"].(string)) {
+		t.Fatalf("list from inside: %q", inside)
+	}
+	if out := s.sh(id, `ip -o link | grep -v ' lo:' | wc -l`); strings.TrimSpace(out) != "0" {
+		t.Fatalf("the guest has a network interface: %q", out)
+	}
+
+	// Stop (clean) and start (cold boot): checkpoints and content back.
+	r := s.must(200, "POST", "/v1/sandboxes/"+id+"/stop", "")
+	if r.data()["state"] != "stopped" {
+		t.Fatalf("stop: %s", r.Raw)
+	}
+	if r := s.call(s.key, "POST", "/v1/sandboxes/"+id+"/exec", `{"cmd":["true"]}`); r.Status != 409 || r.code() != "sandbox_not_running" {
+		t.Fatalf("exec on a stopped sandbox: %d %s", r.Status, r.Raw)
+	}
+	if r := s.call(s.key, "GET", cp, ""); r.Status != 409 || r.code() != "sandbox_not_running" {
+		t.Fatalf("list on a stopped sandbox: %d %s", r.Status, r.Raw)
+	}
+	t0 = time.Now()
+	if r := s.call(s.key, "POST", "/v1/sandboxes/"+id+"/start", ""); r.Status != http.StatusAccepted {
+		t.Fatalf("start: %d %s", r.Status, r.Raw)
+	}
+	s.waitState(s.key, id, "running", 4*time.Minute)
+	t.Logf("cold boot: %v", time.Since(t0))
+	if got := s.must(200, "GET", cp, "").Body["data"].([]any); len(got) != 1 || got[0].(map[string]any)["id"] != a["id"] {
+		t.Fatalf("list after the cold boot: %v", got)
+	}
+	if out := s.sh(id, "cat /workspace/project/main.go /workspace/project/notes"); out != "package main\nunsaved\n" {
+		t.Fatalf("content after the cold boot: %q", out)
+	}
+	if out := s.sh(id, ". /run/strata/credentials.env && echo $CREATEOS_API_KEY"); strings.TrimSpace(out) != tok {
+		t.Fatalf("the token after the cold boot: %q", out)
+	}
+
+	// Pause and resume.
+	if r := s.call(s.key, "POST", "/v1/sandboxes/"+id+"/pause", ""); r.Status != http.StatusAccepted && r.Status != 200 {
+		t.Fatalf("pause: %d %s", r.Status, r.Raw)
+	}
+	s.waitState(s.key, id, "paused", time.Minute)
+	if r := s.call(s.key, "POST", "/v1/sandboxes/"+id+"/exec", `{"cmd":["true"]}`); r.Status != 409 {
+		t.Fatalf("exec on a paused sandbox: %d %s", r.Status, r.Raw)
+	}
+	if r := s.call(s.key, "POST", "/v1/sandboxes/"+id+"/pause", ""); r.Status != 200 || r.data()["state"] != "paused" {
+		t.Fatalf("pause again: %d %s", r.Status, r.Raw)
+	}
+	s.call(s.key, "POST", "/v1/sandboxes/"+id+"/resume", "")
+	s.waitState(s.key, id, "running", time.Minute)
+	s.sh(id, "true")
+
+	// Delete: the VM, its disk and its records are gone.
+	dir := filepath.Join(s.machines, id)
+	if _, err := os.Stat(filepath.Join(dir, "disk.qcow2")); err != nil {
+		t.Fatalf("disk before delete: %v", err)
+	}
+	if r := s.must(200, "DELETE", "/v1/sandboxes/"+id, ""); r.data()["state"] != "destroyed" {
+		t.Fatalf("delete: %s", r.Raw)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("the sandbox's directory after delete: %v", err)
+	}
+	if r := s.call(s.key, "GET", "/v1/sandboxes/"+id, ""); r.Status != 404 || r.code() != "sandbox_not_found" {
+		t.Fatalf("get after delete: %d %s", r.Status, r.Raw)
+	}
+}
+
+// TestTwoSandboxes: two sandboxes of one account see neither each other's
+// checkpoints, files nor token; a call from inside one cannot act on the
+// other with any key; a wedged guest answers 503 guest_timeout in time
+// while the other answers; hostproxy restarts under both; a killed QEMU
+// ends in error and start recovers it.
+func TestTwoSandboxes(t *testing.T) {
+	s := startVMStack(t, "5s")
+	a := s.create(s.key, `{"name":"alpha"}`)
+	b := s.create(s.key, `{"name":"beta","memory_mib":256}`)
+	if r := s.call(s.key, "POST", "/v1/sandboxes", `{"name":"alpha"}`); r.Status != 409 || r.code() != "name_taken" {
+		t.Fatalf("a second alpha: %d %s", r.Status, r.Raw)
+	}
+
+	s.sh(a, "mkdir -p /workspace/a && echo secret-a > /workspace/a/f")
+	s.must(200, "POST", "/v1/sandboxes/"+a+"/checkpoints", `{"path":"/workspace/a"}`)
+	if got := s.must(200, "GET", "/v1/sandboxes/"+b+"/checkpoints", "").Body["data"].([]any); len(got) != 0 {
+		t.Fatalf("b sees checkpoints: %v", got)
+	}
+	if res := s.exec(b, "cat", "/workspace/a/f"); res.ExitCode == 0 {
+		t.Fatalf("b reads a's file: %+v", res)
+	}
+	tokA := s.must(200, "POST", "/v1/sandboxes/"+a+"/access-token", "").data()["token"].(string)
+	s.must(200, "POST", "/v1/sandboxes/"+b+"/access-token", "")
+	if out := s.sh(b, ". /run/strata/credentials.env; echo $CREATEOS_API_KEY"); strings.Contains(out, tokA) {
+		t.Fatal("b holds a's token")
+	}
+	// From inside a: a's token on b, and even the account key on b, are
+	// refused; the account key on a is fine.
+	for _, key := range []string{tokA, s.key} {
+		line := fmt.Sprintf(`curl -sS -o /dev/null -w '%%{http_code}' -H 'X-Api-Key: %s' "$CREATEOS_API_URL/v1/sandboxes/%s/checkpoints"`, key, b)
+		if out := s.sh(a, ". /run/strata/credentials.env; "+line); out != "403" {
+			t.Fatalf("from inside a, on b: %q, want 403", out)
+		}
+	}
+	line := fmt.Sprintf(`curl -sS -o /dev/null -w '%%{http_code}' -H 'X-Api-Key: %s' "$CREATEOS_API_URL/v1/sandboxes"`, s.key)
+	if out := s.sh(a, ". /run/strata/credentials.env; "+line); out != "403" {
+		t.Fatalf("from inside a, the account's list: %q, want 403", out)
+	}
+	if r := s.call(tokA, "GET", "/v1/sandboxes/"+b+"/checkpoints", ""); r.Status != 403 {
+		t.Fatalf("a's token on b: %d %s", r.Status, r.Raw)
+	}
+
+	// A wedged guest: 503 guest_timeout within the request timeout, and
+	// the other sandbox answers meanwhile.
+	pidA := s.qemuPid(a)
+	syscall.Kill(pidA, syscall.SIGSTOP)
+	done := make(chan apiReply, 1)
+	t0 := time.Now()
+	go func() { done <- s.call(s.key, "GET", "/v1/sandboxes/"+a+"/checkpoints", "") }()
+	time.Sleep(500 * time.Millisecond)
+	s.must(200, "GET", "/v1/sandboxes/"+b+"/checkpoints", "")
+	r := <-done
+	syscall.Kill(pidA, syscall.SIGCONT)
+	if r.Status != 503 || r.Body["code"] != 503.0 || time.Since(t0) > 15*time.Second {
+		t.Fatalf("wedged guest: %d %s after %v", r.Status, r.Raw, time.Since(t0))
+	}
+	if r.Header.Get("X-Request-Id") == "" {
+		t.Fatal("no request id on the 503")
+	}
+	s.sh(a, "true")
+
+	// hostproxy restarted: both keep running and answer.
+	s.stop()
+	s.start()
+	for _, id := range []string{a, b} {
+		if st := s.must(200, "GET", "/v1/sandboxes/"+id, "").data()["state"]; st != "running" {
+			t.Fatalf("%s after the restart: %v", id, st)
+		}
+		s.sh(id, "cat /proc/uptime")
+	}
+	if out := s.sh(a, "cat /workspace/a/f"); out != "secret-a\n" {
+		t.Fatalf("a after the restart: %q", out)
+	}
+
+	// A killed QEMU: error, and start boots it again from its disk.
+	syscall.Kill(s.qemuPid(b), syscall.SIGKILL)
+	rec := s.waitState(s.key, b, "error", time.Minute)
+	if rec["error"] == "" {
+		t.Fatalf("error without a sentence: %v", rec)
+	}
+	s.call(s.key, "POST", "/v1/sandboxes/"+b+"/start", "")
+	s.waitState(s.key, b, "running", 4*time.Minute)
+	s.sh(b, "true")
+}
