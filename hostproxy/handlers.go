@@ -258,7 +258,12 @@ func (s *Server) deliverCredentials(c echo.Context, sb Sandbox, token string) {
 	if sb.State != StateRunning {
 		return
 	}
-	err := s.guests.PutCredentials(c.Request().Context(), sb.Guest, api.Credentials{APIURL: s.publicURL, SandboxID: sb.ID, Token: token})
+	url := s.publicURL
+	if sb.Machine != nil {
+		// A microVM reaches the API through its channel, with no network.
+		url = api.GuestAPIURL
+	}
+	err := s.guests.PutCredentials(c.Request().Context(), sb.Guest, api.Credentials{APIURL: url, SandboxID: sb.ID, Token: token})
 	if err != nil {
 		s.log.Warn("credentials not delivered to the guest", "sandbox", sb.ID, "request_id", c.Response().Header().Get(jsend.HeaderRequestID), "err", err)
 	}
