@@ -3,6 +3,7 @@ package vmm
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -238,7 +239,13 @@ func (m *qemuMachine) Running(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return bytes.Contains(ret, []byte(`"running":true`)), nil
+	var st struct {
+		Running bool `json:"running"`
+	}
+	if err := json.Unmarshal(ret, &st); err != nil {
+		return false, fmt.Errorf("query-status: %w", err)
+	}
+	return st.Running, nil
 }
 
 // Kill sends SIGKILL: through the pidfd for an adopted QEMU (a reused pid
