@@ -316,6 +316,7 @@ func (m *Manager) boot(ctx context.Context, id string) {
 		fail(errBootFailed, fmt.Errorf("%w%s", err, consoleTail(cfg.ConsoleLog())))
 		return
 	}
+	m.log.Debug("guestd answered", "sandbox", id, "after", time.Since(t0).Round(time.Millisecond))
 	if m.cfg.Booted != nil {
 		if err := m.cfg.Booted(ctx, r); err != nil {
 			m.log.Warn("sandbox booted, but its guest did not take its credentials", "sandbox", id, "err", err)
@@ -420,6 +421,7 @@ func (m *Manager) waitGuest(ctx context.Context, mc *machine) error {
 		if err == nil {
 			return nil
 		}
+		m.log.Debug("guestd health", "sandbox", mc.id, "err", err)
 		select {
 		case <-mc.vm.Done():
 			return errors.New("QEMU exited during the boot")
