@@ -290,6 +290,11 @@ func (s *Server) deleteSandbox(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A process inside must not be able to destroy its own sandbox with
+	// the token it was given.
+	if p, _ := c.Get(keyPrincipal).(Principal); p.Kind != KindAccountKey {
+		return nil, errTokenLifecycle
+	}
 	if err := s.machines.Delete(c.Request().Context(), sb.ID); err != nil {
 		return nil, err
 	}
