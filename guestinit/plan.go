@@ -1,0 +1,173 @@
+package guestinit
+
+import (
+	"path"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Mount is one mount(2) call as a value: the plans below are computed and
+// tested without root; the stages apply them in order.
+type Mount struct {
+	Source string
+	Target string
+	FSType string
+	Flags  uintptr
+	Data   string
+	// DirMode is the mode of Target when it has to be created.
+	DirMode uint32
+}
+
+// NewRoot is where stage 1 mounts the root disk.
+const NewRoot = "/newroot"
+
+// GuestdPath is where guestd runs from, on the tmpfs /run of the real
+// root; InitramfsGuestd is the copy that the image put in the initramfs.
+const (
+	GuestdPath      = "/run/strata/bin/guestd"
+	InitramfsGuestd = "/guestd"
+	ModulesOrder    = "/modules.order"
+)
+
+// Stage1Mounts are the kernel filesystems that stage 1 needs before it can
+// load modules and find the root disk.
+func Stage1Mounts() []Mount {
+	return []Mount{
+		{Source: "proc", Target: "/proc", FSType: "proc", Flags: unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, DirMode: 0o555},
+		{Source: "sysfs", Target: "/sys", FSType: "sysfs", Flags: unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, DirMode: 0o555},
+		{Source: "devtmpfs", Target: "/dev", FSType: "devtmpfs", Flags: unix.MS_NOSUID, Data: "mode=0755", DirMode: 0o755},
+	}
+}
+
+// RootMounts mount the root disk (XFS, read-write) on NewRoot and a tmpfs
+// on its /run.
+func RootMounts(p Params) []Mount {
+	return []Mount{
+		{Source: p.Root, Target: NewRoot, FSType: "xfs", DirMode: 0o755},
+		{Source: "tmpfs", Target: NewRoot + "/run", FSType: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV, Data: "mode=0755", DirMode: 0o755},
+	}
+}
+
+// MovedMounts are the stage-1 mounts that move into the new root before
+// the switch.
+func MovedMounts() []string { return []string{"/dev", "/proc", "/sys"} }
+
+// Stage2Mounts are what a Debian userland needs that stage 1 did not mount.
+// /tmp is not among them: it stays on the disk.
+func Stage2Mounts() []Mount {
+	return []Mount{
+		{Source: "devpts", Target: "/dev/pts", FSType: "devpts", Flags: unix.MS_NOSUID | unix.MS_NOEXEC, Data: "gid=5,mode=0620,ptmxmode=0666", DirMode: 0o755},
+		{Source: "tmpfs", Target: "/dev/shm", FSType: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV, Data: "mode=1777", DirMode: 0o1777},
+		{Source: "cgroup2", Target: "/sys/fs/cgroup", FSType: "cgroup2", Flags: unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, Data: "nsdelegate", DirMode: 0o555},
+	}
+}
+
+// DevLinks are the /dev symlinks that udev or systemd would make and
+// shells expect (process substitution uses /dev/fd).
+func DevLinks() map[string]string {
+	return map[string]string{
+		"/dev/fd":     "/proc/self/fd",
+		"/dev/stdin":  "/proc/self/fd/0",
+		"/dev/stdout": "/proc/self/fd/1",
+		"/dev/stderr": "/proc/self/fd/2",
+		"/dev/ptmx":   "pts/ptmx",
+	}
+}
+
+// ParseModulesOrder reads /modules.order: one module file a line, in the
+// order to load them; blank lines and lines starting with '#' are skipped,
+// a relative path is taken from "/", and a repeated path is loaded once.
+func ParseModulesOrder(data string) []string {
+	var mods []string
+	seen := map[string]bool{}
+	for _, line := range strings.Split(data, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		p := path.Clean("/" + line)
+		if p == "/" || seen[p] {
+			continue
+		}
+		seen[p] = true
+		mods = append(mods, p)
+	}
+	return mods
+}
+
+// UnmountOrder reads a mountinfo (/proc/self/mountinfo) and returns the
+// mount points to unmount at shutdown: every one but "/", the last
+// mounted first (mountinfo lists mounts in mount order, so a mount comes
+// after its parent), each once.
+func UnmountOrder(mountinfo string) []string {
+	var points []string
+	for _, line := range strings.Split(mountinfo, "\n") {
+		f := strings.Fields(line)
+		// id parent major:minor root mountpoint options ...
+		if len(f) < 5 {
+			continue
+		}
+		if _, err := strconv.Atoi(f[0]); err != nil {
+			continue
+		}
+		mp := unescapeMountinfo(f[4])
+		if mp == "/" || !strings.HasPrefix(mp, "/") {
+			continue
+		}
+		points = append(points, mp)
+	}
+	var order []string
+	seen := map[string]bool{}
+	for i := len(points) - 1; i >= 0; i-- {
+		if !seen[points[i]] {
+			seen[points[i]] = true
+			order = append(order, points[i])
+		}
+	}
+	return order
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space,
+// \011, \012, \134) in a mountinfo path.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// NeedsGrow reports whether a root filesystem of fsBytes (statfs) should
+// be grown onto a disk of diskBytes: when the disk is larger by more than
+// XFS's own overhead (the internal log, up to 64 MiB on small disks) and
+// a margin, so that a grown filesystem is not grown again at every boot.
+func NeedsGrow(fsBytes, diskBytes uint64) bool {
+	const slack = 256 << 20
+	return diskBytes > fsBytes+slack
+}
+
+// human prints a byte count in binary units with one decimal.
+func human(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return strconv.FormatUint(n, 10) + "B"
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return strconv.FormatFloat(float64(n)/float64(div), 'f', 1, 64) + string("KMGTPE"[exp]) + "iB"
+}

@@ -1,0 +1,122 @@
+package guestinit
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestParseModulesOrder(t *testing.T) {
+	tests := []struct {
+		name, data string
+		want       []string
+	}{
+		{"empty", "", nil},
+		{"as the image writes it", "/modules/virtio_mmio.ko\n/modules/virtio_blk.ko\n/modules/xfs.ko\n",
+			[]string{"/modules/virtio_mmio.ko", "/modules/virtio_blk.ko", "/modules/xfs.ko"}},
+		{"blanks, comments, spaces", "\n  # comment\n /modules/a.ko  \r\n\n", []string{"/modules/a.ko"}},
+		{"relative taken from /", "modules/a.ko", []string{"/modules/a.ko"}},
+		{"repeats loaded once", "/a.ko\n/b.ko\n/a.ko\n", []string{"/a.ko", "/b.ko"}},
+		{"dot-dot cleaned", "/modules/../x.ko\n/", []string{"/x.ko"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ParseModulesOrder(tt.data); !slices.Equal(got, tt.want) {
+				t.Errorf("ParseModulesOrder = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// FuzzParseModulesOrder: every path is absolute, clean and listed once.
+func FuzzParseModulesOrder(f *testing.F) {
+	f.Add("/modules/a.ko\n/modules/b.ko\n")
+	f.Add("a\n../b\n#c\n")
+	f.Fuzz(func(t *testing.T, data string) {
+		seen := map[string]bool{}
+		for _, p := range ParseModulesOrder(data) {
+			if !strings.HasPrefix(p, "/") || p == "/" || strings.Contains(p, "/../") || seen[p] {
+				t.Fatalf("bad path %q in %q", p, data)
+			}
+			seen[p] = true
+		}
+	})
+}
+
+func TestUnmountOrder(t *testing.T) {
+	// /proc/self/mountinfo of a booted guest (moved mounts keep their early
+	// ids), with a guestd overlay and a mount point that has a space.
+	mountinfo := `21 1 0:20 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+22 1 0:21 / /sys rw,nosuid,nodev,noexec,relatime - sysfs sysfs rw
+23 1 0:5 / /dev rw,nosuid - devtmpfs devtmpfs rw,size=242548k,mode=755
+1 1 254:0 / / rw,relatime - xfs /dev/vda rw,attr2
+25 1 0:22 / /run rw,nosuid,nodev - tmpfs tmpfs rw,mode=755
+26 23 0:23 / /dev/pts rw,nosuid,noexec - devpts devpts rw,gid=5,mode=620,ptmxmode=666
+27 23 0:24 / /dev/shm rw,nosuid,nodev - tmpfs tmpfs rw
+28 22 0:25 / /sys/fs/cgroup rw,nosuid,nodev,noexec - cgroup2 cgroup2 rw,nsdelegate
+40 1 0:30 / /workspace/my\040project rw - overlay overlay rw,lowerdir=/a
+41 40 0:31 / /workspace/my\040project rw - overlay overlay rw,lowerdir=/b
+`
+	want := []string{"/workspace/my project", "/sys/fs/cgroup", "/dev/shm", "/dev/pts", "/run", "/dev", "/sys", "/proc"}
+	if got := UnmountOrder(mountinfo); !slices.Equal(got, want) {
+		t.Errorf("UnmountOrder =\n%q\nwant\n%q", got, want)
+	}
+}
+
+// FuzzUnmountOrder: never "/", never a relative path, each once.
+func FuzzUnmountOrder(f *testing.F) {
+	f.Add("1 1 254:0 / / rw - xfs /dev/vda rw\n2 1 0:1 / /proc rw - proc proc rw\n")
+	f.Add("x y z\n3 1 0:1 / a\\0 rw\n")
+	f.Fuzz(func(t *testing.T, mountinfo string) {
+		seen := map[string]bool{}
+		for _, p := range UnmountOrder(mountinfo) {
+			if p == "/" || !strings.HasPrefix(p, "/") || seen[p] {
+				t.Fatalf("bad mount point %q", p)
+			}
+			seen[p] = true
+		}
+	})
+}
+
+func TestNeedsGrow(t *testing.T) {
+	const gib = 1 << 30
+	tests := []struct {
+		name       string
+		fs, disk   uint64
+		wantGrowth bool
+	}{
+		{"base image on its own disk", 2*gib - 64<<20, 2 * gib, false},
+		{"sandbox overlay of 4 GiB", 2*gib - 64<<20, 4 * gib, true},
+		{"already grown", 4*gib - 64<<20, 4 * gib, false},
+		{"disk smaller (never shrink)", 4 * gib, 2 * gib, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := NeedsGrow(tt.fs, tt.disk); got != tt.wantGrowth {
+				t.Errorf("NeedsGrow(%d, %d) = %v", tt.fs, tt.disk, got)
+			}
+		})
+	}
+}
+
+func TestPlans(t *testing.T) {
+	for _, m := range append(append(Stage1Mounts(), Stage2Mounts()...), RootMounts(ParseCmdline(""))...) {
+		if !strings.HasPrefix(m.Target, "/") || m.FSType == "" || m.Source == "" {
+			t.Errorf("incomplete mount %+v", m)
+		}
+		if m.Target == "/tmp" {
+			t.Errorf("/tmp must stay on the disk: %+v", m)
+		}
+	}
+	if r := RootMounts(ParseCmdline("strata.root=/dev/vdb")); r[0].Source != "/dev/vdb" || r[0].FSType != "xfs" || r[0].Target != NewRoot {
+		t.Errorf("root mount %+v", r[0])
+	}
+}
+
+func TestHuman(t *testing.T) {
+	for n, want := range map[uint64]string{0: "0B", 1023: "1023B", 1024: "1.0KiB", 3 << 29: "1.5GiB"} {
+		if got := human(n); got != want {
+			t.Errorf("human(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
