@@ -1,6 +1,14 @@
 # strata: directory-level copy-on-write checkpoints.
 # `make run` starts guestd and hostproxy with one local sandbox; `make test`
 # runs every test as root, mounts included, in a private mount namespace.
+#
+# `make image` builds the microVM guest image (package guestimage) into
+# $(IMAGE_CACHE), or finds it there (well under a second), and prints its
+# directory: the only line on stdout, absolute, holding image.json
+# (vmlinux, initramfs, disk...). A recipe that needs it runs
+#   dir=$$($(MAKE) -s --no-print-directory image) || exit 1
+# Nothing is written to a shared "current" file: two checkouts building
+# different images at once each get their own directory.
 
 SHELL := /bin/bash
 export PATH := /usr/local/go/bin:$(PATH)
@@ -8,19 +16,42 @@ GO ?= go
 BIN := $(CURDIR)/bin
 LISTEN ?= 127.0.0.1:8080
 STATE ?= /var/lib/strata
+IMAGE_CACHE ?= /var/cache/strata
+KERNEL ?= 6.12-cloud
 
-.PHONY: all build deps test test-short bench run vet clean
+.PHONY: all build deps image test test-short bench run vet clean
 
 all: build
 
+# deps also installs the guest image's tools (command:package), each only
+# when missing, with --no-install-recommends, and fetches the apt lists when
+# there are none (the guest kernel package is resolved from them); that
+# output goes to stderr, so that `make -s image` prints only the image
+# directory on stdout.
 deps:
 	@command -v $(GO) >/dev/null || { echo "Go 1.26 is required at /usr/local/go/bin (see README)"; exit 1; }
 	@missing=""; for c in unshare mount tar curl gcc; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq util-linux mount tar curl gcc; fi
+	@missing=""; for cp in qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils mmdebstrap:mmdebstrap \
+	  mkfs.xfs:xfsprogs zstd:zstd xz:xz-utils depmod:kmod modprobe:kmod; do \
+	  PATH=$$PATH:/usr/sbin:/sbin command -v $${cp%%:*} >/dev/null || missing="$$missing $${cp#*:}"; done; \
+	if [ -n "$$missing" ] || ! ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1; then apt-get update -qq >&2; fi; \
+	if [ -n "$$missing" ]; then apt-get install -y -qq --no-install-recommends $$(echo $$missing | tr ' ' '\n' | sort -u) >&2; fi
 	$(GO) mod download
 
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
+
+# guestd and strata-init for the guest are static (CGO_ENABLED=0): the
+# initramfs has no libc. The first build takes about a minute (Debian
+# userland, kernel); the next ones only rebuild the initramfs when the
+# binaries changed. KERNEL=6.1 builds with Debian 12's own kernel.
+image:
+	@$(MAKE) -s --no-print-directory deps >&2
+	@CGO_ENABLED=0 $(GO) build -o $(BIN)/guestd ./cmd/guestd
+	@CGO_ENABLED=0 $(GO) build -o $(BIN)/strata-init ./cmd/strata-init
+	@$(GO) build -o $(BIN)/strata-image ./cmd/strata-image
+	@$(BIN)/strata-image build --cache $(IMAGE_CACHE) --kernel $(KERNEL) --guestd $(BIN)/guestd --init $(BIN)/strata-init
 
 # staticcheck is pinned as a tool in go.mod (go get -tool …@version), so
 # every machine runs the same version, from the module cache that deps
