@@ -222,9 +222,9 @@ func (b *builder) buildBase(ctx context.Context, in BaseInputs, key, dir string)
 	if os.Geteuid() != 0 {
 		return nil, errors.New("building a base needs root (it loop-mounts the root disk): run strata-image as root")
 	}
-	for _, tool := range []string{"apt-get", "apt-cache", "dpkg-deb", "depmod", "modprobe", "zstd", "xz", "mmdebstrap", "mkfs.xfs", "mount", "tar", "qemu-img"} {
+	for _, tool := range []string{"apt-get", "apt-cache", "dpkg-deb", "depmod", "modprobe", "zstd", "xz", "lz4", "mmdebstrap", "mkfs.xfs", "mount", "tar", "qemu-img"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return nil, fmt.Errorf("building a base needs %s: run `make deps` (qemu-utils mmdebstrap xfsprogs zstd xz-utils kmod)", tool)
+			return nil, fmt.Errorf("building a base needs %s: run `make deps` (qemu-utils mmdebstrap xfsprogs zstd xz-utils lz4 kmod)", tool)
 		}
 	}
 	t0 := time.Now()
@@ -329,6 +329,8 @@ func (b *builder) extractVmlinux(ctx context.Context, kroot, tmp string, base *B
 		args = []string{"zstd", "-dc"}
 	case XZ:
 		args = []string{"xz", "-dc", "--single-stream"}
+	case LZ4:
+		args = []string{"lz4", "-dc"}
 	}
 	f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
@@ -405,7 +407,11 @@ func (b *builder) collectModules(ctx context.Context, kroot, tmp string, wanted 
 		base.Modules = append(base.Modules, name)
 		fmt.Fprintf(&order, "/%s/%s.ko\n", ModulesDir, name)
 	}
-	b.logf("kernel.modules: %s (built in: %s)", strings.Join(base.Modules, " "), strings.Join(builtin, " "))
+	builtins := strings.Join(builtin, " ")
+	if builtins == "" {
+		builtins = "none"
+	}
+	b.logf("kernel.modules: %s (built in: %s)", strings.Join(base.Modules, " "), builtins)
 	return os.WriteFile(filepath.Join(tmp, ModulesOrder), []byte(order.String()), 0o644)
 }
 

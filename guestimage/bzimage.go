@@ -9,9 +9,12 @@ import (
 // Compression is how a bzImage's payload (the kernel ELF) is compressed.
 type Compression string
 
+// The compressions of Debian's kernels: 6.12 is zstd, 6.1 cloud is LZ4
+// (legacy frame, as the kernel's build writes it), older ones xz.
 const (
 	Zstd Compression = "zstd"
 	XZ   Compression = "xz"
+	LZ4  Compression = "lz4"
 )
 
 var magics = []struct {
@@ -20,17 +23,24 @@ var magics = []struct {
 }{
 	{Zstd, []byte{0x28, 0xB5, 0x2F, 0xFD}},
 	{XZ, []byte{0xFD, '7', 'z', 'X', 'Z', 0x00}},
+	{LZ4, []byte{0x02, 0x21, 0x4C, 0x18}},
 }
 
-// Payload finds the compressed kernel inside a bzImage. It trusts the
-// boot protocol header (2.08+: payload_offset and payload_length after the
-// setup sectors) when the bytes there start with a known magic; otherwise
-// it takes the first zstd or xz magic in the file and runs to its end. The
-// payload may carry trailing bytes (the kernel appends its size): the
+// Payload finds the compressed kernel inside a bzImage. With a boot
+// protocol header (2.08+: payload_offset and payload_length after the
+// setup sectors) it takes exactly that payload, and fails when its magic
+// is unknown: a scan would find magics inside compressed data. Without a
+// header it takes the first known magic in the file and runs to its end.
+// The payload may carry trailing bytes (the kernel appends its size): the
 // decompressor must tolerate them.
 func Payload(img []byte) ([]byte, Compression, error) {
-	if p, c, ok := headerPayload(img); ok {
-		return p, c, nil
+	if p, ok := headerPayload(img); ok {
+		for _, m := range magics {
+			if bytes.HasPrefix(p, m.magic) {
+				return p, m.c, nil
+			}
+		}
+		return nil, "", fmt.Errorf("the bzImage's payload starts with % x: not zstd, xz or lz4", p[:min(len(p), 6)])
 	}
 	best, bestC := -1, Compression("")
 	for _, m := range magics {
@@ -39,14 +49,14 @@ func Payload(img []byte) ([]byte, Compression, error) {
 		}
 	}
 	if best < 0 {
-		return nil, "", fmt.Errorf("no zstd or xz payload in the bzImage")
+		return nil, "", fmt.Errorf("no zstd, xz or lz4 payload in the bzImage")
 	}
 	return img[best:], bestC, nil
 }
 
-func headerPayload(img []byte) ([]byte, Compression, bool) {
+func headerPayload(img []byte) ([]byte, bool) {
 	if len(img) < 0x250 || string(img[0x202:0x206]) != "HdrS" || binary.LittleEndian.Uint16(img[0x206:]) < 0x208 {
-		return nil, "", false
+		return nil, false
 	}
 	setup := int(img[0x1f1])
 	if setup == 0 {
@@ -55,15 +65,9 @@ func headerPayload(img []byte) ([]byte, Compression, bool) {
 	start := uint64(setup+1)*512 + uint64(binary.LittleEndian.Uint32(img[0x248:]))
 	end := start + uint64(binary.LittleEndian.Uint32(img[0x24c:]))
 	if start >= uint64(len(img)) || end > uint64(len(img)) || end <= start {
-		return nil, "", false
+		return nil, false
 	}
-	p := img[start:end]
-	for _, m := range magics {
-		if bytes.HasPrefix(p, m.magic) {
-			return p, m.c, true
-		}
-	}
-	return nil, "", false
+	return img[start:end], true
 }
 
 // CheckVmlinux checks that b starts as an x86-64 executable ELF.
