@@ -1,6 +1,6 @@
 # strata: directory-level copy-on-write checkpoints.
-# `make run` starts guestd and hostproxy with one local sandbox; `make test`
-# runs every test as root, mounts included, in a private mount namespace.
+# `make run` starts hostproxy with a microVM sandbox; `make test` runs every
+# test as root, mounts and microVMs included, in a private mount namespace.
 #
 # `make image` builds the microVM guest image (package guestimage) into
 # $(IMAGE_CACHE), or finds it there (well under a second), and prints its
@@ -19,7 +19,7 @@ STATE ?= /var/lib/strata
 IMAGE_CACHE ?= /var/cache/strata
 KERNEL ?= 6.12-cloud
 
-.PHONY: all build deps image test test-short bench run vet clean
+.PHONY: all build deps image test test-short bench run run-local vet clean
 
 all: build
 
@@ -42,16 +42,20 @@ deps:
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-# guestd and strata-init for the guest are static (CGO_ENABLED=0): the
-# initramfs has no libc. The first build takes about a minute (Debian
-# userland, kernel); the next ones only rebuild the initramfs when the
-# binaries changed. KERNEL=6.1 builds with Debian 12's own kernel.
+# guestd and strata-init for the guest are static (CGO_ENABLED=0: the
+# initramfs has no libc), stripped (a smaller initramfs boots faster under
+# TCG) and path-free (-trimpath: every checkout of a commit makes the same
+# binaries, so the same image; TestBuildAndBoot builds them the same way).
+# The first build takes about a minute (Debian userland, kernel); the next
+# ones only rebuild the initramfs when the binaries changed. KERNEL=6.1
+# builds with Debian 12's own kernel.
+GUEST_BUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w"
 image:
 	@$(MAKE) -s --no-print-directory deps >&2
-	@CGO_ENABLED=0 $(GO) build -o $(BIN)/guestd ./cmd/guestd
-	@CGO_ENABLED=0 $(GO) build -o $(BIN)/strata-init ./cmd/strata-init
+	@$(GUEST_BUILD) -o $(BIN)/guest/guestd ./cmd/guestd
+	@$(GUEST_BUILD) -o $(BIN)/guest/strata-init ./cmd/strata-init
 	@$(GO) build -o $(BIN)/strata-image ./cmd/strata-image
-	@$(BIN)/strata-image build --cache $(IMAGE_CACHE) --kernel $(KERNEL) --guestd $(BIN)/guestd --init $(BIN)/strata-init
+	@$(BIN)/strata-image build --cache $(IMAGE_CACHE) --kernel $(KERNEL) --guestd $(BIN)/guest/guestd --init $(BIN)/guest/strata-init
 
 # staticcheck is pinned as a tool in go.mod (go get -tool …@version), so
 # every machine runs the same version, from the module cache that deps
@@ -74,35 +78,87 @@ vet:
 SCALE_TESTS := TestManyCheckpoints
 
 test: deps vet
-	@[ "$$(id -u)" = 0 ] || { echo "make test needs root (mount tests); use 'make test-short' otherwise"; exit 1; }
-	STRATA_OUTER_MNTNS=$$(readlink /proc/self/ns/mnt) $(GO) test -race -count=1 -timeout 40m \
-	  -exec 'unshare --mount --propagation private --' -skip '^$(SCALE_TESTS)$$' ./...
-	STRATA_OUTER_MNTNS=$$(readlink /proc/self/ns/mnt) $(GO) test -count=1 -timeout 20m \
+	@[ "$$(id -u)" = 0 ] || { echo "make test needs root (mount tests, microVMs); use 'make test-short' otherwise"; exit 1; }
+	@image=$$($(MAKE) -s --no-print-directory image) || exit 1; \
+	echo "guest image: $$image"; \
+	export STRATA_IMAGE=$$image STRATA_IMAGE_CACHE=$(IMAGE_CACHE) STRATA_OUTER_MNTNS=$$(readlink /proc/self/ns/mnt); \
+	set -x; \
+	$(GO) test -race -count=1 -timeout 40m \
+	  -exec 'unshare --mount --propagation private --' -skip '^$(SCALE_TESTS)$$' ./... && \
+	$(GO) test -count=1 -timeout 20m \
 	  -exec 'unshare --mount --propagation private --' -run '^$(SCALE_TESTS)$$' ./layers/
 
 test-short:
 	$(GO) test -short -count=1 ./...
 
-# guestd and hostproxy in the foreground with the local sandbox sb-local,
-# whose guest is this machine. The account key is $$CREATEOS_API_KEY, or
-# one generated on the first run and kept in $(STATE)/api-key. guestd
-# writes the sandbox's credentials file to $(STATE)/credentials.env (a real
-# guest's is /run/strata/credentials.env). DEBUG=1 adds the daemons' debug
-# lines (each step of each operation).
+# A microVM sandbox to try: hostproxy on $(LISTEN) runs sandboxes as QEMU
+# microVMs (state under $(STATE): registry, machines), and the sandbox
+# "dev" is created, or started again, and waited for. The first run builds
+# the guest image (about a minute, progress shown); the next ones reuse it
+# and adopt the sandbox, which keeps running when make run stops: they
+# start in seconds. The account key is $$CREATEOS_API_KEY, or one generated
+# on the first run and kept in $(STATE)/api-key. DEBUG=1 adds debug lines.
 #
-# A second run on the same STATE would share the first one's store: the
+# A second run on the same STATE would share the first one's registry: the
 # lock on $(STATE)/run.lock, taken before anything is printed and inherited
-# by both daemons (it lasts as long as either lives), refuses it at once,
-# naming the holder. The export lines are printed once both daemons serve.
-# Ctrl-C stops both; the next run finds every managed directory as it was.
+# by hostproxy, refuses it at once, naming the holder. Ctrl-C stops
+# hostproxy; the sandbox keeps running (createos sandbox stop dev-id stops it).
 RUN_LOCK = $(STATE)/run.lock
 run:
-	@[ "$$(id -u)" = 0 ] || { echo "make run needs root (it mounts overlays)" >&2; exit 1; }
+	@[ "$$(id -u)" = 0 ] || { echo "make run needs root (QEMU runs under uids of its own, disks are made for them)" >&2; exit 1; }
 	@command -v flock >/dev/null || { echo "make run needs flock (util-linux): make deps" >&2; exit 1; }
-	@mkdir -p $(STATE); chmod 700 $(STATE); exec 9<>$(RUN_LOCK); \
+	@mkdir -p $(STATE)/machines; chmod 711 $(STATE) $(STATE)/machines; exec 9<>$(RUN_LOCK); \
 	if ! flock -n 9; then \
 	  pid=$$(cat $(RUN_LOCK) 2>/dev/null); kill -0 "$$pid" 2>/dev/null || pid=""; \
 	  echo "make run: strata is already running with STATE=$(STATE)$${pid:+ (pid $$pid)}; stop it, or pass another STATE" >&2; \
+	  exit 1; \
+	fi; \
+	echo $$$$ > $(RUN_LOCK); \
+	listen="$(LISTEN)"; port=$${listen##*:}; host=$${listen%:*}; host=$${host#[}; host=$${host%]}; host=$${host:-127.0.0.1}; \
+	serving() { timeout 1 bash -c "exec 3<>/dev/tcp/$$host/$$port" 2>/dev/null; }; \
+	if serving; then echo "make run: LISTEN=$(LISTEN) is in use by another program; pass another LISTEN" >&2; exit 1; fi; \
+	echo "make run: building the binaries and the guest image (the first time about a minute)..." >&2; \
+	image=$$($(MAKE) -s --no-print-directory image) || exit 1; \
+	$(MAKE) -s --no-print-directory build >/dev/null || exit 1; \
+	KEY="$${CREATEOS_API_KEY:-}"; \
+	if [ -z "$$KEY" ]; then \
+	  [ -s $(STATE)/api-key ] || (umask 077; $(BIN)/hostproxy --print-new-key > $(STATE)/api-key); \
+	  KEY="$$(cat $(STATE)/api-key)"; \
+	fi; \
+	CREATEOS_API_KEY="$$KEY" $(BIN)/hostproxy --listen $(LISTEN) --data $(STATE)/hostproxy $(if $(DEBUG),--debug) \
+	  --account local --key-env CREATEOS_API_KEY --machines $(STATE)/machines --image $$image & H=$$!; \
+	trap 'kill -TERM $$H 2>/dev/null' INT TERM; \
+	until serving; do kill -0 $$H 2>/dev/null || exit 1; sleep 0.1; done; \
+	export CREATEOS_API_URL=http://$(LISTEN) CREATEOS_API_KEY="$$KEY"; \
+	SB=$$(cat $(STATE)/sandbox-id 2>/dev/null); \
+	if [ -n "$$SB" ] && $(BIN)/createos sandbox get $$SB >/dev/null 2>&1; then \
+	  echo "make run: starting sandbox $$SB (it is booted again if it was stopped)..." >&2; \
+	  $(BIN)/createos sandbox start $$SB >/dev/null || { kill $$H; exit 1; }; \
+	else \
+	  echo "make run: creating sandbox dev (a QEMU microVM; under TCG the boot takes about 10 s)..." >&2; \
+	  SB=$$($(BIN)/createos sandbox create dev -o json | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -1); \
+	  [ -n "$$SB" ] || { kill $$H; exit 1; }; echo $$SB > $(STATE)/sandbox-id; \
+	fi; \
+	echo; echo "strata is running with sandbox $$SB (state in $(STATE)). In another shell:"; echo; \
+	echo "  export CREATEOS_API_URL=http://$(LISTEN)"; \
+	echo "  export CREATEOS_API_KEY=$$KEY"; \
+	echo "  export CREATEOS_SANDBOX_ID=$$SB"; \
+	echo "  export PATH=$(BIN):\$$PATH"; \
+	echo "  createos sandbox exec $$SB -- python3 -c 'print(6*7)'"; \
+	echo "  createos sandbox exec $$SB -- sh -c 'mkdir -p /workspace/project && echo hello > /workspace/project/README'"; \
+	echo "  createos sandbox checkpoint create $$SB --path /workspace/project --name first"; echo; \
+	echo "Ctrl-C stops hostproxy; the sandbox keeps running, and the next make run adopts it."; echo; \
+	wait $$H
+
+# The previous mode: guestd on this machine as the guest of the configured
+# sandbox sb-local (how guestd runs in someone else's VM). See README.
+run-local:
+	@[ "$$(id -u)" = 0 ] || { echo "make run-local needs root (it mounts overlays)" >&2; exit 1; }
+	@command -v flock >/dev/null || { echo "make run-local needs flock (util-linux): make deps" >&2; exit 1; }
+	@mkdir -p $(STATE); chmod 711 $(STATE); exec 9<>$(RUN_LOCK); \
+	if ! flock -n 9; then \
+	  pid=$$(cat $(RUN_LOCK) 2>/dev/null); kill -0 "$$pid" 2>/dev/null || pid=""; \
+	  echo "make run-local: strata is already running with STATE=$(STATE)$${pid:+ (pid $$pid)}; stop it, or pass another STATE" >&2; \
 	  exit 1; \
 	fi; \
 	echo $$$$ > $(RUN_LOCK); \
