@@ -13,17 +13,25 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"strata/hostproxy"
 	"strata/internal/logx"
 )
 
 func main() {
+	// QEMUs started from here outlive hostproxy: none may inherit a
+	// descriptor hostproxy was given (make run's lock, a caller's pipe),
+	// which Go's exec leaves open in the child unless it is close-on-exec.
+	// hostproxy itself keeps them open.
+	unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-ctx.Done()
