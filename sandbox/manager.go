@@ -61,9 +61,16 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 
+	// create serializes the choice of a new sandbox's uid with the
+	// insert of its record, so that two creates never share one.
+	create sync.Mutex
+
 	mu   sync.Mutex
 	live map[string]*machine
-	busy map[string]bool // a lifecycle operation is under way
+	// busy marks the sandboxes a lifecycle operation is under way on,
+	// each with the number of its operation (ops counts them).
+	busy map[string]uint64
+	ops  uint64
 	wg   sync.WaitGroup  // background transitions
 	ctx  context.Context // ends with Close
 	stop context.CancelFunc
@@ -124,7 +131,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, live: map[string]*machine{}, busy: map[string]bool{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, live: map[string]*machine{}, busy: map[string]uint64{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -145,7 +152,8 @@ func checkTraversable(dir string) error {
 }
 
 // Close stops watching the machines and drops their channels. QEMUs keep
-// running: the next Manager adopts them.
+// running: the next Manager adopts them. A boot under way is left in
+// creating, for the next Manager's Recover to finish.
 func (m *Manager) Close() {
 	m.stop()
 	m.wg.Wait()
@@ -182,16 +190,22 @@ func hostname(r Record) string {
 }
 
 // begin marks a lifecycle operation on id under way, or refuses a second.
+// The mark is released by the operation's setState, or else by the func
+// begin returns (which releases this operation's mark only).
 func (m *Manager) begin(id string) (func(), error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.busy[id] {
+	if m.busy[id] != 0 {
 		return nil, ErrInProgress
 	}
-	m.busy[id] = true
+	m.ops++
+	op := m.ops
+	m.busy[id] = op
 	return func() {
 		m.mu.Lock()
-		delete(m.busy, id)
+		if m.busy[id] == op {
+			delete(m.busy, id)
+		}
 		m.mu.Unlock()
 	}, nil
 }
@@ -213,6 +227,8 @@ func (m *Manager) Create(ctx context.Context, r Record) (Record, error) {
 	if err := m.checkCapacity(ctx, r.MemoryMiB); err != nil {
 		return Record{}, err
 	}
+	m.create.Lock()
+	defer m.create.Unlock()
 	uid, err := m.freeUID(ctx)
 	if err != nil {
 		return Record{}, err
@@ -281,6 +297,10 @@ func (m *Manager) boot(ctx context.Context, id string) {
 		return
 	}
 	fail := func(sentence string, err error) {
+		if ctx.Err() != nil {
+			m.leaveBoot(id, err)
+			return
+		}
 		m.log.Error("sandbox boot failed", "sandbox", id, "err", err)
 		m.teardown(id)
 		m.setState(id, Error, sentence)
@@ -319,11 +339,23 @@ func (m *Manager) boot(ctx context.Context, id string) {
 	m.log.Debug("guestd answered", "sandbox", id, "after", time.Since(t0).Round(time.Millisecond))
 	if m.cfg.Booted != nil {
 		if err := m.cfg.Booted(ctx, r); err != nil {
+			if ctx.Err() != nil {
+				m.leaveBoot(id, err)
+				return
+			}
 			m.log.Warn("sandbox booted, but its guest did not take its credentials", "sandbox", id, "err", err)
 		}
 	}
 	m.setState(id, Running, "")
 	m.log.Info("sandbox running", "sandbox", id, "boot", time.Since(t0).Round(time.Millisecond))
+}
+
+// leaveBoot leaves a boot that the Manager's Close interrupted as it is:
+// the sandbox stays creating and its QEMU, if it has one, runs on; the
+// next Manager's Recover finishes the boot. (Close is a restart of the
+// host service, which must never cost a sandbox its boot.)
+func (m *Manager) leaveBoot(id string, err error) {
+	m.log.Warn("sandbox boot interrupted by the host service stopping; the next start finishes it", "sandbox", id, "err", err)
 }
 
 // prepare makes the run directory and, on the first boot, the disk: a
@@ -438,7 +470,7 @@ func guestHealth(ctx context.Context, ch *channel.Host) error {
 		return err
 	}
 	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	stop := endWith(ctx, conn)
 	defer stop()
 	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: guestd\r\nConnection: close\r\n\r\n"); err != nil {
 		return err
@@ -452,6 +484,17 @@ func guestHealth(ctx context.Context, ch *channel.Host) error {
 		return fmt.Errorf("guestd health: %s", resp.Status)
 	}
 	return nil
+}
+
+// endWith ends conn's pending reads and writes when ctx ends. Closing a
+// channel stream is not enough: a yamux stream's Close only half-closes
+// it, and a Read waiting on a guest that never answers goes on waiting
+// (until yamux's 5-minute stream close timeout). A deadline ends it.
+func endWith(ctx context.Context, conn net.Conn) (stop func() bool) {
+	return context.AfterFunc(ctx, func() {
+		conn.SetDeadline(time.Now())
+		conn.Close()
+	})
 }
 
 // Dial opens a stream to the guestd of a running sandbox (the vm:// guest
@@ -584,7 +627,7 @@ func (m *Manager) askShutdown(ctx context.Context, mc *machine) error {
 		return err
 	}
 	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	stop := endWith(ctx, conn)
 	defer stop()
 	if _, err := io.WriteString(conn, "POST /v1/shutdown HTTP/1.1\r\nHost: guestd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"); err != nil {
 		return err
@@ -651,8 +694,14 @@ func (m *Manager) destroy(ctx context.Context, id string) error {
 
 // setState writes a final state (and its error sentence) and returns the
 // record. A running QEMU's process stays recorded; a stopped one's is
-// dropped.
+// dropped. It is the last step of an operation on id (or runs when none
+// is under way): the state is written and the operation's mark released
+// in one step, so that whoever reads the final state may start the next
+// operation at once.
 func (m *Manager) setState(id string, s State, sentence string) (Record, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.busy, id)
 	r, err := m.cfg.Records.Update(context.Background(), id, func(r *Record) error {
 		r.State, r.Error = s, sentence
 		if (s == Stopped || s == Error) && r.Machine != nil {
@@ -739,6 +788,10 @@ func (m *Manager) settle(ctx context.Context, r Record, vm vmm.Machine, cfg vmm.
 		}
 		m.background(done, func(ctx context.Context) {
 			if err := m.waitGuest(ctx, mc); err != nil {
+				if ctx.Err() != nil {
+					m.leaveBoot(id, err)
+					return
+				}
 				m.teardown(id)
 				m.setState(id, Error, errBootFailed)
 				return
@@ -857,4 +910,3 @@ func consoleTail(path string) string {
 	}
 	return "; console: " + strings.TrimSpace(string(b))
 }
-

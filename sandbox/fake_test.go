@@ -1,0 +1,370 @@
+package sandbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"strata/channel"
+	"strata/sandbox"
+	"strata/vmm"
+)
+
+// plan is how the next machines a fakeDriver starts behave.
+type plan struct {
+	// gate, when not nil, holds guestd back until it is closed: a slow
+	// boot the test releases.
+	gate <-chan struct{}
+	// hang is a boot that never ends: guestd never serves.
+	hang bool
+	// stuckShutdown is a guest that takes POST /v1/shutdown and never
+	// answers it nor powers off.
+	stuckShutdown bool
+}
+
+// fakeDriver is a TEST DOUBLE of vmm.QEMU. Start plays QEMU: it serves
+// the channel socket of the machine's run directory and runs a fake guest
+// behind it (the guest end of package channel, and an HTTP server with
+// guestd's /v1/health and /v1/shutdown). Machines are kept by pid, so
+// that a second Manager can Attach to them as a restarted hostproxy does.
+type fakeDriver struct {
+	log *slog.Logger
+
+	mu       sync.Mutex
+	next     plan
+	pid      int
+	machines map[int]*fakeMachine
+	byID     map[string][]*fakeMachine // every machine started, per sandbox
+}
+
+func newFakeDriver(log *slog.Logger) *fakeDriver {
+	return &fakeDriver{log: log, pid: 4000, machines: map[int]*fakeMachine{}, byID: map[string][]*fakeMachine{}}
+}
+
+var _ vmm.Driver = (*fakeDriver)(nil)
+
+// setPlan makes every machine started from now on behave as p.
+func (d *fakeDriver) setPlan(p plan) {
+	d.mu.Lock()
+	d.next = p
+	d.mu.Unlock()
+}
+
+// last is the machine last started for sandbox id, or nil.
+func (d *fakeDriver) last(id string) *fakeMachine {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ms := d.byID[id]
+	if len(ms) == 0 {
+		return nil
+	}
+	return ms[len(ms)-1]
+}
+
+// starts is the number of machines started for sandbox id.
+func (d *fakeDriver) starts(id string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.byID[id])
+}
+
+// running is every machine that has not exited.
+func (d *fakeDriver) running() []*fakeMachine {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []*fakeMachine
+	for _, m := range d.machines {
+		if !m.exited() {
+			out = append(out, m)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].proc.Pid < out[j].proc.Pid })
+	return out
+}
+
+func (d *fakeDriver) Start(ctx context.Context, cfg vmm.Config) (vmm.Machine, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(cfg.Disk); err != nil {
+		return nil, fmt.Errorf("fake qemu: disk: %w", err)
+	}
+	// QEMU makes its socket anew: a stale one of an earlier boot is removed.
+	if err := os.Remove(cfg.ChannelSocket()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	ln, err := net.Listen("unix", cfg.ChannelSocket())
+	if err != nil {
+		return nil, fmt.Errorf("fake qemu: %w", err)
+	}
+	d.mu.Lock()
+	d.pid++
+	m := &fakeMachine{
+		cfg: cfg, plan: d.next, ln: ln,
+		proc:  vmm.Process{Pid: d.pid, StartTime: uint64(d.pid) * 7},
+		conns: make(chan net.Conn, 4),
+		done:  make(chan struct{}),
+	}
+	d.mu.Unlock()
+	m.boot(d.log.With("fake", cfg.Name))
+	d.mu.Lock()
+	d.machines[m.proc.Pid] = m
+	d.byID[cfg.Name] = append(d.byID[cfg.Name], m)
+	d.mu.Unlock()
+	return m, nil
+}
+
+// Attach adopts a machine this driver started and that still runs, as
+// vmm.QEMU does through the pid and its start time.
+func (d *fakeDriver) Attach(ctx context.Context, cfg vmm.Config, p vmm.Process) (vmm.Machine, error) {
+	d.mu.Lock()
+	m := d.machines[p.Pid]
+	d.mu.Unlock()
+	if m == nil || m.proc != p || m.cfg.Name != cfg.Name || m.exited() {
+		return nil, fmt.Errorf("fake qemu of %s (pid %d): %w", cfg.Name, p.Pid, vmm.ErrGone)
+	}
+	return m, nil
+}
+
+// fakeMachine is one fake QEMU and the guest inside it.
+type fakeMachine struct {
+	cfg  vmm.Config
+	plan plan
+	proc vmm.Process
+	ln   net.Listener
+	// conns are the connections accepted on the channel socket: the
+	// guest end's port reads the next one, as a virtio-serial port reads
+	// whichever host end QEMU has connected.
+	conns chan net.Conn
+	guest *channel.Guest
+	srv   *http.Server
+
+	paused    atomic.Bool
+	shutdowns atomic.Int32 // POST /v1/shutdown received
+	healths   atomic.Int32 // GET /v1/health answered
+
+	once sync.Once
+	done chan struct{}
+	how  atomic.Value // string: "killed" or "powered off"
+}
+
+func (m *fakeMachine) boot(log *slog.Logger) {
+	go func() {
+		for {
+			c, err := m.ln.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case m.conns <- c:
+			case <-m.done:
+				c.Close()
+				return
+			}
+		}
+	}()
+	m.guest = channel.ListenGuest(m.openPort, log)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
+		m.healths.Add(1)
+		writeJSend(w, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("POST /v1/shutdown", func(w http.ResponseWriter, r *http.Request) {
+		m.shutdowns.Add(1)
+		if m.plan.stuckShutdown {
+			<-m.done
+			return
+		}
+		writeJSend(w, map[string]string{})
+		// guestd answers, then init syncs, unmounts and powers off.
+		go func() {
+			time.Sleep(20 * time.Millisecond)
+			m.exit("powered off")
+		}()
+	})
+	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	ln := m.guest.Listener()
+	go func() {
+		if m.plan.hang {
+			return
+		}
+		if m.plan.gate != nil {
+			select {
+			case <-m.plan.gate:
+			case <-m.done:
+				return
+			}
+		}
+		m.srv.Serve(ln)
+	}()
+}
+
+func writeJSend(w http.ResponseWriter, data any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"status": "success", "data": data})
+}
+
+// openPort is the guest end's port: the next host end QEMU accepted.
+func (m *fakeMachine) openPort() (io.ReadWriteCloser, error) {
+	select {
+	case c := <-m.conns:
+		return c, nil
+	case <-m.done:
+		return nil, io.EOF
+	}
+}
+
+// exit ends the machine once: Done closes at once, then the guest and
+// the socket go away.
+func (m *fakeMachine) exit(how string) {
+	m.once.Do(func() {
+		m.how.Store(how)
+		close(m.done)
+		m.ln.Close()
+		m.srv.Close()
+		m.guest.Close()
+	})
+}
+
+func (m *fakeMachine) exited() bool {
+	select {
+	case <-m.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// howExited is "killed", "powered off", or "" while the machine runs.
+func (m *fakeMachine) howExited() string {
+	s, _ := m.how.Load().(string)
+	return s
+}
+
+func (m *fakeMachine) Process() vmm.Process { return m.proc }
+
+func (m *fakeMachine) Pause(ctx context.Context) error {
+	if m.exited() {
+		return errors.New("fake qemu: exited")
+	}
+	m.paused.Store(true)
+	return nil
+}
+
+func (m *fakeMachine) Resume(ctx context.Context) error {
+	if m.exited() {
+		return errors.New("fake qemu: exited")
+	}
+	m.paused.Store(false)
+	return nil
+}
+
+func (m *fakeMachine) Running(ctx context.Context) (bool, error) {
+	if m.exited() {
+		return false, errors.New("fake qemu: exited")
+	}
+	return !m.paused.Load(), nil
+}
+
+// Kill is a power cut: Done closes before Kill returns.
+func (m *fakeMachine) Kill() error {
+	m.exit("killed")
+	return nil
+}
+
+func (m *fakeMachine) Done() <-chan struct{} { return m.done }
+
+// Close drops the control connection; the machine keeps running.
+func (m *fakeMachine) Close() error { return nil }
+
+// memRecords is sandbox.Records in memory. Records are kept as JSON, as
+// the registry keeps them, so that no caller shares a Machine with the
+// store.
+type memRecords struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+var _ sandbox.Records = (*memRecords)(nil)
+
+func newMemRecords() *memRecords { return &memRecords{m: map[string][]byte{}} }
+
+func (s *memRecords) Insert(ctx context.Context, r sandbox.Record) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.m[r.ID]; ok {
+		return fmt.Errorf("record %s exists", r.ID)
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	s.m[r.ID] = b
+	return nil
+}
+
+func (s *memRecords) Update(ctx context.Context, id string, fn func(*sandbox.Record) error) (sandbox.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.get(id)
+	if err != nil {
+		return sandbox.Record{}, err
+	}
+	if err := fn(&r); err != nil {
+		return sandbox.Record{}, err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return sandbox.Record{}, err
+	}
+	s.m[id] = b
+	return r, nil
+}
+
+func (s *memRecords) get(id string) (sandbox.Record, error) {
+	b, ok := s.m[id]
+	if !ok {
+		return sandbox.Record{}, sandbox.ErrNotFound
+	}
+	var r sandbox.Record
+	err := json.Unmarshal(b, &r)
+	return r, err
+}
+
+func (s *memRecords) Get(ctx context.Context, id string) (sandbox.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.get(id)
+}
+
+func (s *memRecords) List(ctx context.Context) ([]sandbox.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var all []sandbox.Record
+	for id := range s.m {
+		r, err := s.get(id)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, r)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].ID < all[j].ID })
+	return all, nil
+}
+
+func (s *memRecords) Delete(ctx context.Context, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, id)
+	return nil
+}

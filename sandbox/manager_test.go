@@ -1,0 +1,925 @@
+package sandbox_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"strata/internal/fault"
+	"strata/internal/testenv"
+	"strata/sandbox"
+	"strata/vmm"
+)
+
+// These tests run the Manager over fakeDriver (fake_test.go): every
+// lifecycle path without QEMU. States are read through Records, as
+// hostproxy reads them, and waited for with a deadline.
+
+const (
+	uidBase     = 300000
+	stopTimeout = 300 * time.Millisecond
+	// waitFor bounds every wait for a state: far above what any step
+	// takes, so that only a state never reached fails.
+	waitFor = 10 * time.Second
+)
+
+// harness is one state directory, its records, a fake QEMU and the
+// Managers a test starts over them (a second one is a restarted
+// hostproxy).
+type harness struct {
+	t      *testing.T
+	dir    string
+	image  sandbox.Image
+	recs   *memRecords
+	drv    *fakeDriver
+	mem    atomic.Int64 // MiB the host has available
+	booted atomic.Int32 // calls of Config.Booted
+	logs   *lockedBuffer
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	// prepare chowns each run directory and disk to the sandbox's uid.
+	testenv.RequiresRoot(t)
+	requireQemuImg(t)
+	// QEMU runs unprivileged below Dir, which New checks: every parent
+	// must be traversable by others (t.TempDir's are not). Short, too:
+	// a unix socket path is at most 107 bytes.
+	top, err := os.MkdirTemp("", "sbx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(top) })
+	if err := os.Chmod(top, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(top, "image")
+	if err := os.Mkdir(img, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"vmlinux", "initramfs"} {
+		if err := os.WriteFile(filepath.Join(img, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := filepath.Join(img, "disk.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", base, "64M").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v: %s", err, out)
+	}
+	h := &harness{
+		t: t, dir: filepath.Join(top, "sb"),
+		image: sandbox.Image{Key: "k", Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initramfs"), Disk: base},
+		recs:  newMemRecords(),
+		logs:  &lockedBuffer{},
+	}
+	h.mem.Store(16 << 10)
+	h.drv = newFakeDriver(slog.New(slog.NewTextHandler(h.logs, nil)))
+	t.Cleanup(func() {
+		// After the Managers' own cleanups (registered later, run
+		// earlier): nothing watches the machines any more.
+		for _, m := range h.drv.running() {
+			m.Kill()
+		}
+		if t.Failed() {
+			t.Logf("logs:\n%s", h.logs.String())
+		}
+	})
+	return h
+}
+
+// requireQemuImg fails t unless qemu-img is on PATH: the Manager makes
+// each sandbox's disk with it. Under -short the test is skipped instead.
+func requireQemuImg(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("makes disks with qemu-img; skipped under -short")
+	}
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		t.Fatal("this test makes sandbox disks: qemu-img is not on PATH (make deps installs it, with QEMU)")
+	}
+}
+
+// manager starts a Manager over the harness's records and directory,
+// closed when the test ends; edit may change its configuration first.
+func (h *harness) manager(edit func(*sandbox.Config)) *sandbox.Manager {
+	h.t.Helper()
+	cfg := sandbox.Config{
+		Dir: h.dir, Image: h.image, Driver: h.drv,
+		Accel:   vmm.Probe{Accel: vmm.TCG, TSCKHz: 2_000_000},
+		Records: h.recs,
+		Log:     slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		UIDBase: uidBase, BootTimeout: waitFor, StopTimeout: stopTimeout,
+		Booted: func(ctx context.Context, r sandbox.Record) error {
+			h.booted.Add(1)
+			return nil
+		},
+		MemAvailable: func() (int, error) { return int(h.mem.Load()), nil },
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	m, err := sandbox.New(cfg)
+	if err != nil {
+		h.t.Fatalf("sandbox.New: %v", err)
+	}
+	h.t.Cleanup(m.Close)
+	return m
+}
+
+// record is a new sandbox's record as hostproxy hands it to Create.
+func record(id string) sandbox.Record {
+	return sandbox.Record{ID: id, Account: "acct", MemoryMiB: 256, VCPUs: 1, DiskGiB: 1, CreatedAt: time.Now().UTC().Truncate(time.Second)}
+}
+
+// create creates sandbox id and checks the answer: creating, with a uid
+// of its own and the image's base disk.
+func (h *harness) create(m *sandbox.Manager, id string) sandbox.Record {
+	h.t.Helper()
+	r, err := m.Create(context.Background(), record(id))
+	if err != nil {
+		h.t.Fatalf("Create %s: %v", id, err)
+	}
+	if r.State != sandbox.Creating || r.Machine == nil || r.Machine.Uid < uidBase || r.Machine.BaseDisk != h.image.Disk {
+		h.t.Fatalf("Create %s answered %+v (machine %+v)", id, r, r.Machine)
+	}
+	return r
+}
+
+// running creates sandbox id and waits until it runs.
+func (h *harness) running(m *sandbox.Manager, id string) sandbox.Record {
+	h.t.Helper()
+	h.create(m, id)
+	return h.waitState(id, sandbox.Running)
+}
+
+func (h *harness) get(id string) sandbox.Record {
+	h.t.Helper()
+	r, err := h.recs.Get(context.Background(), id)
+	if err != nil {
+		h.t.Fatalf("Get %s: %v", id, err)
+	}
+	return r
+}
+
+// waitState waits until the record of id is in state want.
+func (h *harness) waitState(id string, want sandbox.State) sandbox.Record {
+	h.t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		r, err := h.recs.Get(context.Background(), id)
+		if err == nil && r.State == want {
+			return r
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("sandbox %s: state %q (error %q, get %v) after %v, want %q", id, r.State, r.Error, err, waitFor, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitExit waits until the fake machine has exited and returns how.
+func waitExit(t *testing.T, fm *fakeMachine) string {
+	t.Helper()
+	select {
+	case <-fm.Done():
+		return fm.howExited()
+	case <-time.After(waitFor):
+		t.Fatalf("machine %d still runs after %v", fm.proc.Pid, waitFor)
+		return ""
+	}
+}
+
+// checkHealth asks the sandbox's guestd for GET /v1/health through a
+// stream of its channel (Dial), as hostproxy's guest client does.
+func checkHealth(t *testing.T, m *sandbox.Manager, id string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	conn, err := m.Dial(ctx, id)
+	if err != nil {
+		t.Fatalf("Dial %s: %v", id, err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(waitFor))
+	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: guestd\r\nConnection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("health of %s: %v", id, err)
+	}
+	defer resp.Body.Close()
+	var env struct{ Status string }
+	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil || resp.StatusCode != 200 || env.Status != "success" {
+		t.Fatalf("health of %s: %s, %+v, %v", id, resp.Status, env, err)
+	}
+}
+
+// wantFault checks that err carries code and, when state is not "", the
+// sandbox's state in its fields.
+func wantFault(t *testing.T, what string, err error, code string, state sandbox.State) {
+	t.Helper()
+	fe := fault.As(err)
+	if fe == nil || fe.Code != code {
+		t.Fatalf("%s: got %v, want %s", what, err, code)
+	}
+	if state != "" && fe.Fields["state"] != string(state) {
+		t.Errorf("%s: fields %v, want state %q", what, fe.Fields, state)
+	}
+}
+
+// TestCreate follows one sandbox from creating to running: the record
+// says creating until guestd answers (a boot held back by the fake), the
+// run directory belongs to the sandbox's uid, and Dial reaches guestd.
+func TestCreate(t *testing.T) {
+	h := newHarness(t)
+	m := h.manager(nil)
+	gate := make(chan struct{})
+	h.drv.setPlan(plan{gate: gate})
+	h.create(m, "sb-1")
+	fm := waitMachine(t, h.drv, "sb-1")
+	// The machine runs and the host has asked guestd: still creating.
+	waitHealthAsked(t, fm)
+	if r := h.get("sb-1"); r.State != sandbox.Creating || h.booted.Load() != 0 {
+		t.Fatalf("before guestd answers: state %q, booted %d", r.State, h.booted.Load())
+	}
+	close(gate)
+	r := h.waitState("sb-1", sandbox.Running)
+	if r.Error != "" || r.Machine.Process == nil || *r.Machine.Process != fm.proc || r.Machine.Image != "k" {
+		t.Errorf("running record %+v, machine %+v; want the process %+v and image k", r, r.Machine, fm.proc)
+	}
+	if h.booted.Load() != 1 {
+		t.Errorf("Booted called %d times, want once", h.booted.Load())
+	}
+	checkHealth(t, m, "sb-1")
+	for _, p := range []string{"", "disk.qcow2"} {
+		fi, err := os.Stat(filepath.Join(h.dir, "sb-1", p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != r.Machine.Uid || st.Gid != r.Machine.Gid {
+			t.Errorf("%s is owned by %d:%d, want the sandbox's %d:%d", fi.Name(), st.Uid, st.Gid, r.Machine.Uid, r.Machine.Gid)
+		}
+	}
+	if fm.cfg.Disk != filepath.Join(h.dir, "sb-1", "disk.qcow2") || fm.cfg.Uid != r.Machine.Uid || fm.cfg.MemoryMiB != 256 {
+		t.Errorf("QEMU started with %+v", fm.cfg)
+	}
+}
+
+func waitMachine(t *testing.T, d *fakeDriver, id string) *fakeMachine {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for d.last(id) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("no machine started for %s", id)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return d.last(id)
+}
+
+// waitHealthAsked waits until the host's end of fm's channel is
+// connected: the Manager's health request goes through it at once, and
+// waits for guestd.
+func waitHealthAsked(t *testing.T, fm *fakeMachine) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for !fm.guest.Up() {
+		if time.Now().After(deadline) {
+			t.Fatal("the host never connected to the guest's channel")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestLifecycle runs each operation from a running sandbox and checks the
+// states the record goes through, what the machine saw, and the answers.
+func TestLifecycle(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		plan plan
+		run  func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine)
+	}{
+		{name: "pause_resume", run: func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine) {
+			r, err := m.Pause(ctx, "sb-1")
+			if err != nil || r.State != sandbox.Pausing {
+				t.Fatalf("Pause: %+v, %v; want pausing", r, err)
+			}
+			h.waitState("sb-1", sandbox.Paused)
+			if running, _ := fm.Running(ctx); running {
+				t.Error("paused, but the machine's CPUs run")
+			}
+			// Already paused: answered as it is, nothing done.
+			if r, err := m.Pause(ctx, "sb-1"); err != nil || r.State != sandbox.Paused {
+				t.Fatalf("second Pause: %+v, %v; want paused", r, err)
+			}
+			r, err = m.Resume(ctx, "sb-1")
+			if err != nil || r.State != sandbox.Resuming {
+				t.Fatalf("Resume: %+v, %v; want resuming", r, err)
+			}
+			h.waitState("sb-1", sandbox.Running)
+			if running, _ := fm.Running(ctx); !running {
+				t.Error("resumed, but the machine's CPUs do not run")
+			}
+			if r, err := m.Resume(ctx, "sb-1"); err != nil || r.State != sandbox.Running {
+				t.Fatalf("second Resume: %+v, %v; want running", r, err)
+			}
+			checkHealth(t, m, "sb-1")
+		}},
+		{name: "pause_or_resume_stopped", run: func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine) {
+			if _, err := m.Stop(ctx, "sb-1"); err != nil {
+				t.Fatal(err)
+			}
+			_, err := m.Pause(ctx, "sb-1")
+			wantFault(t, "Pause", err, "sandbox_not_running", sandbox.Stopped)
+			_, err = m.Resume(ctx, "sb-1")
+			wantFault(t, "Resume", err, "sandbox_not_running", sandbox.Stopped)
+			if r := h.get("sb-1"); r.State != sandbox.Stopped {
+				t.Errorf("state %q after refused operations, want stopped", r.State)
+			}
+		}},
+		{name: "stop_clean", run: func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine) {
+			r, err := m.Stop(ctx, "sb-1")
+			if err != nil || r.State != sandbox.Stopped || r.Machine.Process != nil {
+				t.Fatalf("Stop: %+v, %v; want stopped without a process", r, err)
+			}
+			if how := waitExit(t, fm); how != "powered off" || fm.shutdowns.Load() != 1 {
+				t.Errorf("machine %s after %d shutdown requests; want a clean power-off", how, fm.shutdowns.Load())
+			}
+			if _, err := m.Dial(ctx, "sb-1"); err == nil {
+				t.Error("Dial reached a stopped sandbox")
+			}
+			// Stopping a stopped sandbox does nothing.
+			if r, err := m.Stop(ctx, "sb-1"); err != nil || r.State != sandbox.Stopped {
+				t.Fatalf("second Stop: %+v, %v", r, err)
+			}
+		}},
+		{name: "stop_paused_is_clean", run: func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine) {
+			if _, err := m.Pause(ctx, "sb-1"); err != nil {
+				t.Fatal(err)
+			}
+			h.waitState("sb-1", sandbox.Paused)
+			if _, err := m.Stop(ctx, "sb-1"); err != nil {
+				t.Fatal(err)
+			}
+			if how := waitExit(t, fm); how != "powered off" {
+				t.Errorf("paused machine %s; want resumed and powered off", how)
+			}
+		}},
+		// Regression: the shutdown request to a guest that never
+		// answered was not ended at StopTimeout (closing a yamux stream
+		// does not end a Read waiting on it), so Stop took yamux's
+		// 5-minute stream close timeout instead of StopTimeout.
+		{name: "stop_killed_after_timeout", plan: plan{stuckShutdown: true}, run: func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine) {
+			r, took, err := stopWithin(t, m, "sb-1")
+			if err != nil || r.State != sandbox.Stopped {
+				t.Fatalf("Stop: %+v, %v", r, err)
+			}
+			if how := waitExit(t, fm); how != "killed" || fm.shutdowns.Load() != 1 {
+				t.Errorf("machine %s after %d shutdown requests; want asked, then killed", how, fm.shutdowns.Load())
+			}
+			if took < stopTimeout {
+				t.Errorf("killed after %v, before StopTimeout (%v)", took, stopTimeout)
+			}
+		}},
+		{name: "start_from_stopped", run: func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine) {
+			if _, err := m.Stop(ctx, "sb-1"); err != nil {
+				t.Fatal(err)
+			}
+			r, err := m.Start(ctx, "sb-1")
+			if err != nil || r.State != sandbox.Creating {
+				t.Fatalf("Start: %+v, %v; want creating", r, err)
+			}
+			r = h.waitState("sb-1", sandbox.Running)
+			if n := h.drv.starts("sb-1"); n != 2 || r.Machine.Process == nil || *r.Machine.Process != h.drv.last("sb-1").proc {
+				t.Errorf("%d machines started, record's process %+v; want a second boot recorded", n, r.Machine.Process)
+			}
+			checkHealth(t, m, "sb-1")
+		}},
+		{name: "start_running_unchanged", run: func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine) {
+			before := h.get("sb-1")
+			r, err := m.Start(ctx, "sb-1")
+			if err != nil || r.State != sandbox.Running || *r.Machine.Process != *before.Machine.Process {
+				t.Fatalf("Start: %+v, %v; want the running record unchanged", r, err)
+			}
+			if n := h.drv.starts("sb-1"); n != 1 || fm.exited() {
+				t.Errorf("%d machines started (first exited: %v); want the first untouched", n, fm.exited())
+			}
+		}},
+		{name: "unexpected_exit_then_start", run: func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine) {
+			fm.Kill() // from outside: nobody asked the Manager
+			r := h.waitState("sb-1", sandbox.Error)
+			if !strings.Contains(r.Error, "stopped unexpectedly") || r.Machine.Process != nil {
+				t.Errorf("error record %q, process %+v; want a sentence and no process", r.Error, r.Machine.Process)
+			}
+			if _, err := m.Dial(ctx, "sb-1"); err == nil {
+				t.Error("Dial reached a sandbox whose machine exited")
+			}
+			if r, err := m.Start(ctx, "sb-1"); err != nil || r.State != sandbox.Creating || r.Error != "" {
+				t.Fatalf("Start: %+v, %v; want creating without the error", r, err)
+			}
+			h.waitState("sb-1", sandbox.Running)
+			checkHealth(t, m, "sb-1")
+		}},
+		{name: "delete_running", run: func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine) {
+			if err := m.Delete(ctx, "sb-1"); err != nil {
+				t.Fatal(err)
+			}
+			checkDeleted(t, h, "sb-1")
+			if !fm.exited() {
+				t.Error("deleted, but its machine runs")
+			}
+			wantFault(t, "second Delete", m.Delete(ctx, "sb-1"), "sandbox_not_found", "")
+		}},
+		{name: "delete_stopped", run: func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine) {
+			if _, err := m.Stop(ctx, "sb-1"); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Delete(ctx, "sb-1"); err != nil {
+				t.Fatal(err)
+			}
+			checkDeleted(t, h, "sb-1")
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			m := h.manager(nil)
+			h.drv.setPlan(tc.plan)
+			h.running(m, "sb-1")
+			checkHealth(t, m, "sb-1")
+			tc.run(t, h, m, h.drv.last("sb-1"))
+		})
+	}
+}
+
+// stopWithin calls Stop and fails the test if it has not returned within
+// waitFor.
+func stopWithin(t *testing.T, m *sandbox.Manager, id string) (sandbox.Record, time.Duration, error) {
+	t.Helper()
+	type result struct {
+		r   sandbox.Record
+		err error
+	}
+	t0 := time.Now()
+	c := make(chan result, 1)
+	go func() {
+		r, err := m.Stop(context.Background(), id)
+		c <- result{r, err}
+	}()
+	select {
+	case res := <-c:
+		return res.r, time.Since(t0), res.err
+	case <-time.After(waitFor):
+		t.Fatalf("Stop of %s has not returned after %v (StopTimeout %v)", id, waitFor, stopTimeout)
+		return sandbox.Record{}, 0, nil
+	}
+}
+
+// checkDeleted checks that a deleted sandbox left nothing: no record, no
+// run directory (disk, sockets, logs).
+func checkDeleted(t *testing.T, h *harness, id string) {
+	t.Helper()
+	if _, err := h.recs.Get(context.Background(), id); fault.CodeOf(err) != "sandbox_not_found" {
+		t.Errorf("record after Delete: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(h.dir, id)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("run directory after Delete: %v", err)
+	}
+}
+
+// TestBootThatNeverAnswers: a guest that never answers puts its sandbox in
+// error after BootTimeout, with a sentence, and its machine is killed; a
+// start boots it again.
+//
+// Regression: the health request of the boot was not ended at its
+// deadline (closing a yamux stream does not end a Read waiting on it),
+// so such a boot outlived BootTimeout by yamux's 5-minute stream close
+// timeout, holding the sandbox in creating and every other operation on
+// it refused.
+func TestBootThatNeverAnswers(t *testing.T) {
+	h := newHarness(t)
+	m := h.manager(func(c *sandbox.Config) { c.BootTimeout = 300 * time.Millisecond })
+	h.drv.setPlan(plan{hang: true})
+	t0 := time.Now()
+	h.create(m, "sb-1")
+	r := h.waitState("sb-1", sandbox.Error)
+	if took := time.Since(t0); took < 300*time.Millisecond {
+		t.Errorf("gave up after %v, before BootTimeout", took)
+	}
+	if !strings.Contains(r.Error, "did not boot") || r.Machine.Process != nil {
+		t.Errorf("error %q, process %+v; want a sentence and no process", r.Error, r.Machine.Process)
+	}
+	if how := waitExit(t, h.drv.last("sb-1")); how != "killed" {
+		t.Errorf("the machine that never booted %s; want killed", how)
+	}
+	if h.booted.Load() != 0 {
+		t.Error("Booted called for a guest that never answered")
+	}
+	h.drv.setPlan(plan{})
+	if _, err := m.Start(context.Background(), "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-1", sandbox.Running)
+	checkHealth(t, m, "sb-1")
+}
+
+// TestOneOperationAtATime: while a lifecycle operation is under way on a
+// sandbox (a boot held back, a stop waiting for a stuck guest), every
+// other one is refused with operation_in_progress and changes nothing.
+func TestOneOperationAtATime(t *testing.T) {
+	ctx := context.Background()
+	ops := []struct {
+		name string
+		do   func(m *sandbox.Manager) error
+	}{
+		{"pause", func(m *sandbox.Manager) error { _, err := m.Pause(ctx, "sb-1"); return err }},
+		{"resume", func(m *sandbox.Manager) error { _, err := m.Resume(ctx, "sb-1"); return err }},
+		{"stop", func(m *sandbox.Manager) error { _, err := m.Stop(ctx, "sb-1"); return err }},
+		{"start", func(m *sandbox.Manager) error { _, err := m.Start(ctx, "sb-1"); return err }},
+		{"delete", func(m *sandbox.Manager) error { return m.Delete(ctx, "sb-1") }},
+	}
+	t.Run("while_booting", func(t *testing.T) {
+		h := newHarness(t)
+		m := h.manager(nil)
+		gate := make(chan struct{})
+		h.drv.setPlan(plan{gate: gate})
+		h.create(m, "sb-1")
+		for _, op := range ops {
+			wantFault(t, op.name, op.do(m), "operation_in_progress", "")
+		}
+		if r := h.get("sb-1"); r.State != sandbox.Creating {
+			t.Errorf("state %q, want still creating", r.State)
+		}
+		close(gate)
+		h.waitState("sb-1", sandbox.Running)
+		if n := h.drv.starts("sb-1"); n != 1 {
+			t.Errorf("%d machines started, want 1", n)
+		}
+	})
+	t.Run("while_stopping", func(t *testing.T) {
+		h := newHarness(t)
+		m := h.manager(func(c *sandbox.Config) { c.StopTimeout = 2 * time.Second })
+		h.drv.setPlan(plan{stuckShutdown: true})
+		h.running(m, "sb-1")
+		fm := h.drv.last("sb-1")
+		stopped := make(chan error, 1)
+		go func() { _, err := m.Stop(ctx, "sb-1"); stopped <- err }()
+		h.waitState("sb-1", sandbox.Stopping)
+		for _, op := range ops {
+			wantFault(t, op.name, op.do(m), "operation_in_progress", "")
+		}
+		if err := <-stopped; err != nil {
+			t.Fatal(err)
+		}
+		h.waitState("sb-1", sandbox.Stopped)
+		if fm.howExited() != "killed" {
+			t.Errorf("machine %q, want killed after StopTimeout", fm.howExited())
+		}
+	})
+}
+
+// TestHostCapacity: a create or a start that would leave the host less
+// than ReserveMiB (512 by default) beyond the sandbox's memory is refused
+// with host_capacity, and records nothing.
+func TestHostCapacity(t *testing.T) {
+	cases := []struct {
+		name      string
+		available int
+		memory    int
+		code      string
+	}{
+		{"fits_exactly", 1024, 512, ""},
+		{"one_mib_short", 1023, 512, "host_capacity"},
+		{"no_memory", 0, 128, "host_capacity"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			m := h.manager(nil)
+			h.mem.Store(int64(tc.available))
+			r := record("sb-1")
+			r.MemoryMiB = tc.memory
+			_, err := m.Create(context.Background(), r)
+			if tc.code == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				h.waitState("sb-1", sandbox.Running)
+				return
+			}
+			wantFault(t, "Create", err, tc.code, "")
+			if _, err := h.recs.Get(context.Background(), "sb-1"); fault.CodeOf(err) != "sandbox_not_found" {
+				t.Errorf("a refused create was recorded: %v", err)
+			}
+			if h.drv.starts("sb-1") != 0 {
+				t.Error("a refused create started a machine")
+			}
+		})
+	}
+	t.Run("start", func(t *testing.T) {
+		h := newHarness(t)
+		m := h.manager(nil)
+		h.running(m, "sb-1")
+		if _, err := m.Stop(context.Background(), "sb-1"); err != nil {
+			t.Fatal(err)
+		}
+		h.mem.Store(600)
+		_, err := m.Start(context.Background(), "sb-1")
+		wantFault(t, "Start", err, "host_capacity", "")
+		if r := h.get("sb-1"); r.State != sandbox.Stopped {
+			t.Errorf("state %q after a refused start, want stopped", r.State)
+		}
+	})
+}
+
+// TestRecover plays a hostproxy restart: a first Manager leaves sandboxes
+// in every state a crash can leave them, a second one on the same records
+// and directory settles each.
+func TestRecover(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	m1 := h.manager(nil)
+	for _, id := range []string{"sb-run", "sb-paused", "sb-gone", "sb-stopping", "sb-destroying"} {
+		h.running(m1, id)
+	}
+	if _, err := m1.Pause(ctx, "sb-paused"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-paused", sandbox.Paused)
+	m1.Close()
+
+	// What the crash left: machines gone under two records, a delete and
+	// a stop half done, a create recorded but never started.
+	h.drv.last("sb-gone").Kill()
+	h.drv.last("sb-stopping").Kill()
+	setState(t, h, "sb-stopping", sandbox.Stopping)
+	setState(t, h, "sb-destroying", sandbox.Destroying)
+	creating := record("sb-creating")
+	creating.State = sandbox.Creating
+	creating.Machine = &sandbox.Machine{Uid: uidBase + 50, Gid: uidBase + 50, BaseDisk: h.image.Disk, Image: h.image.Key}
+	if err := h.recs.Insert(ctx, creating); err != nil {
+		t.Fatal(err)
+	}
+	adopted := h.drv.last("sb-run")
+
+	m2 := h.manager(nil)
+	if err := m2.Recover(ctx); err != nil {
+		t.Fatalf("Recover: %v", err)
+	}
+
+	t.Run("running_adopted", func(t *testing.T) {
+		r := h.get("sb-run")
+		if r.State != sandbox.Running || *r.Machine.Process != adopted.proc || adopted.exited() || h.drv.starts("sb-run") != 1 {
+			t.Errorf("record %+v (process %+v), machine exited %v, %d starts; want the same machine running", r, r.Machine.Process, adopted.exited(), h.drv.starts("sb-run"))
+		}
+		checkHealth(t, m2, "sb-run")
+	})
+	t.Run("paused_adopted", func(t *testing.T) {
+		if r := h.get("sb-paused"); r.State != sandbox.Paused {
+			t.Errorf("state %q, want paused", r.State)
+		}
+		if _, err := m2.Resume(ctx, "sb-paused"); err != nil {
+			t.Fatal(err)
+		}
+		h.waitState("sb-paused", sandbox.Running)
+		checkHealth(t, m2, "sb-paused")
+	})
+	t.Run("gone_is_error", func(t *testing.T) {
+		r := h.get("sb-gone")
+		if r.State != sandbox.Error || !strings.Contains(r.Error, "while the host service was down") || r.Machine.Process != nil {
+			t.Errorf("record %+v; want error with a sentence, no process", r)
+		}
+	})
+	t.Run("stopping_is_stopped", func(t *testing.T) {
+		if r := h.get("sb-stopping"); r.State != sandbox.Stopped || r.Error != "" || r.Machine.Process != nil {
+			t.Errorf("record %+v; want stopped", r)
+		}
+	})
+	t.Run("destroying_finished", func(t *testing.T) {
+		checkDeleted(t, h, "sb-destroying")
+		if !h.drv.last("sb-destroying").exited() {
+			t.Error("its machine still runs")
+		}
+	})
+	t.Run("creating_booted", func(t *testing.T) {
+		h.waitState("sb-creating", sandbox.Running)
+		if n := h.drv.starts("sb-creating"); n != 1 {
+			t.Errorf("%d machines started, want 1", n)
+		}
+		checkHealth(t, m2, "sb-creating")
+	})
+	t.Run("lifecycle_after_adoption", func(t *testing.T) {
+		// The adopted machine is watched: a stop is clean, an exit is seen.
+		if _, err := m2.Stop(ctx, "sb-run"); err != nil {
+			t.Fatal(err)
+		}
+		if how := waitExit(t, adopted); how != "powered off" {
+			t.Errorf("adopted machine %s on stop; want powered off", how)
+		}
+		h.drv.last("sb-creating").Kill()
+		h.waitState("sb-creating", sandbox.Error)
+	})
+}
+
+func setState(t *testing.T, h *harness, id string, s sandbox.State) {
+	t.Helper()
+	if _, err := h.recs.Update(context.Background(), id, func(r *sandbox.Record) error {
+		r.State = s
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestConcurrentCreatesGetTheirOwnUIDs: creates at once each get a uid
+// of their own.
+//
+// Regression: Create chose the lowest uid no record held, then inserted
+// its record; two creates between those steps ran their QEMUs as one
+// uid, each able to open the other's disk.
+func TestConcurrentCreatesGetTheirOwnUIDs(t *testing.T) {
+	h := newHarness(t)
+	m := h.manager(nil)
+	const n = 12
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	ready := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-ready
+			_, err := m.Create(context.Background(), record(fmt.Sprintf("sb-%d", i)))
+			errs <- err
+		}()
+	}
+	close(ready)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	uids := map[uint32]string{}
+	for i := range n {
+		id := fmt.Sprintf("sb-%d", i)
+		r := h.waitState(id, sandbox.Running)
+		if other, ok := uids[r.Machine.Uid]; ok {
+			t.Errorf("%s and %s both run as uid %d", id, other, r.Machine.Uid)
+		}
+		uids[r.Machine.Uid] = id
+	}
+}
+
+// TestCloseDuringBoot: closing the Manager (a hostproxy restart) while a
+// sandbox boots leaves its machine running and its record creating; the
+// next Manager adopts the machine and finishes the boot, and so on across
+// a restart during that Manager's own wait.
+//
+// Regression: Close cancelled the boot's wait on guestd, which was taken
+// for a failed boot: the machine was killed and the sandbox put in error.
+func TestCloseDuringBoot(t *testing.T) {
+	h := newHarness(t)
+	m1 := h.manager(nil)
+	gate := make(chan struct{})
+	h.drv.setPlan(plan{gate: gate})
+	h.create(m1, "sb-1")
+	fm := waitMachine(t, h.drv, "sb-1")
+	waitHealthAsked(t, fm)
+	m1.Close()
+	if r := h.get("sb-1"); r.State != sandbox.Creating || r.Machine.Process == nil || fm.exited() {
+		t.Fatalf("after Close: record %+v (process %v), machine %q; want creating, its machine running", r, r.Machine.Process, fm.howExited())
+	}
+	m2 := h.manager(nil)
+	if err := m2.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Recover waits on guestd again; close that Manager too.
+	m2.Close()
+	if r := h.get("sb-1"); r.State != sandbox.Creating || r.Machine.Process == nil || fm.exited() {
+		t.Fatalf("after a second Close: record %+v (process %v), machine %q; want creating, its machine running", r, r.Machine.Process, fm.howExited())
+	}
+	m3 := h.manager(nil)
+	if err := m3.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	h.waitState("sb-1", sandbox.Running)
+	if n := h.drv.starts("sb-1"); n != 1 {
+		t.Errorf("%d machines started, want the first adopted", n)
+	}
+	checkHealth(t, m3, "sb-1")
+}
+
+// TestNextOperationOnceStateIsFinal: as soon as the record shows an
+// operation's final state, the next operation is accepted. Clients wait
+// for a state (X-Poll-After) and then act.
+//
+// Regression: an operation in the background wrote its final state and
+// only then released its mark, so a client quick enough to act on the
+// state was refused with operation_in_progress.
+func TestNextOperationOnceStateIsFinal(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	m := h.manager(nil)
+	h.running(m, "sb-1")
+	// spin reads the record without pause until it is in state s.
+	spin := func(s sandbox.State) {
+		t.Helper()
+		deadline := time.Now().Add(waitFor)
+		for h.get("sb-1").State != s {
+			if time.Now().After(deadline) {
+				t.Fatalf("state %q after %v, want %q", h.get("sb-1").State, waitFor, s)
+			}
+		}
+	}
+	for i := 0; i < 40; i++ {
+		if _, err := m.Pause(ctx, "sb-1"); err != nil {
+			t.Fatalf("round %d: Pause right after running: %v", i, err)
+		}
+		spin(sandbox.Paused)
+		if _, err := m.Resume(ctx, "sb-1"); err != nil {
+			t.Fatalf("round %d: Resume right after paused: %v", i, err)
+		}
+		spin(sandbox.Running)
+	}
+	if _, err := m.Stop(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Start(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	spin(sandbox.Running)
+	if _, err := m.Stop(ctx, "sb-1"); err != nil {
+		t.Fatalf("Stop right after a boot: %v", err)
+	}
+}
+
+// TestNotAMachine: a sandbox whose guest runs elsewhere (no Machine in its
+// record) and an unknown one are refused by every lifecycle operation.
+func TestNotAMachine(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	m := h.manager(nil)
+	if err := h.recs.Insert(ctx, sandbox.Record{ID: "sb-configured", Account: "acct", Guest: "unix:///run/guest.sock", State: sandbox.Running}); err != nil {
+		t.Fatal(err)
+	}
+	ops := []struct {
+		name string
+		do   func(id string) error
+	}{
+		{"pause", func(id string) error { _, err := m.Pause(ctx, id); return err }},
+		{"resume", func(id string) error { _, err := m.Resume(ctx, id); return err }},
+		{"stop", func(id string) error { _, err := m.Stop(ctx, id); return err }},
+		{"start", func(id string) error { _, err := m.Start(ctx, id); return err }},
+		{"delete", func(id string) error { return m.Delete(ctx, id) }},
+	}
+	for _, op := range ops {
+		t.Run(op.name, func(t *testing.T) {
+			wantFault(t, op.name, op.do("sb-configured"), "sandbox_not_a_vm", "")
+			wantFault(t, op.name, op.do("sb-nope"), "sandbox_not_found", "")
+		})
+	}
+	if r := h.get("sb-configured"); r.State != sandbox.Running || r.Machine != nil {
+		t.Errorf("record changed: %+v", r)
+	}
+	if _, err := m.Dial(ctx, "sb-configured"); err == nil {
+		t.Error("Dial reached a sandbox that has no machine here")
+	}
+}
+
+// lockedBuffer collects the logs of a test's Managers and fake guests.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
