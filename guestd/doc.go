@@ -1,6 +1,7 @@
 // Package guestd is the daemon inside a sandbox: it serves the local
-// checkpoint API (create, list, restore, delete) over any net.Listener
-// (a unix socket or loopback TCP today, virtio-serial or vsock later) and
+// checkpoint API (create, list, restore, delete) and exec over any
+// net.Listener (the microVM's channel, a root-only unix socket, loopback
+// TCP in tests) and
 // drives the layer store that does the work.
 //
 // A guestd serves one sandbox, so its routes carry no sandbox id:
@@ -10,8 +11,14 @@
 // managed directory and the checkpoint its live content continues from),
 // PUT /v1/credentials (the host hands over the API address, sandbox id and
 // access token, written root-readable for processes in the sandbox),
-// GET /v1/health and GET /metrics (Prometheus). Requests are validated here as well as at the host's edge: the
-// guest trusts nothing it is sent.
+// POST /v1/exec (a program run without a shell in its own process group,
+// output capped, killed whole at its timeout), GET /v1/check (the open
+// stores' consistency report, for tests and support), GET /v1/health and
+// GET /metrics (Prometheus). Inside a strata microVM (Config.PowerOff set,
+// guestd --vm) POST /v1/shutdown is the host's clean stop, and ForwardAPI
+// carries the guest's calls to the public API through the channel.
+// Requests are validated here as well as at the host's edge: the guest
+// trusts nothing it is sent.
 //
 // Before New returns, the store has swept half-done work and remounted
 // every managed root, so a guestd that serves has its directories back.

@@ -26,9 +26,16 @@
 //     exports Prometheus metrics on /metrics, logs one structured line per
 //     request, and shuts down gracefully, finishing requests in flight.
 //
-// What it does not do: it never touches a checkpoint itself, keeps no
-// checkpoint state, and does not start, pause or stop sandboxes (their state
-// comes from the configuration, or Registry.SetSandboxState).
+//   - with a machines configuration, serves the sandbox lifecycle
+//     (/v1/sandboxes: create, list, get, delete, pause, resume, stop, start,
+//     exec) through package sandbox, keeps the microVMs' records in its
+//     registry, reaches their guestd through each VM's channel (the vm://
+//     guest address), and serves the calls processes inside a sandbox make
+//     through that channel, scoped to that sandbox whatever key they carry.
+//
+// What it does not do: it never touches a checkpoint itself and keeps no
+// checkpoint state; a configured sandbox's state comes from the
+// configuration (or Registry.SetSandboxState), not from a lifecycle.
 //
 // Order of checks on a checkpoint route: the client address's limit on
 // failed authentications (429, whatever key it sends), credential (401,
