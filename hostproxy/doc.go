@@ -24,8 +24,7 @@
 //     request timeouts, without holding up other sandboxes;
 //   - limits requests per credential (429 rate_limited with Retry-After),
 //     exports Prometheus metrics on /metrics, logs one structured line per
-//     request, and shuts down gracefully, finishing requests in flight.
-//
+//     request, and shuts down gracefully, finishing requests in flight;
 //   - with a machines configuration, serves the sandbox lifecycle
 //     (/v1/sandboxes: create, list, get, delete, pause, resume, stop, start,
 //     exec) through package sandbox, keeps the microVMs' records in its

@@ -199,10 +199,10 @@ func (g *GuestClient) transport(guest string) (*http.Transport, error) {
 		MaxIdleConnsPerHost: 4,
 		// A guest is untrusted (root inside a sandbox controls it): cap
 		// the calls in flight to it, so a slow one cannot pin host memory.
-		MaxConnsPerHost:       16,
-		IdleConnTimeout:       30 * time.Second,
+		MaxConnsPerHost: 16,
+		IdleConnTimeout: 30 * time.Second,
 		// Each call's own context bounds it (an exec may last an hour).
-		DisableCompression:    true,
+		DisableCompression: true,
 	}
 	g.transports[guest] = t
 	return t, nil
