@@ -3,6 +3,10 @@
 // small and a large directory beside cp -a and tar of the same tree, the
 // list of 1,000 checkpoints, the busy scan among 1,000 processes, and the
 // cost of stat and readdir in a live directory after 1,000 checkpoints.
+// With -vm-image it also runs hostproxy with microVM sandboxes and
+// measures them through the public API: boots, exec, capture and restore
+// inside a VM, host memory per idle sandbox, and a boot beside many idle
+// ones.
 //
 // It needs root and must run in a private mount namespace: `make bench`.
 package main
@@ -46,6 +50,9 @@ func run(ctx context.Context) error {
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root (make bench)")
+	}
+	if *vmOnly {
+		return printVM(ctx, nil)
 	}
 	base, err := os.MkdirTemp("/var/tmp", "strata-bench-")
 	if err != nil {
@@ -199,6 +206,30 @@ func run(ctx context.Context) error {
 		fmt.Printf("| %s | %s | %s | %s |\n", r.what, r.median, r.p99, r.note)
 	}
 	fmt.Printf("\nmounter: %s; kernel: %s\n", store.Mounter(), kernel())
+	return printVM(ctx, nil)
+}
+
+// printVM prints the microVM table when -vm-image is given.
+func printVM(ctx context.Context, _ []row) error {
+	if *vmImage == "" {
+		return nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	bin := os.Getenv("STRATA_BIN")
+	if bin == "" {
+		bin = filepath.Dir(exe)
+	}
+	rows, err := vmRows(ctx, bin)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\n### microVM sandboxes\n\n| measurement | median | p99 | notes |\n| --- | ---: | ---: | --- |\n")
+	for _, r := range rows {
+		fmt.Printf("| %s | %s | %s | %s |\n", r.what, r.median, r.p99, r.note)
+	}
 	return nil
 }
 

@@ -1,0 +1,251 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+var (
+	vmImage  = flag.String("vm-image", "", "guest image directory: measure microVM sandboxes too (make bench passes make image's)")
+	vmIdle   = flag.Int("vm-idle", 20, "idle sandboxes to hold at once before one more boots")
+	vmRounds = flag.Int("vm-rounds", 30, "exec round trips, captures and restores measured in a sandbox")
+	vmOnly   = flag.Bool("vm-only", false, "measure only the microVM sandboxes")
+)
+
+// vmBench is hostproxy running microVM sandboxes, driven through the
+// public API only, as a user would.
+type vmBench struct {
+	base, url, key string
+	proxy          *exec.Cmd
+	client         *http.Client
+}
+
+// vmRows boots sandboxes and measures them through the public API.
+func vmRows(ctx context.Context, bin string) (rows []row, err error) {
+	base, err := os.MkdirTemp("/var/tmp", "strata-bench-vm-")
+	if err != nil {
+		return nil, err
+	}
+	os.Chmod(base, 0o711)
+	b := &vmBench{base: base, key: "sk_bench_key_0123456789abcdefghij", client: &http.Client{Timeout: 10 * time.Minute}}
+	defer b.close()
+	if err := b.start(bin); err != nil {
+		return nil, err
+	}
+
+	// Boots one at a time, each measured from create to running (guestd
+	// answered through the channel) and to the first exec answered.
+	var boots, toExec []time.Duration
+	var ids []string
+	for i := range *vmIdle {
+		fmt.Fprintf(os.Stderr, "booting sandbox %d of %d…\n", i+1, *vmIdle)
+		id, boot, exec, err := b.create()
+		if err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+		boots, toExec = append(boots, boot), append(toExec, exec)
+	}
+	// The first 5 boots are the ones with the host to themselves; the
+	// later ones boot beside idle sandboxes.
+	alone := boots[:min(5, len(boots))]
+	rows = append(rows,
+		row{"create to running (guestd answers), one at a time", dur(median(alone)), dur(slices.Max(alone)), fmt.Sprintf("%d boots (p99 column: worst); TCG, 512 MiB, 1 vCPU", len(alone))},
+		row{"create to first exec answered", dur(median(toExec[:len(alone)])), dur(slices.Max(toExec[:len(alone)])), "the same boots"},
+	)
+
+	// Idle cost, then one more boot beside all of them.
+	time.Sleep(5 * time.Second)
+	rss, pss := b.qemuMemory()
+	rows = append(rows, row{fmt.Sprintf("host memory per idle sandbox (%d running)", len(ids)), human(pss / int64(len(ids))), "", fmt.Sprintf("PSS of the QEMU processes; RSS %s each", human(rss/int64(len(ids))))})
+	fmt.Fprintf(os.Stderr, "booting one more beside %d idle sandboxes…\n", len(ids))
+	_, extra, _, err := b.create()
+	if err != nil {
+		return nil, err
+	}
+	rows = append(rows, row{fmt.Sprintf("create to running beside %d idle sandboxes", len(ids)), dur(extra), "", fmt.Sprintf("%.1fx the boot alone (goal: under 2x)", float64(extra)/float64(median(alone)))})
+
+	// Exec and checkpoints in one sandbox, through the public API.
+	id := ids[0]
+	if _, err := b.exec(id, "sh", "-c", "mkdir -p /workspace/p && seq 1 10000 > /workspace/p/a"); err != nil {
+		return nil, err
+	}
+	execT := timeN(*vmRounds, func(int) error { _, err := b.exec(id, "true"); return err })
+	rows = append(rows, row{"exec round trip (`true`)", dur(median(execT)), dur(p99(execT)), fmt.Sprintf("%d runs: API, channel, guestd, fork and exec under TCG", *vmRounds)})
+	var first string
+	var capT []time.Duration
+	for i := range *vmRounds {
+		if _, err := b.exec(id, "sh", "-c", fmt.Sprintf("echo %d > /workspace/p/gen", i)); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		data, err := b.call("POST", "/v1/sandboxes/"+id+"/checkpoints", `{"path":"/workspace/p"}`)
+		if err != nil {
+			return nil, err
+		}
+		capT = append(capT, time.Since(t0))
+		if i == 0 {
+			first = data["id"].(string)
+		}
+	}
+	restT := timeN(*vmRounds, func(int) error {
+		_, err := b.call("POST", "/v1/sandboxes/"+id+"/checkpoints/"+first+"/restore", "")
+		return err
+	})
+	rows = append(rows,
+		row{"directory capture in a sandbox, through the API", dur(median(capT)), dur(p99(capT)), fmt.Sprintf("%d runs, one file changed (by exec) before each; the first is the enrollment", *vmRounds)},
+		row{"directory restore in a sandbox, through the API", dur(median(restT)), dur(p99(restT)), fmt.Sprintf("%d runs", *vmRounds)},
+	)
+	return rows, nil
+}
+
+func (b *vmBench) start(bin string) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	b.url = "http://" + addr
+	b.proxy = exec.Command(filepath.Join(bin, "hostproxy"), "--listen", addr, "--data", filepath.Join(b.base, "data"),
+		"--key-env", "BENCH_KEY", "--machines", filepath.Join(b.base, "machines"), "--image", *vmImage)
+	b.proxy.Env = append(os.Environ(), "BENCH_KEY="+b.key)
+	logf, err := os.Create(filepath.Join(b.base, "hostproxy.log"))
+	if err != nil {
+		return err
+	}
+	b.proxy.Stdout, b.proxy.Stderr = logf, logf
+	if err := b.proxy.Start(); err != nil {
+		return err
+	}
+	for range 500 {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("hostproxy did not listen (log in %s)", logf.Name())
+}
+
+// close deletes every sandbox, stops hostproxy and removes the state.
+func (b *vmBench) close() {
+	if b.proxy != nil {
+		if data, err := b.call("GET", "/v1/sandboxes?limit=500", ""); err == nil {
+			list, _ := data["data"].([]any)
+			for _, v := range list {
+				b.call("DELETE", "/v1/sandboxes/"+v.(map[string]any)["id"].(string), "")
+			}
+		}
+		b.proxy.Process.Signal(syscall.SIGTERM)
+		b.proxy.Wait()
+	}
+	cleanup(b.base)
+}
+
+func (b *vmBench) call(method, path, body string) (map[string]any, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, b.url+path, rd)
+	req.Header.Set("X-Api-Key", b.key)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := b.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var env struct {
+		Data map[string]any `json:"data"`
+	}
+	json.Unmarshal(raw, &env)
+	if resp.StatusCode/100 != 2 {
+		return nil, fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, bytes.TrimSpace(raw))
+	}
+	return env.Data, nil
+}
+
+// create makes a sandbox and times it to running and to a first exec.
+func (b *vmBench) create() (id string, boot, toExec time.Duration, err error) {
+	t0 := time.Now()
+	data, err := b.call("POST", "/v1/sandboxes", "{}")
+	if err != nil {
+		return "", 0, 0, err
+	}
+	id = data["id"].(string)
+	for {
+		d, err := b.call("GET", "/v1/sandboxes/"+id, "")
+		if err != nil {
+			return "", 0, 0, err
+		}
+		if d["state"] == "running" {
+			break
+		}
+		if d["state"] == "error" || time.Since(t0) > 5*time.Minute {
+			return "", 0, 0, fmt.Errorf("sandbox %s: %v", id, d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	boot = time.Since(t0)
+	if _, err := b.exec(id, "true"); err != nil {
+		return "", 0, 0, err
+	}
+	return id, boot, time.Since(t0), nil
+}
+
+func (b *vmBench) exec(id string, cmd ...string) (map[string]any, error) {
+	body, _ := json.Marshal(map[string]any{"cmd": cmd})
+	d, err := b.call("POST", "/v1/sandboxes/"+id+"/exec", string(body))
+	if err == nil && d["exit_code"] != 0.0 {
+		err = fmt.Errorf("exec %q: %v", cmd, d)
+	}
+	return d, err
+}
+
+// qemuMemory sums RSS and PSS of the QEMU processes under the bench's
+// machines directory, in bytes.
+func (b *vmBench) qemuMemory() (rss, pss int64) {
+	procs, _ := os.ReadDir("/proc")
+	dir := []byte(filepath.Join(b.base, "machines") + "/")
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if !bytes.Contains(cmdline, []byte("qemu-system")) || !bytes.Contains(cmdline, dir) {
+			continue
+		}
+		roll, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "smaps_rollup"))
+		for _, line := range strings.Split(string(roll), "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 2 {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				switch f[0] {
+				case "Rss:":
+					rss += kb << 10
+				case "Pss:":
+					pss += kb << 10
+				}
+			}
+		}
+	}
+	return rss, pss
+}
