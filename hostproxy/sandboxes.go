@@ -286,14 +286,15 @@ func (s *Server) getSandbox(c echo.Context) (any, error) {
 }
 
 func (s *Server) deleteSandbox(c echo.Context) (any, error) {
+	// A process inside must not be able to destroy its own sandbox with
+	// the token it was given. Checked first: a token is refused (403)
+	// whatever the sandbox is.
+	if p, _ := c.Get(keyPrincipal).(Principal); p.Kind != KindAccountKey {
+		return nil, errTokenLifecycle
+	}
 	sb, err := s.lifecycleRoute(c)
 	if err != nil {
 		return nil, err
-	}
-	// A process inside must not be able to destroy its own sandbox with
-	// the token it was given.
-	if p, _ := c.Get(keyPrincipal).(Principal); p.Kind != KindAccountKey {
-		return nil, errTokenLifecycle
 	}
 	if err := s.machines.Delete(c.Request().Context(), sb.ID); err != nil {
 		return nil, err
