@@ -74,7 +74,7 @@ func (e *end) Open(ctx context.Context) (net.Conn, error) {
 		if s != nil && !s.IsClosed() {
 			st, err := s.OpenStream()
 			if err == nil {
-				return st, nil
+				return stream{st}, nil
 			}
 			if !errors.Is(err, yamux.ErrSessionShutdown) {
 				return nil, err
@@ -124,7 +124,7 @@ func (e *end) serve(s *yamux.Session) {
 			break
 		}
 		select {
-		case e.incoming <- st:
+		case e.incoming <- stream{st}:
 		case <-e.done:
 			st.Close()
 		}
@@ -287,4 +287,16 @@ func (v *view) Accept() (net.Conn, error) {
 func (v *view) Close() error {
 	v.once.Do(func() { close(v.done) })
 	return nil
+}
+
+// stream is a yamux stream whose Close also ends a Read or Write waiting
+// on it, as a net.Conn's does: yamux's own Close only half-closes, and a
+// Read waiting for a peer that never answers would wait until yamux's
+// stream close timeout (5 minutes).
+type stream struct{ *yamux.Stream }
+
+func (s stream) Close() error {
+	err := s.Stream.Close()
+	s.Stream.SetDeadline(time.Unix(1, 0))
+	return err
 }

@@ -147,3 +147,44 @@ func TestFindPort(t *testing.T) {
 		t.Fatal("FindPort of an absent name succeeded")
 	}
 }
+
+// TestCloseEndsAWaitingRead: closing a stream ends a Read waiting on a
+// peer that never answers (yamux alone would wait for its 5-minute
+// stream close timeout).
+func TestCloseEndsAWaitingRead(t *testing.T) {
+	port, path := newFakePort(t)
+	g := ListenGuest(port.open, nil)
+	defer g.Close()
+	h := DialHost(path, nil)
+	defer h.Close()
+	go func() {
+		for {
+			c, err := g.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // accepted and never answered
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := h.Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 1))
+		read <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	c.Close()
+	select {
+	case err := <-read:
+		if err == nil {
+			t.Fatal("Read after Close returned no error")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end a waiting Read")
+	}
+}
