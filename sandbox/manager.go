@@ -67,6 +67,8 @@ type Manager struct {
 
 	mu   sync.Mutex
 	live map[string]*machine
+	// reserved is the memory of the boots under way, by sandbox.
+	reserved map[string]int
 	// busy marks the sandboxes a lifecycle operation is under way on,
 	// each with the number of its operation (ops counts them).
 	busy map[string]uint64
@@ -131,7 +133,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, live: map[string]*machine{}, busy: map[string]uint64{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, live: map[string]*machine{}, reserved: map[string]int{}, busy: map[string]uint64{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -224,9 +226,6 @@ func (m *Manager) background(done func(), fn func(ctx context.Context)) {
 // Create records r (in state creating, with a uid of its own) and boots
 // it in the background. r carries the id, account, name and size.
 func (m *Manager) Create(ctx context.Context, r Record) (Record, error) {
-	if err := m.checkCapacity(ctx, r.MemoryMiB); err != nil {
-		return Record{}, err
-	}
 	m.create.Lock()
 	defer m.create.Unlock()
 	uid, err := m.freeUID(ctx)
@@ -239,7 +238,12 @@ func (m *Manager) Create(ctx context.Context, r Record) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
+	if err := m.reserve(ctx, r.ID, r.MemoryMiB); err != nil {
+		done()
+		return Record{}, err
+	}
 	if err := m.cfg.Records.Insert(ctx, r); err != nil {
+		m.unreserve(r.ID)
 		done()
 		return Record{}, err
 	}
@@ -264,13 +268,16 @@ func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
 		case r.State != Stopped && r.State != Error:
 			return ErrWrongState.With("state", string(r.State))
 		}
-		if err := m.checkCapacity(ctx, r.MemoryMiB); err != nil {
+		if err := m.reserve(ctx, id, r.MemoryMiB); err != nil {
 			return err
 		}
 		r.State, r.Error = Creating, ""
 		return nil
 	})
 	if err != nil || r.State == Running {
+		if !errors.Is(err, ErrHostCapacity) {
+			m.unreserve(id)
+		}
 		done()
 		return r, err
 	}
@@ -278,6 +285,7 @@ func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
 	_, booting := m.live[id]
 	m.mu.Unlock()
 	if booting {
+		m.unreserve(id)
 		done()
 		return r, nil
 	}
@@ -290,6 +298,9 @@ func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
 // channel, guestd answering, credentials. On failure the sandbox is in
 // error and no QEMU of it runs.
 func (m *Manager) boot(ctx context.Context, id string) {
+	// Once the guest has booted, the host's available memory shows what
+	// it takes; until then its reservation stands for it.
+	defer m.unreserve(id)
 	t0 := time.Now()
 	r, err := m.cfg.Records.Get(ctx, id)
 	if err != nil {
@@ -808,7 +819,10 @@ func (m *Manager) settle(ctx context.Context, r Record, vm vmm.Machine, cfg vmm.
 	running, err := vm.Running(qctx)
 	cancel()
 	if err != nil {
-		return err
+		// One machine that does not answer must not keep hostproxy from
+		// starting: it keeps its recorded state.
+		m.log.Warn("adopted sandbox's QEMU does not say whether it runs", "sandbox", id, "err", err)
+		return nil
 	}
 	s := Paused
 	if running {
@@ -860,17 +874,37 @@ func (m *Manager) freeUID(ctx context.Context) (uint32, error) {
 	}
 }
 
-// checkCapacity refuses a boot that would leave the host less than
-// ReserveMiB of available memory beyond what the guest may take.
-func (m *Manager) checkCapacity(ctx context.Context, memoryMiB int) error {
+// reserve refuses a boot that would leave the host less than ReserveMiB
+// of available memory beyond what the guest may take and what the boots
+// under way have reserved; otherwise it reserves memoryMiB for id until
+// its boot ends (unreserve).
+func (m *Manager) reserve(ctx context.Context, id string, memoryMiB int) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	avail, err := m.cfg.MemAvailable()
 	if err != nil {
 		return err
 	}
-	if memoryMiB+m.cfg.ReserveMiB > avail {
-		return ErrHostCapacity.With("memory_mib", memoryMiB).With("available_mib", avail)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	booting := 0
+	for other, mib := range m.reserved {
+		if other != id {
+			booting += mib
+		}
 	}
-	return ctx.Err()
+	if memoryMiB+booting+m.cfg.ReserveMiB > avail {
+		return ErrHostCapacity.With("memory_mib", memoryMiB).With("available_mib", max(avail-booting, 0))
+	}
+	m.reserved[id] = memoryMiB
+	return nil
+}
+
+func (m *Manager) unreserve(id string) {
+	m.mu.Lock()
+	delete(m.reserved, id)
+	m.mu.Unlock()
 }
 
 func memAvailable() (int, error) {

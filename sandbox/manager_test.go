@@ -649,6 +649,34 @@ func TestHostCapacity(t *testing.T) {
 	})
 }
 
+// TestBootsUnderWayReserveMemory: the host's available memory does not yet
+// show a guest that is still booting, so two creates at once must not both
+// count on the same free memory: the second is refused while the first
+// boots, and fits once it has booted and its reservation is gone.
+func TestBootsUnderWayReserveMemory(t *testing.T) {
+	h := newHarness(t)
+	m := h.manager(nil)
+	h.mem.Store(1500) // one 700 MiB guest and the 512 MiB reserve fit, not two
+	gate := make(chan struct{})
+	h.drv.setPlan(plan{gate: gate})
+	a := record("sb-a")
+	a.MemoryMiB = 700
+	if _, err := m.Create(context.Background(), a); err != nil {
+		t.Fatal(err)
+	}
+	b := record("sb-b")
+	b.MemoryMiB = 700
+	_, err := m.Create(context.Background(), b)
+	wantFault(t, "Create beside a boot under way", err, "host_capacity", "")
+	close(gate)
+	h.waitState("sb-a", sandbox.Running)
+	h.drv.setPlan(plan{})
+	if _, err := m.Create(context.Background(), b); err != nil {
+		t.Fatalf("Create once the first boot is done: %v", err)
+	}
+	h.waitState("sb-b", sandbox.Running)
+}
+
 // TestRecover plays a hostproxy restart: a first Manager leaves sandboxes
 // in every state a crash can leave them, a second one on the same records
 // and directory settles each.
