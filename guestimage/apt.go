@@ -123,7 +123,7 @@ func ParseKernelDepends(show string) (KernelPackage, error) {
 				return KernelPackage{}, fmt.Errorf("dependency %q has no exact version", strings.TrimSpace(alt))
 			}
 			ver = strings.TrimSpace(strings.TrimSuffix(ver, ")"))
-			if ver == "" {
+			if ver == "" || strings.ContainsAny(ver, " \t()") || name == "linux-image-" {
 				return KernelPackage{}, fmt.Errorf("dependency %q has no exact version", strings.TrimSpace(alt))
 			}
 			return KernelPackage{Name: name, Version: ver}, nil

@@ -12,7 +12,11 @@ import (
 // are forked from that thread) stay in that namespace; the thread is
 // never unlocked, so it exits with the goroutine and the namespace, with
 // any mount fn failed to undo, goes away with it, or with the process if
-// it is killed. fn must do its file-system work on its own goroutine.
+// it is killed. One exception: when the goroutine happens to run on the
+// main thread, Go parks that thread instead of ending it, and a mount fn
+// left behind lasts until the process exits (strata-image exits right
+// after a build; fn unmounts on every path anyway). fn must do its
+// file-system work on its own goroutine.
 func inPrivateMountNS(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {

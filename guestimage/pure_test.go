@@ -74,6 +74,8 @@ func TestParseKernelDepends(t *testing.T) {
 			KernelPackage{"linux-image-6.1.0-57-cloud-amd64", "6.1.192-3"}, false},
 		{"only the first stanza", "Package: a\nDepends: foo\n\nPackage: b\nDepends: linux-image-x (= 1)\n", KernelPackage{}, true},
 		{"no exact version", "Depends: linux-image-x (>= 1)\n", KernelPackage{}, true},
+		// Found by FuzzParseKernelDepends: a version with a space, no name.
+		{"malformed version", "Depends:linux-image- (=0 0)", KernelPackage{}, true},
 		{"empty", "", KernelPackage{}, true},
 	}
 	for _, tt := range tests {
