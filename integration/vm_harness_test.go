@@ -3,7 +3,6 @@ package integration
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -327,10 +326,3 @@ func (s *vmStack) qemuPid(id string) int {
 	s.t.Fatalf("no QEMU runs for %s", id)
 	return 0
 }
-
-func jsonBody(v any) string {
-	b, _ := json.Marshal(v)
-	return string(b)
-}
-
-var _ = fmt.Sprintf

@@ -81,37 +81,37 @@ func (c Config) Validate() error {
 	var errs []error
 	for name, p := range map[string]string{"Dir": c.Dir, "Kernel": c.Kernel, "Initrd": c.Initrd, "Disk": c.Disk} {
 		if !filepath.IsAbs(p) {
-			errs = append(errs, fmt.Errorf("%s %q: want an absolute path", name, p))
+			errs = append(errs, fmt.Errorf("vmm config: %s %q: want an absolute path", name, p))
 		}
 		if strings.ContainsAny(p, ",\x00") {
 			// QEMU's option syntax splits on commas.
-			errs = append(errs, fmt.Errorf("%s %q: a comma or NUL cannot be passed to QEMU", name, p))
+			errs = append(errs, fmt.Errorf("vmm config: %s %q: a comma or NUL cannot be passed to QEMU", name, p))
 		}
 	}
 	if c.Name == "" || strings.ContainsAny(c.Name, ", =\x00") {
-		errs = append(errs, fmt.Errorf("Name %q: want a non-empty name without commas, spaces or '='", c.Name))
+		errs = append(errs, fmt.Errorf("vmm config: name %q: want a non-empty name without commas, spaces or '='", c.Name))
 	}
 	if c.MemoryMiB < 64 || c.MemoryMiB > 1<<20 {
-		errs = append(errs, fmt.Errorf("MemoryMiB %d: out of range", c.MemoryMiB))
+		errs = append(errs, fmt.Errorf("vmm config: memory %d MiB: out of range", c.MemoryMiB))
 	}
 	if c.VCPUs < 1 || c.VCPUs > 64 {
-		errs = append(errs, fmt.Errorf("VCPUs %d: out of range", c.VCPUs))
+		errs = append(errs, fmt.Errorf("vmm config: %d vCPUs: out of range", c.VCPUs))
 	}
 	switch c.Accel {
 	case TCG:
 		if c.TSCKHz <= 0 {
-			errs = append(errs, errors.New("TSCKHz: required under TCG (tsc_early_khz)"))
+			errs = append(errs, errors.New("vmm config: the TSC frequency is required under TCG (tsc_early_khz)"))
 		}
 	case KVM:
 	default:
-		errs = append(errs, fmt.Errorf("Accel %q: want tcg or kvm", c.Accel))
+		errs = append(errs, fmt.Errorf("vmm config: accelerator %q: want tcg or kvm", c.Accel))
 	}
 	if c.Uid == 0 || c.Gid == 0 {
-		errs = append(errs, errors.New("Uid, Gid: QEMU never runs as root"))
+		errs = append(errs, errors.New("vmm config: uid and gid 0: QEMU never runs as root"))
 	}
 	for _, a := range c.KernelArgs {
 		if a == "" || strings.ContainsAny(a, " \t\n\x00") {
-			errs = append(errs, fmt.Errorf("kernel argument %q: want one word", a))
+			errs = append(errs, fmt.Errorf("vmm config: kernel argument %q: want one word", a))
 		}
 	}
 	return errors.Join(errs...)
