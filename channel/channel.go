@@ -28,9 +28,11 @@ func config(log *slog.Logger) *yamux.Config {
 
 type slogAdapter struct{ log *slog.Logger }
 
-func (a slogAdapter) Print(v ...any)                 { a.log.Debug("yamux", "msg", v) }
-func (a slogAdapter) Printf(format string, v ...any) { a.log.Debug("yamux", "format", format, "args", v) }
-func (a slogAdapter) Println(v ...any)               { a.log.Debug("yamux", "msg", v) }
+func (a slogAdapter) Print(v ...any) { a.log.Debug("yamux", "msg", v) }
+func (a slogAdapter) Printf(format string, v ...any) {
+	a.log.Debug("yamux", "format", format, "args", v)
+}
+func (a slogAdapter) Println(v ...any) { a.log.Debug("yamux", "msg", v) }
 
 // end is what both ends share: the current session, and the streams the
 // other end opened, delivered through Accept.
