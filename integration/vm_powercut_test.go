@@ -10,9 +10,11 @@ import (
 	"time"
 )
 
-// fingerprint is a managed directory's names, types, sizes and contents,
-// as read inside the guest.
-const fingerprint = `cd /workspace/p && find . -printf '%p %y %s\n' | LC_ALL=C sort && find . -type f -exec md5sum {} + | LC_ALL=C sort`
+// fingerprint is a managed directory's names, types, file sizes and
+// contents, as read inside the guest. A directory's own size is left out:
+// it says how the file system stores it (an overlay's merged directory,
+// a fresh upper), not what it holds.
+const fingerprint = `cd /workspace/p && find . -printf '%p %y\n' | LC_ALL=C sort && find . -type f -printf '%p %s\n' | LC_ALL=C sort && find . -type f -exec md5sum {} + | LC_ALL=C sort`
 
 // TestPowerCuts kills QEMU at random moments during captures, restores and
 // deletes of checkpoints inside the guest, 21 times; after each cold boot
