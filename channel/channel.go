@@ -74,9 +74,9 @@ func (e *end) Open(ctx context.Context) (net.Conn, error) {
 			return nil, ErrClosed
 		}
 		if s != nil && !s.IsClosed() {
-			st, err := s.OpenStream()
+			st, err := openStream(ctx, s)
 			if err == nil {
-				return stream{st}, nil
+				return st, nil
 			}
 			if !errors.Is(err, yamux.ErrSessionShutdown) {
 				return nil, err
@@ -88,6 +88,35 @@ func (e *end) Open(ctx context.Context) (net.Conn, error) {
 			return nil, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// openStream is yamux's OpenStream bounded by ctx: OpenStream waits,
+// without a deadline, while 256 streams are still unacknowledged (a guest
+// that is hung, or hostile). A stream opened after ctx ended is closed.
+func openStream(ctx context.Context, s *yamux.Session) (net.Conn, error) {
+	type result struct {
+		st  *yamux.Stream
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		st, err := s.OpenStream()
+		ch <- result{st, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, r.err
+		}
+		return stream{r.st}, nil
+	case <-ctx.Done():
+		go func() {
+			if r := <-ch; r.st != nil {
+				stream{r.st}.Close()
+			}
+		}()
+		return nil, ctx.Err()
 	}
 }
 

@@ -47,6 +47,10 @@ type Config struct {
 	// file, put back at start when the file is gone (inside a microVM,
 	// /run is empty after each boot).
 	CredentialsCopy string
+	// ShutdownTimeout bounds the wait for requests in flight when Serve's
+	// context ends (30 s when zero); inside a microVM it is short, so
+	// that a running exec does not outlast the host's clean stop.
+	ShutdownTimeout time.Duration
 	// PowerOff, set only inside a strata microVM, ends the machine; it
 	// enables POST /v1/shutdown, the host's clean stop.
 	PowerOff func()
@@ -63,6 +67,7 @@ type Server struct {
 	credentialsPath string
 	credentialsCopy string
 	powerOff        func()
+	shutdownTimeout time.Duration
 }
 
 // New opens the store (recovering every managed root) and builds the API.
@@ -80,7 +85,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{engine: e, log: cfg.Logger, reg: reg, metrics: m, credentialsPath: cfg.Credentials, credentialsCopy: cfg.CredentialsCopy, powerOff: cfg.PowerOff}
+	s := &Server{engine: e, log: cfg.Logger, reg: reg, metrics: m, credentialsPath: cfg.Credentials, credentialsCopy: cfg.CredentialsCopy, powerOff: cfg.PowerOff, shutdownTimeout: cfg.ShutdownTimeout}
 	if s.credentialsPath == "" {
 		s.credentialsPath = DefaultCredentials
 	}
@@ -107,7 +112,7 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Serve answers requests on ln until ctx is done, then finishes the
 // requests in flight (up to 30 s) and returns (httpx.Serve).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	return httpx.Serve(ctx, ln, s.handler, httpx.ServeConfig{Log: s.log})
+	return httpx.Serve(ctx, ln, s.handler, httpx.ServeConfig{Log: s.log, ShutdownTimeout: s.shutdownTimeout})
 }
 
 // Listen opens a listener for addr: "unix:///path/to.sock" (a stale

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"golang.org/x/net/netutil"
 
 	"strata/internal/api"
 	"strata/internal/fault"
@@ -37,15 +38,19 @@ type MachinesConfig struct {
 }
 
 var (
-	errTokenLifecycle = fault.New(fault.Forbidden, "forbidden", "access tokens cannot create, list or delete sandboxes; use an account API key")
+	errTokenLifecycle = fault.New(fault.Forbidden, "forbidden", "access tokens cannot manage sandboxes; use an account API key")
 	errViaChannel     = fault.New(fault.Forbidden, "forbidden", "a call from inside a sandbox acts only on that sandbox")
 	errNoMachines     = fault.New(fault.Conflict, "sandboxes_disabled", "this host runs no microVM sandboxes (hostproxy has no machines configuration)")
 	errBadPagination  = "limit must be 1 to 500 and offset 0 or more; no other query parameters"
+	// A fork is made from a VM snapshot; until this host has them, from
+	// is a field it cannot take (not snapshot_not_found, which is a 404
+	// for a snapshot that could exist).
+	errNoForks = jsend.InvalidField("from", "forks need VM snapshots, which this host does not have yet")
 )
 
 // openMachines starts the lifecycle manager and adopts the sandboxes an
 // earlier hostproxy left running.
-func (s *Server) openMachines(ctx context.Context, mc MachinesConfig, guestRequest time.Duration) error {
+func (s *Server) openMachines(ctx context.Context, mc MachinesConfig, publish func(*sandbox.Manager)) error {
 	img, err := sandbox.LoadImage(mc.Image)
 	if err != nil {
 		return err
@@ -69,6 +74,7 @@ func (s *Server) openMachines(ctx context.Context, mc MachinesConfig, guestReque
 		return err
 	}
 	s.machines = m
+	publish(m)
 	s.log.Info("microVM sandboxes", "accel", probe.Accel, "why", probe.Reason, "image", img.Key, "dir", mc.Dir)
 	if err := m.Recover(ctx); err != nil {
 		m.Close()
@@ -92,19 +98,30 @@ func guestAddress(id string) string { return sandbox.GuestScheme + "://" + id }
 
 type channelSandboxKey struct{}
 
+// A guest is untrusted (root inside a sandbox controls it) and opens as
+// many streams through its channel as it likes: each costs hostproxy a
+// connection of its server for the guest's calls. These bound what one
+// sandbox can hold: connections served at once (more wait in the
+// channel's accept queue) and how long an idle one is kept.
+const (
+	maxGuestConns    = 32
+	guestIdleTimeout = 10 * time.Second
+)
+
 // serveGuest serves the public API to processes inside sandbox id,
-// through its channel: every call acts only on that sandbox.
+// through its channel: every call acts only on that sandbox, and /metrics
+// (host-wide activity) is not served there (see metrics.handler).
 func (s *Server) serveGuest(id string, ln net.Listener) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r = r.WithContext(context.WithValue(r.Context(), channelSandboxKey{}, id))
 		r.RemoteAddr = "sandbox-" + id + ":0"
 		s.handler.ServeHTTP(w, r)
 	})
-	err := httpx.Serve(s.ctx, ln, h, httpx.ServeConfig{
+	err := httpx.Serve(s.ctx, netutil.LimitListener(ln, maxGuestConns), h, httpx.ServeConfig{
 		Log:               s.log,
 		ReadHeaderTimeout: s.timeouts.readHeader,
 		ReadTimeout:       s.timeouts.read,
-		IdleTimeout:       s.timeouts.idle,
+		IdleTimeout:       guestIdleTimeout,
 		ShutdownTimeout:   time.Second,
 	})
 	if err != nil {
@@ -132,10 +149,23 @@ func sandboxView(sb Sandbox) api.Sandbox {
 	return v
 }
 
-// lifecycleRoute checks a route on one microVM sandbox: the principal's
-// scope, no query, no body.
+// sandboxRoute looks up the sandbox of a route of the sandbox lifecycle
+// (get, delete, pause, resume, stop, start, exec): account keys only. A
+// token is refused (403) before the sandbox is looked at, whatever the
+// sandbox is: none of these routes is one that tokens may call, and a
+// process inside must not stop or destroy its own sandbox with the token
+// it was given.
+func (s *Server) sandboxRoute(c echo.Context) (Sandbox, error) {
+	if p, _ := c.Get(keyPrincipal).(Principal); p.Kind != KindAccountKey {
+		return Sandbox{}, errTokenLifecycle
+	}
+	return s.sandbox(c, false)
+}
+
+// lifecycleRoute checks a route on one microVM sandbox: the principal
+// (sandboxRoute), no query, no body.
 func (s *Server) lifecycleRoute(c echo.Context) (Sandbox, error) {
-	sb, err := s.sandbox(c, false)
+	sb, err := s.sandboxRoute(c)
 	if err != nil {
 		return sb, err
 	}
@@ -186,12 +216,17 @@ func (s *Server) createSandbox(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	// Every field is optional: no body at all is a create with every
+	// default, as {} is. A body is validated whole.
+	if len(body) == 0 {
+		body = []byte("{}")
+	}
 	req, err := api.ParseSandboxCreate(body)
 	if err != nil {
 		return err
 	}
 	if req.From != nil {
-		return fault.New(fault.Unprocessable, "snapshot_not_found", "forks come with VM snapshots, which this host does not have yet").With("field", "from")
+		return errNoForks
 	}
 	if s.machines == nil {
 		return errNoMachines
@@ -275,7 +310,7 @@ func pagination(r *http.Request) (limit, offset int, err error) {
 }
 
 func (s *Server) getSandbox(c echo.Context) (any, error) {
-	sb, err := s.sandbox(c, false)
+	sb, err := s.sandboxRoute(c)
 	if err != nil {
 		return nil, err
 	}
@@ -286,17 +321,13 @@ func (s *Server) getSandbox(c echo.Context) (any, error) {
 }
 
 func (s *Server) deleteSandbox(c echo.Context) (any, error) {
-	// A process inside must not be able to destroy its own sandbox with
-	// the token it was given. Checked first: a token is refused (403)
-	// whatever the sandbox is.
-	if p, _ := c.Get(keyPrincipal).(Principal); p.Kind != KindAccountKey {
-		return nil, errTokenLifecycle
-	}
 	sb, err := s.lifecycleRoute(c)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.machines.Delete(c.Request().Context(), sb.ID); err != nil {
+	// The record already says destroying: a client that hangs up must not
+	// leave the deletion half-done.
+	if err := s.machines.Delete(context.WithoutCancel(c.Request().Context()), sb.ID); err != nil {
 		return nil, err
 	}
 	s.guests.Forget(sb.Guest)
@@ -340,7 +371,7 @@ func (s *Server) stopSandbox(c echo.Context) (any, error) {
 // execInSandbox is POST /v1/sandboxes/{id}/exec: the body is checked here
 // as guestd checks it, and the call may last the command's timeout.
 func (s *Server) execInSandbox(c echo.Context) (any, error) {
-	sb, err := s.sandbox(c, false)
+	sb, err := s.sandboxRoute(c)
 	if err != nil {
 		return nil, err
 	}

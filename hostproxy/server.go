@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -86,14 +87,15 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		dialers = DefaultDialers()
 	}
 	// The vm:// scheme reaches a microVM's guestd through its channel;
-	// the dialer is bound to the manager once it exists.
-	var machines *sandbox.Manager
+	// the dialer finds the manager once it exists (Recover already dials).
+	machines := &atomic.Pointer[sandbox.Manager]{}
 	if cfg.Machines != nil {
 		dialers[sandbox.GuestScheme] = func(ctx context.Context, id string) (net.Conn, error) {
-			if machines == nil {
+			m := machines.Load()
+			if m == nil {
 				return nil, &net.OpError{Op: "dial", Net: sandbox.GuestScheme, Err: errors.New("not started")}
 			}
-			return machines.Dial(ctx, id)
+			return m.Dial(ctx, id)
 		}
 	}
 	t := cfg.Timeouts
@@ -152,12 +154,11 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	}
 	s.handler = s.routes()
 	if cfg.Machines != nil {
-		if err := s.openMachines(ctx, *cfg.Machines, guestRequest); err != nil {
+		if err := s.openMachines(ctx, *cfg.Machines, machines.Store); err != nil {
 			s.cancel()
 			reg.Close()
 			return nil, err
 		}
-		machines = s.machines
 	}
 	return s, nil
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -169,14 +170,21 @@ func (m *Manager) Close() {
 	}
 }
 
+// dir is a sandbox's directory: root's (mode 0711), holding its disk
+// (the sandbox's uid's, 0600: the uid can write it, not replace it) and
+// its run directory.
 func (m *Manager) dir(id string) string { return filepath.Join(m.cfg.Dir, id) }
 
+// runDir is the directory QEMU runs in, the sandbox's uid's (0700): its
+// sockets, console log and QEMU's log. Root opens nothing there that
+// follows a link (vmm.ReadTail).
+func (m *Manager) runDir(id string) string { return filepath.Join(m.cfg.Dir, id, "run") }
+
 func (m *Manager) vmConfig(r Record) vmm.Config {
-	dir := m.dir(r.ID)
 	return vmm.Config{
-		Name: r.ID, Dir: dir,
+		Name: r.ID, Dir: m.runDir(r.ID),
 		Kernel: m.cfg.Image.Kernel, Initrd: m.cfg.Image.Initrd,
-		Disk:      filepath.Join(dir, "disk.qcow2"),
+		Disk:      filepath.Join(m.dir(r.ID), "disk.qcow2"),
 		MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs,
 		Accel: m.cfg.Accel.Accel, TSCKHz: m.cfg.Accel.TSCKHz,
 		KernelArgs: []string{"strata.hostname=" + hostname(r)},
@@ -314,7 +322,7 @@ func (m *Manager) boot(ctx context.Context, id string) {
 		}
 		m.log.Error("sandbox boot failed", "sandbox", id, "err", err)
 		m.teardown(id)
-		m.setState(id, Error, sentence)
+		m.setState(id, Error, sentence, Creating)
 	}
 	if _, err := os.Stat(r.Machine.BaseDisk); err != nil {
 		fail(errBaseDiskMissing, err)
@@ -357,7 +365,7 @@ func (m *Manager) boot(ctx context.Context, id string) {
 			m.log.Warn("sandbox booted, but its guest did not take its credentials", "sandbox", id, "err", err)
 		}
 	}
-	m.setState(id, Running, "")
+	m.setState(id, Running, "", Creating)
 	m.log.Info("sandbox running", "sandbox", id, "boot", time.Since(t0).Round(time.Millisecond))
 }
 
@@ -369,18 +377,29 @@ func (m *Manager) leaveBoot(id string, err error) {
 	m.log.Warn("sandbox boot interrupted by the host service stopping; the next start finishes it", "sandbox", id, "err", err)
 }
 
-// prepare makes the run directory and, on the first boot, the disk: a
-// qcow2 overlay of the base, made under a temporary name and renamed, so
-// that a crash never leaves a half-made disk under the real one.
+// prepare makes the sandbox's directories and, on the first boot, the
+// disk: a qcow2 overlay of the base, made under a temporary name in the
+// root-owned directory and renamed, so that a crash never leaves a
+// half-made disk under the real one.
 func (m *Manager) prepare(ctx context.Context, r Record, cfg vmm.Config) error {
 	uid, gid := int(r.Machine.Uid), int(r.Machine.Gid)
+	dir := m.dir(r.ID)
+	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := os.Lchown(dir, 0, 0); err != nil {
+		return err
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return err
+	}
 	if err := os.Mkdir(cfg.Dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
-	if err := os.Chown(cfg.Dir, uid, gid); err != nil {
+	if err := os.Lchown(cfg.Dir, uid, gid); err != nil {
 		return err
 	}
-	if _, err := os.Stat(cfg.Disk); err == nil {
+	if _, err := os.Lstat(cfg.Disk); err == nil {
 		return nil
 	}
 	tmp := cfg.Disk + ".tmp"
@@ -394,7 +413,7 @@ func (m *Manager) prepare(ctx context.Context, r Record, cfg vmm.Config) error {
 	if err != nil {
 		return fmt.Errorf("qemu-img create: %w: %s", err, bytes.TrimSpace(out))
 	}
-	if err := os.Chown(tmp, uid, gid); err != nil {
+	if err := os.Lchown(tmp, uid, gid); err != nil {
 		return err
 	}
 	if err := os.Chmod(tmp, 0o600); err != nil {
@@ -403,7 +422,7 @@ func (m *Manager) prepare(ctx context.Context, r Record, cfg vmm.Config) error {
 	if err := os.Rename(tmp, cfg.Disk); err != nil {
 		return err
 	}
-	return syncDir(cfg.Dir)
+	return syncDir(dir)
 }
 
 // adopt connects the channel of a running QEMU, serves the guest's calls
@@ -569,10 +588,10 @@ func (m *Manager) transition(ctx context.Context, id string, from, via, to State
 		cancel()
 		if err != nil {
 			m.log.Error("sandbox "+string(via)+" failed", "sandbox", id, "err", err)
-			m.setState(id, from, "")
+			m.setState(id, from, "", via)
 			return
 		}
-		m.setState(id, to, "")
+		m.setState(id, to, "", via)
 		m.log.Info("sandbox "+string(to), "sandbox", id)
 	})
 	return r, nil
@@ -602,7 +621,7 @@ func (m *Manager) Stop(ctx context.Context, id string) (Record, error) {
 		return r, err
 	}
 	m.shutdown(id)
-	return m.setState(id, Stopped, "")
+	return m.setState(id, Stopped, "", Stopping)
 }
 
 // shutdown ends the sandbox's QEMU, cleanly if it can.
@@ -688,7 +707,9 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	}); err != nil {
 		return err
 	}
-	return m.destroy(ctx, id)
+	// Recorded as destroying: the rest runs to its end even if the
+	// caller hangs up.
+	return m.destroy(context.WithoutCancel(ctx), id)
 }
 
 func (m *Manager) destroy(ctx context.Context, id string) error {
@@ -704,16 +725,23 @@ func (m *Manager) destroy(ctx context.Context, id string) error {
 }
 
 // setState writes a final state (and its error sentence) and returns the
-// record. A running QEMU's process stays recorded; a stopped one's is
-// dropped. It is the last step of an operation on id (or runs when none
-// is under way): the state is written and the operation's mark released
-// in one step, so that whoever reads the final state may start the next
-// operation at once.
-func (m *Manager) setState(id string, s State, sentence string) (Record, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.busy, id)
+// record; with from given, only over one of those states (a watcher that
+// saw the QEMU die has written error meanwhile: that stands). A running
+// QEMU's process stays recorded; a stopped one's is dropped. The
+// operation's busy mark is released in the same transaction, so that a
+// client that reads the final state can act on it at once.
+//
+// Lock order: the registry's transaction, then m.mu; never the reverse
+// (nothing calls Records while holding m.mu).
+func (m *Manager) setState(id string, s State, sentence string, from ...State) (Record, error) {
 	r, err := m.cfg.Records.Update(context.Background(), id, func(r *Record) error {
+		m.mu.Lock()
+		delete(m.busy, id)
+		m.mu.Unlock()
+		if len(from) > 0 && !slices.Contains(from, r.State) {
+			m.log.Info("sandbox state kept", "sandbox", id, "state", r.State, "not", s)
+			return nil
+		}
 		r.State, r.Error = s, sentence
 		if (s == Stopped || s == Error) && r.Machine != nil {
 			r.Machine.Process = nil
@@ -726,38 +754,46 @@ func (m *Manager) setState(id string, s State, sentence string) (Record, error) 
 	return r, err
 }
 
-// Recover adopts the QEMUs an earlier process left running, settles the
-// transitions it left half-done, and kills QEMUs of this state directory
-// that no record claims.
+// Recover adopts the QEMUs an earlier process left running, kills QEMUs
+// of this state directory that no record claims, and then settles the
+// transitions the earlier process left half-done. A sandbox that cannot
+// be settled is put in error; it does not keep the others, or the host
+// service, from starting.
 func (m *Manager) Recover(ctx context.Context) error {
 	records, err := m.cfg.Records.List(ctx)
 	if err != nil {
 		return err
 	}
+	// Adopt first: whatever is adopted is claimed, and only then are the
+	// unclaimed QEMUs killed, before any boot below starts a new one.
 	claimed := map[int]bool{}
+	adopted := map[string]vmm.Machine{}
+	for _, r := range records {
+		if r.Machine == nil || r.Machine.Process == nil {
+			continue
+		}
+		p := r.Machine.Process
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		vm, err := m.cfg.Driver.Attach(actx, m.vmConfig(r), *p)
+		cancel()
+		if err != nil {
+			m.log.Warn("sandbox's QEMU is gone", "sandbox", r.ID, "err", err)
+			continue
+		}
+		claimed[p.Pid] = true
+		adopted[r.ID] = vm
+	}
+	m.killStrays(claimed)
 	for _, r := range records {
 		if r.Machine == nil {
 			continue
 		}
-		cfg := m.vmConfig(r)
-		var vm vmm.Machine
-		if p := r.Machine.Process; p != nil {
-			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			vm, err = m.cfg.Driver.Attach(actx, cfg, *p)
-			cancel()
-			if err != nil {
-				m.log.Warn("sandbox's QEMU is gone", "sandbox", r.ID, "err", err)
-				vm = nil
-			} else {
-				claimed[p.Pid] = true
-			}
-		}
-		if err := m.settle(ctx, r, vm, cfg); err != nil {
-			return fmt.Errorf("sandbox %s: %w", r.ID, err)
+		if err := m.settle(ctx, r, adopted[r.ID], m.vmConfig(r)); err != nil {
+			m.log.Error("sandbox could not be settled", "sandbox", r.ID, "err", err)
+			m.setState(r.ID, Error, errStartFailedOnHost)
 		}
 	}
-	m.killStrays(claimed)
-	return nil
+	return ctx.Err()
 }
 
 // settle finishes what a crash interrupted for one sandbox.
@@ -804,13 +840,13 @@ func (m *Manager) settle(ctx context.Context, r Record, vm vmm.Machine, cfg vmm.
 					return
 				}
 				m.teardown(id)
-				m.setState(id, Error, errBootFailed)
+				m.setState(id, Error, errBootFailed, Creating)
 				return
 			}
 			if m.cfg.Booted != nil {
 				m.cfg.Booted(ctx, r)
 			}
-			m.setState(id, Running, "")
+			m.setState(id, Running, "", Creating)
 		})
 		return nil
 	}
@@ -836,8 +872,9 @@ func (m *Manager) settle(ctx context.Context, r Record, vm vmm.Machine, cfg vmm.
 }
 
 // killStrays kills QEMUs whose command line names a run directory of this
-// manager but that no record claims: a crash between starting QEMU and
-// recording it.
+// manager but that no record claims (a crash between starting QEMU and
+// recording it), and waits for them to exit, so that none still holds the
+// disk a boot is about to open.
 func (m *Manager) killStrays(claimed map[int]bool) {
 	procs, _ := os.ReadDir("/proc")
 	prefix := []byte(m.cfg.Dir + "/")
@@ -846,12 +883,21 @@ func (m *Manager) killStrays(claimed map[int]bool) {
 		if err != nil || claimed[pid] {
 			continue
 		}
+		// The pidfd first: the pid cannot be reused under the check.
+		pidfd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue
+		}
 		cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
 		if err != nil || !bytes.Contains(cmdline, []byte("qemu-system")) || !bytes.Contains(cmdline, prefix) {
+			unix.Close(pidfd)
 			continue
 		}
 		m.log.Warn("killing a QEMU that no sandbox record claims", "pid", pid)
-		unix.Kill(pid, unix.SIGKILL)
+		if unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0) == nil {
+			unix.Poll([]unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}, 5000)
+		}
+		unix.Close(pidfd)
 	}
 }
 
@@ -933,14 +979,12 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// consoleTail is the end of a guest's console, for logs.
+// consoleTail is the end of a guest's console, for logs; read without
+// following a link the sandbox's uid may have planted.
 func consoleTail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(b) == 0 {
+	b := vmm.ReadTail(path, 1500)
+	if len(b) == 0 {
 		return ""
-	}
-	if len(b) > 1500 {
-		b = b[len(b)-1500:]
 	}
 	return "; console: " + strings.TrimSpace(string(b))
 }

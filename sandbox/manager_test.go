@@ -267,13 +267,23 @@ func TestCreate(t *testing.T) {
 		t.Errorf("Booted called %d times, want once", h.booted.Load())
 	}
 	checkHealth(t, m, "sb-1")
-	for _, p := range []string{"", "disk.qcow2"} {
-		fi, err := os.Stat(filepath.Join(h.dir, "sb-1", p))
+	// The sandbox's directory is root's: the sandbox's uid can write its
+	// disk but not replace it, and owns only the run directory.
+	for _, c := range []struct {
+		path string
+		uid  uint32
+		mode os.FileMode
+	}{
+		{"", 0, 0o711 | os.ModeDir},
+		{"disk.qcow2", r.Machine.Uid, 0o600},
+		{"run", r.Machine.Uid, 0o700 | os.ModeDir},
+	} {
+		fi, err := os.Lstat(filepath.Join(h.dir, "sb-1", c.path))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st := fi.Sys().(*syscall.Stat_t); st.Uid != r.Machine.Uid || st.Gid != r.Machine.Gid {
-			t.Errorf("%s is owned by %d:%d, want the sandbox's %d:%d", fi.Name(), st.Uid, st.Gid, r.Machine.Uid, r.Machine.Gid)
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != c.uid || st.Gid != c.uid || fi.Mode() != c.mode {
+			t.Errorf("%s is %v owned by %d:%d, want %v owned by %d:%d", fi.Name(), fi.Mode(), st.Uid, st.Gid, c.mode, c.uid, c.uid)
 		}
 	}
 	if fm.cfg.Disk != filepath.Join(h.dir, "sb-1", "disk.qcow2") || fm.cfg.Uid != r.Machine.Uid || fm.cfg.MemoryMiB != 256 {

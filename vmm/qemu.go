@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -101,24 +103,37 @@ func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
 			return nil, err
 		}
 	}
-	logf, err := os.OpenFile(filepath.Join(cfg.Dir, QEMULog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	// The run directory belongs to the machine's uid: what is opened there
+	// as root must not follow a link it planted.
+	logf, err := openRegular(filepath.Join(cfg.Dir, QEMULog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
+	// Nothing the caller holds may leak into a QEMU that outlives it:
+	// every descriptor beyond stdio becomes close-on-exec (Go's own are).
+	unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
+	groups := []uint32{}
+	if cfg.Accel == KVM {
+		// QEMU opens /dev/kvm as the machine's uid: through its group.
+		var st unix.Stat_t
+		if err := unix.Stat("/dev/kvm", &st); err == nil {
+			groups = append(groups, st.Gid)
+		}
+	}
 	cmd := exec.Command(d.binary(), argv...)
 	cmd.Dir = cfg.Dir
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Setsid:     true,
-		Credential: &syscall.Credential{Uid: cfg.Uid, Gid: cfg.Gid, Groups: []uint32{}},
+		Credential: &syscall.Credential{Uid: cfg.Uid, Gid: cfg.Gid, Groups: groups},
 	}
 	t0 := time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", d.binary(), err)
 	}
-	m := &qemuMachine{cfg: cfg, done: make(chan struct{}), pidfd: -1}
+	m := &qemuMachine{cfg: cfg, done: make(chan struct{}), pidfd: -1, wake: -1}
 	m.proc.Pid = cmd.Process.Pid
 	go func() {
 		err := cmd.Wait()
@@ -142,55 +157,102 @@ func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
 // Attach adopts the QEMU p that an earlier process started for cfg. It
 // fails when p is no longer that QEMU (exited, or its pid reused).
 func (d *QEMU) Attach(ctx context.Context, cfg Config, p Process) (Machine, error) {
-	st, err := startTime(p.Pid)
-	if err != nil || st != p.StartTime {
-		return nil, fmt.Errorf("qemu of %s (pid %d): %w", cfg.Name, p.Pid, ErrGone)
-	}
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.Pid))
-	if err != nil || !bytes.Contains(cmdline, []byte(cfg.QMPSocket())) {
-		return nil, fmt.Errorf("qemu of %s (pid %d): the process is not this machine's QEMU: %w", cfg.Name, p.Pid, ErrGone)
-	}
+	// The pidfd first: once it is open, the pid cannot be reused under
+	// the checks that follow.
 	pidfd, err := unix.PidfdOpen(p.Pid, 0)
 	if err != nil {
 		return nil, fmt.Errorf("qemu of %s (pid %d): %w", cfg.Name, p.Pid, ErrGone)
 	}
+	st, err := startTime(p.Pid)
+	if err != nil || st != p.StartTime {
+		unix.Close(pidfd)
+		return nil, fmt.Errorf("qemu of %s (pid %d): %w", cfg.Name, p.Pid, ErrGone)
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.Pid))
+	if err != nil || !bytes.Contains(cmdline, []byte(cfg.QMPSocket())) {
+		unix.Close(pidfd)
+		return nil, fmt.Errorf("qemu of %s (pid %d): the process is not this machine's QEMU: %w", cfg.Name, p.Pid, ErrGone)
+	}
 	m := &qemuMachine{cfg: cfg, proc: p, done: make(chan struct{}), pidfd: pidfd}
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(pidfd)
+		return nil, err
+	}
+	m.wake = wake
 	go func() {
 		// Not our child: its exit is seen through the pidfd, and init
-		// reaps it.
-		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		// reaps it. The eventfd ends the watch of an Attach that failed.
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}, {Fd: int32(wake), Events: unix.POLLIN}}
 		for {
 			if _, err := unix.Poll(fds, -1); err != unix.EINTR {
 				break
 			}
 		}
-		m.exited(nil)
+		m.mu.Lock()
+		unix.Close(m.wake)
+		m.wake = -1
+		given := fds[1].Revents != 0 && fds[0].Revents == 0
+		if given {
+			unix.Close(m.pidfd)
+			m.pidfd = -1
+		}
+		m.mu.Unlock()
+		if !given {
+			m.exited(nil)
+		}
 	}()
 	if err := m.connect(ctx); err != nil {
-		return nil, err
+		select {
+		case <-m.done:
+			m.stopWatching()
+			return nil, fmt.Errorf("qemu of %s (pid %d): %w", cfg.Name, p.Pid, ErrGone)
+		default:
+		}
+		// Alive, but its monitor does not answer now (stopped, wedged):
+		// it is adopted all the same (it can be killed, its exit is
+		// seen), and the monitor is dialled again when next needed.
+		d.log().Warn("adopted QEMU's monitor does not answer; it is dialled again when needed", "machine", cfg.Name, "pid", p.Pid, "err", err)
 	}
 	return m, nil
 }
 
-// ErrGone is returned by Attach for a QEMU that no longer runs.
+// ErrGone is returned by Attach for a QEMU that no longer runs, or whose
+// pid is now another process's. Any other error of Attach is a QEMU that
+// runs but cannot be controlled now.
 var ErrGone = errors.New("the process is gone")
 
 type qemuMachine struct {
 	cfg  Config
 	proc Process
-	qmp  *QMP
+
+	qmpMu sync.Mutex
+	qmp   *QMP
 
 	mu      sync.Mutex
 	pidfd   int
+	wake    int // eventfd that ends an adopted machine's watch
 	done    chan struct{}
 	exitErr error
+}
+
+// stopWatching ends the watch of an adopted machine that is given up.
+func (m *qemuMachine) stopWatching() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.wake >= 0 {
+		var one [8]byte
+		one[0] = 1
+		unix.Write(m.wake, one[:])
+	}
 }
 
 func (m *qemuMachine) Process() Process      { return m.proc }
 func (m *qemuMachine) Done() <-chan struct{} { return m.done }
 
-// QMP is the machine's monitor connection, for the commands snapshots use.
-func (m *qemuMachine) QMP() *QMP { return m.qmp }
+// QMP is the machine's monitor connection, for the commands snapshots
+// use.
+func (m *qemuMachine) QMP(ctx context.Context) (*QMP, error) { return m.monitor(ctx) }
 
 func (m *qemuMachine) exited(err error) {
 	m.mu.Lock()
@@ -224,18 +286,46 @@ func (m *qemuMachine) connect(ctx context.Context) error {
 	}
 }
 
+// monitor is the QMP connection, dialled again when an adopted QEMU's
+// did not answer at first or has closed.
+func (m *qemuMachine) monitor(ctx context.Context) (*QMP, error) {
+	m.qmpMu.Lock()
+	defer m.qmpMu.Unlock()
+	if m.qmp != nil {
+		select {
+		case <-m.qmp.Done():
+		default:
+			return m.qmp, nil
+		}
+	}
+	q, err := DialQMP(ctx, m.cfg.QMPSocket())
+	if err != nil {
+		return nil, fmt.Errorf("qemu of %s: monitor: %w", m.cfg.Name, err)
+	}
+	m.qmp = q
+	return q, nil
+}
+
+func (m *qemuMachine) execute(ctx context.Context, command string) (json.RawMessage, error) {
+	q, err := m.monitor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return q.Execute(ctx, command, nil)
+}
+
 func (m *qemuMachine) Pause(ctx context.Context) error {
-	_, err := m.qmp.Execute(ctx, "stop", nil)
+	_, err := m.execute(ctx, "stop")
 	return err
 }
 
 func (m *qemuMachine) Resume(ctx context.Context) error {
-	_, err := m.qmp.Execute(ctx, "cont", nil)
+	_, err := m.execute(ctx, "cont")
 	return err
 }
 
 func (m *qemuMachine) Running(ctx context.Context) (bool, error) {
-	ret, err := m.qmp.Execute(ctx, "query-status", nil)
+	ret, err := m.execute(ctx, "query-status")
 	if err != nil {
 		return false, err
 	}
@@ -265,6 +355,8 @@ func (m *qemuMachine) Kill() error {
 }
 
 func (m *qemuMachine) Close() error {
+	m.qmpMu.Lock()
+	defer m.qmpMu.Unlock()
 	if m.qmp != nil {
 		return m.qmp.Close()
 	}
@@ -296,10 +388,39 @@ func parseStartTime(stat []byte) (uint64, error) {
 	return strconv.ParseUint(f[19], 10, 64)
 }
 
+// openRegular opens path without following a symbolic link at its end,
+// and fails unless it is a regular file.
+func openRegular(path string, flag int, perm os.FileMode) (*os.File, error) {
+	f, err := os.OpenFile(path, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK, perm)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	return f, nil
+}
+
+// ReadTail returns the last n bytes of the regular file at path (a log in
+// a machine's run directory), never following a link planted there.
+func ReadTail(path string, n int64) []byte {
+	f, err := openRegular(path, os.O_RDONLY, 0)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		f.Seek(fi.Size()-n, io.SeekStart)
+	}
+	b, _ := io.ReadAll(io.LimitReader(f, n))
+	return b
+}
+
 // logTail is the end of QEMU's log, for an error about its start.
 func logTail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(bytes.TrimSpace(b)) == 0 {
+	b := ReadTail(path, 2000)
+	if len(bytes.TrimSpace(b)) == 0 {
 		return ""
 	}
 	if len(b) > 2000 {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -92,6 +93,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if o.vm {
 		// Init (PID 1) stops guestd, syncs, unmounts and powers off.
 		cfg.PowerOff = func() { unix.Kill(1, unix.SIGTERM) }
+		// Requests still running when init stops guestd (an exec) are
+		// cut after 2 s: init's own budget is 4 s, the host's 10 s.
+		cfg.ShutdownTimeout = 2 * time.Second
 		// Beside the store, not in it: the store owns its directory.
 		cfg.CredentialsCopy = filepath.Join(filepath.Dir(cfg.Store), "strata-credentials.env")
 	}
