@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"fmt"
 	"encoding/json"
 	"io"
 	"net"
@@ -104,7 +105,7 @@ func startVMStack(t *testing.T, guestRequest string) *vmStack {
 		killQEMUsUnder(s.machines)
 		if t.Failed() {
 			t.Logf("hostproxy log:\n%s", s.plog)
-			consoles, _ := filepath.Glob(filepath.Join(s.machines, "*", "console.log"))
+			consoles, _ := filepath.Glob(filepath.Join(s.machines, "*", "run", "console.log"))
 			for _, c := range consoles {
 				b, _ := os.ReadFile(c)
 				t.Logf("%s:\n%s", c, tail(b, 3000))
@@ -325,4 +326,54 @@ func (s *vmStack) qemuPid(id string) int {
 	}
 	s.t.Fatalf("no QEMU runs for %s", id)
 	return 0
+}
+
+// console is a sandbox's serial console so far.
+func (s *vmStack) console(id string) string {
+	b, _ := os.ReadFile(filepath.Join(s.machines, id, "run", "console.log"))
+	return string(b)
+}
+
+// checkConfined checks a sandbox's QEMU as the host sees it: not root,
+// with its seccomp filter on, and holding no descriptor but its own
+// (its devices, logs, sockets, the disk and its base).
+func (s *vmStack) checkConfined(id string) {
+	s.t.Helper()
+	pid := s.qemuPid(id)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && (f[0] == "Uid:" || f[0] == "Gid:") {
+			for _, v := range f[1:] {
+				if v == "0" {
+					s.t.Fatalf("QEMU of %s runs with %s", id, line)
+				}
+			}
+		}
+		if strings.HasPrefix(line, "Seccomp:") && strings.TrimSpace(strings.TrimPrefix(line, "Seccomp:")) != "2" {
+			s.t.Fatalf("QEMU of %s: %s, want the filter mode 2", id, line)
+		}
+	}
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if !bytes.Contains(cmdline, []byte("-sandbox\x00on,")) || bytes.Contains(cmdline, []byte("-netdev")) {
+		s.t.Fatalf("QEMU of %s: command line %q", id, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
+	}
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(target, filepath.Join(s.machines, id)+"/"),
+			strings.HasSuffix(target, "/base.qcow2"), // the image's shared base, read-only
+			strings.HasPrefix(target, "/dev/"),
+			strings.HasPrefix(target, "socket:"),
+			strings.HasPrefix(target, "anon_inode:"):
+		default:
+			s.t.Fatalf("QEMU of %s holds fd %s -> %s", id, fd.Name(), target)
+		}
+	}
 }

@@ -90,6 +90,23 @@ func TestPowerCuts(t *testing.T) {
 
 		after := s.sh(id, fingerprint)
 		listAfter := list()
+		// An operation that answered 200 was done: its after state only.
+		if r.Status == 200 {
+			switch op {
+			case "capture":
+				if len(listAfter) != len(listBefore)+1 || listAfter[len(listBefore)] != r.data()["id"] {
+					t.Fatalf("cut %d: an answered capture (%v) is not in the list %v", i, r.data()["id"], listAfter)
+				}
+			case "restore":
+				if after != fp[target] {
+					t.Fatalf("cut %d: an answered restore of %s did not stay:\n%s\nwant:\n%s", i, target, after, fp[target])
+				}
+			case "delete":
+				if slices.Contains(listAfter, target) {
+					t.Fatalf("cut %d: an answered delete of %s came back: %v", i, target, listAfter)
+				}
+			}
+		}
 		switch op {
 		case "capture":
 			if after != before {
