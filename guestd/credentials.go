@@ -1,6 +1,9 @@
 package guestd
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -19,11 +22,19 @@ import (
 // daemon's own state instead of the machine's /run.
 const DefaultCredentials = "/run/strata/credentials.env"
 
+// envAPIKey is the variable of the credentials file that holds the token.
+const envAPIKey = "CREATEOS_API_KEY"
+
 // credentials handles PUT /v1/credentials: the host sends the API address,
 // the sandbox id and the sandbox access token (empty once revoked), and
 // guestd writes them, root-readable only, as a shell-sourceable env file:
 // CREATEOS_API_URL, CREATEOS_SANDBOX_ID and CREATEOS_API_KEY. createos
 // reads the file when those variables are not set.
+//
+// A host that has only the token's hash (after a boot) sends token_sha256
+// in place of the token: guestd keeps the token it has (keptToken) only
+// if its SHA-256 is that, and otherwise writes none, so that a token
+// rotated or revoked while the sandbox was down does not linger.
 func (s *Server) credentials(r *http.Request) (any, error) {
 	if err := jsend.RejectQuery(r); err != nil {
 		return nil, err
@@ -31,6 +42,15 @@ func (s *Server) credentials(r *http.Request) (any, error) {
 	var req api.Credentials
 	if err := jsend.DecodeObject(r, &req); err != nil {
 		return nil, err
+	}
+	if req.TokenSHA256 != "" {
+		switch {
+		case req.Token != "":
+			return nil, jsend.InvalidField("token_sha256", "token_sha256 is sent in place of a token, never with one")
+		case !api.ValidTokenSHA256(req.TokenSHA256):
+			return nil, jsend.InvalidField("token_sha256", "token_sha256 must be 64 lowercase hexadecimal digits")
+		}
+		req.Token = keptToken(req.TokenSHA256, s.credentialsPath, s.credentialsCopy)
 	}
 	if !strings.HasPrefix(req.APIURL, "http://") && !strings.HasPrefix(req.APIURL, "https://") {
 		return nil, jsend.InvalidField("api_url", "api_url must be an http:// or https:// URL")
@@ -46,7 +66,7 @@ func (s *Server) credentials(r *http.Request) (any, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "CREATEOS_API_URL='%s'\nCREATEOS_SANDBOX_ID='%s'\n", req.APIURL, req.SandboxID)
 	if req.Token != "" {
-		fmt.Fprintf(&b, "CREATEOS_API_KEY='%s'\n", req.Token)
+		fmt.Fprintf(&b, "%s='%s'\n", envAPIKey, req.Token)
 	}
 	if s.credentialsCopy != "" {
 		if err := writeFileAtomic(s.credentialsCopy, []byte(b.String())); err != nil {
@@ -57,6 +77,26 @@ func (s *Server) credentials(r *http.Request) (any, error) {
 		return nil, err
 	}
 	return struct{}{}, nil
+}
+
+// keptToken is the token guestd already has, from its credentials file or
+// else its durable copy, if its SHA-256 in lowercase hex (as the host's
+// registry stores it) is sha; otherwise "".
+func keptToken(sha string, paths ...string) string {
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		token := credentialsEnv(p, nil)[envAPIKey]
+		if token == "" {
+			continue
+		}
+		sum := sha256.Sum256([]byte(token))
+		if subtle.ConstantTimeCompare([]byte(hex.EncodeToString(sum[:])), []byte(sha)) == 1 {
+			return token
+		}
+	}
+	return ""
 }
 
 // restoreCredentials puts back the credentials file from its durable

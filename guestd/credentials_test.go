@@ -1,6 +1,8 @@
 package guestd
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -83,4 +85,94 @@ func TestCredentialsRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCredentialsKeepByHash pins what guestd does with token_sha256, the
+// hash of the sandbox's token that the host sends after a boot (it keeps
+// only hashes): the token guestd has, from its file or else its durable
+// copy, is kept only if it has that hash; any other token is dropped, so
+// that a token rotated or revoked while the sandbox was down does not
+// stay in the guest. Both files end the same.
+func TestCredentialsKeepByHash(t *testing.T) {
+	const (
+		head    = "CREATEOS_API_URL='http://127.0.0.1:7777'\nCREATEOS_SANDBOX_ID='sb-1'\n"
+		withOld = head + "CREATEOS_API_KEY='sbt_old'\n"
+		withNew = head + "CREATEOS_API_KEY='sbt_new'\n"
+	)
+	put := func(hash string) string {
+		return `{"api_url":"http://127.0.0.1:7777","sandbox_id":"sb-1","token":"","token_sha256":"` + hash + `"}`
+	}
+	cases := []struct {
+		name       string
+		file, copy string // "" for no file
+		body       string
+		want       string
+	}{
+		{"file has the token", withOld, withOld, put(sha("sbt_old")), withOld},
+		{"after a boot only the copy has it", "", withOld, put(sha("sbt_old")), withOld},
+		{"the file has it, the copy has another", withOld, withNew, put(sha("sbt_old")), withOld},
+		{"the copy has it, the file has another", withNew, withOld, put(sha("sbt_old")), withOld},
+		{"rotated while down", "", withOld, put(sha("sbt_new")), head},
+		{"rotated, file present", withOld, withOld, put(sha("sbt_new")), head},
+		{"no token to keep", head, head, put(sha("sbt_old")), head},
+		{"nothing yet", "", "", put(sha("sbt_old")), head},
+		{"neither token nor hash", withOld, withOld, `{"api_url":"http://127.0.0.1:7777","sandbox_id":"sb-1","token":""}`, head},
+		{"a token replaces", withOld, withOld, `{"api_url":"http://127.0.0.1:7777","sandbox_id":"sb-1","token":"sbt_new"}`, withNew},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := &Server{credentialsPath: filepath.Join(dir, "run", "credentials.env"), credentialsCopy: filepath.Join(dir, "strata-credentials.env")}
+			for path, content := range map[string]string{s.credentialsPath: tc.file, s.credentialsCopy: tc.copy} {
+				if content != "" {
+					if err := writeFileAtomic(path, []byte(content)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			r := httptest.NewRequest("PUT", "/v1/credentials", strings.NewReader(tc.body))
+			r.Header.Set("Content-Type", "application/json")
+			if _, err := s.credentials(r); err != nil {
+				t.Fatal(err)
+			}
+			for _, path := range []string{s.credentialsPath, s.credentialsCopy} {
+				if got, err := os.ReadFile(path); err != nil || string(got) != tc.want {
+					t.Errorf("%s:\n%s(%v)\nwant\n%s", filepath.Base(path), got, err, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// TestCredentialsHashRefused pins the shape of token_sha256: 64
+// lowercase hex digits, and never beside a token.
+func TestCredentialsHashRefused(t *testing.T) {
+	good := sha("sbt_old")
+	cases := map[string]string{
+		"with a token": `{"api_url":"http://x","sandbox_id":"sb","token":"sbt_old","token_sha256":"` + good + `"}`,
+		"upper case":   `{"api_url":"http://x","sandbox_id":"sb","token":"","token_sha256":"` + strings.ToUpper(good) + `"}`,
+		"short":        `{"api_url":"http://x","sandbox_id":"sb","token":"","token_sha256":"` + good[:63] + `"}`,
+		"not hex":      `{"api_url":"http://x","sandbox_id":"sb","token":"","token_sha256":"` + good[:63] + `g"}`,
+		"quote":        `{"api_url":"http://x","sandbox_id":"sb","token":"","token_sha256":"` + good[:63] + `'"}`,
+	}
+	for name, body := range cases {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "credentials.env")
+			err := putCredentials(path, body)
+			fe := fault.As(err)
+			if fe == nil || fe.Code != "invalid_field" || fe.Fields["field"] != "token_sha256" {
+				t.Errorf("error %v, want invalid_field on token_sha256", err)
+			}
+			if _, err := os.Stat(path); !os.IsNotExist(err) {
+				t.Errorf("file written for a refused request: %v", err)
+			}
+		})
+	}
+}
+
+// sha is the SHA-256 of s in lowercase hex, as hostproxy's registry keeps
+// a token's.
+func sha(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
 }

@@ -10,7 +10,9 @@
 // of the public API; beside them GET /v1/directories (extension: each
 // managed directory and the checkpoint its live content continues from),
 // PUT /v1/credentials (the host hands over the API address, sandbox id and
-// access token, written root-readable for processes in the sandbox),
+// access token, written root-readable for processes in the sandbox; after
+// a boot it may send only the token's hash, and the token guestd has is
+// kept if it matches),
 // POST /v1/exec (a program run without a shell in its own process group,
 // output capped, killed whole at its timeout), GET /v1/check (the open
 // stores' consistency report, for tests and support), GET /v1/health and

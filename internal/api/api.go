@@ -52,10 +52,31 @@ type Directory struct {
 // Credentials is what the host gives a guest for the processes inside it
 // (PUT /v1/credentials on guestd): the API address, the sandbox id, and the
 // sandbox access token, empty when there is none.
+//
+// TokenSHA256, with Token empty, is for a host that no longer has the
+// token in plain text (it keeps only hashes, and a guest booting again
+// gets only that): the SHA-256 of the token, in lowercase hex. The guest
+// keeps the token it already has if that token has this hash, and
+// otherwise has none. It is never sent with a Token.
 type Credentials struct {
-	APIURL    string `json:"api_url"`
-	SandboxID string `json:"sandbox_id"`
-	Token     string `json:"token"`
+	APIURL      string `json:"api_url"`
+	SandboxID   string `json:"sandbox_id"`
+	Token       string `json:"token"`
+	TokenSHA256 string `json:"token_sha256,omitempty"`
+}
+
+// ValidTokenSHA256 reports whether s has the shape of
+// Credentials.TokenSHA256: 64 lowercase hexadecimal digits.
+func ValidTokenSHA256(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !digit(c) && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // RestoreResult is the data of a successful restore.

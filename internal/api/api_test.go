@@ -1,6 +1,8 @@
 package api
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 	"unicode"
@@ -256,4 +258,22 @@ func TestIdempotencyKey(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzValidTokenSHA256 checks the shape of Credentials.TokenSHA256 on
+// any string: exactly what hex.EncodeToString makes of 32 bytes (64
+// lowercase hex digits), as hostproxy's registry stores a token's hash.
+func FuzzValidTokenSHA256(f *testing.F) {
+	sum := sha256.Sum256([]byte("sbt_x"))
+	good := hex.EncodeToString(sum[:])
+	for _, s := range []string{good, strings.ToUpper(good), good[:63], good + "0", "", good[:63] + "g", good[:62] + "é"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b, err := hex.DecodeString(s)
+		want := err == nil && len(b) == sha256.Size && hex.EncodeToString(b) == s
+		if got := ValidTokenSHA256(s); got != want {
+			t.Fatalf("ValidTokenSHA256(%q) = %v, want %v", s, got, want)
+		}
+	})
 }
