@@ -27,10 +27,16 @@
 //     request, and shuts down gracefully, finishing requests in flight;
 //   - with a machines configuration, serves the sandbox lifecycle
 //     (/v1/sandboxes: create, list, get, delete, pause, resume, stop, start,
-//     exec) through package sandbox, keeps the microVMs' records in its
-//     registry, reaches their guestd through each VM's channel (the vm://
-//     guest address), and serves the calls processes inside a sandbox make
-//     through that channel, scoped to that sandbox whatever key they carry.
+//     exec; account keys only, a token is 403 on every one) through package
+//     sandbox, keeps the microVMs' records in its registry, reaches their
+//     guestd through each VM's channel (the vm:// guest address; execs on a
+//     connection pool of their own), and serves the calls processes inside
+//     a sandbox make through that channel, scoped to that sandbox whatever
+//     key they carry (at most 32 connections per sandbox, no /metrics);
+//   - hands each guest its credentials (API address, sandbox id, token):
+//     a microVM guest that cannot take a token when it is issued or
+//     rotated is owed it, in memory only, until it boots or is found
+//     running (credentials.go).
 //
 // What it does not do: it never touches a checkpoint itself and keeps no
 // checkpoint state; a configured sandbox's state comes from the

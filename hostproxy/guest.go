@@ -58,17 +58,33 @@ func ParseGuestAddress(s string) (scheme, addr string, err error) {
 // checkpoints is well under it.
 const maxGuestReply = 16 << 20
 
-// GuestClient calls guest daemons' local API. It keeps one connection pool
+// GuestClient calls guest daemons' local API. It keeps connection pools
 // per guest address, so a dead guest costs its own callers a bounded dial
-// and nobody else anything.
+// and nobody else anything: one for execs, which may last an hour, and
+// one for every other call, so that a sandbox busy with long execs still
+// answers checkpoint calls. Each pool caps the calls in flight to its
+// guest (maxGuestCalls).
 type GuestClient struct {
 	dialers        map[string]Dialer
 	dialTimeout    time.Duration
 	requestTimeout time.Duration
 
-	mu         sync.Mutex
-	transports map[string]*http.Transport
+	mu    sync.Mutex
+	pools map[string]*guestPools
+
+	// owed are the access tokens owed to microVM guests (Server.sendCredentials).
+	owed owedTokens
 }
+
+// guestPools are the connections to one guest.
+type guestPools struct {
+	calls, exec *http.Transport
+}
+
+// maxGuestCalls caps the calls in flight to one guest in each pool: a
+// guest is untrusted (root inside a sandbox controls it), so a slow one
+// must not pin host memory.
+const maxGuestCalls = 16
 
 // NewGuestClient returns a client that dials with dialers (by scheme),
 // bounds each dial by dialTimeout and each call by requestTimeout.
@@ -77,7 +93,7 @@ func NewGuestClient(dialers map[string]Dialer, dialTimeout, requestTimeout time.
 		dialers:        dialers,
 		dialTimeout:    dialTimeout,
 		requestTimeout: requestTimeout,
-		transports:     map[string]*http.Transport{},
+		pools:          map[string]*guestPools{},
 	}
 }
 
@@ -152,16 +168,18 @@ func (g *GuestClient) Health(ctx context.Context, guest string) (json.RawMessage
 // Exec runs a command in the guest (POST /v1/exec with body, already
 // checked); the call may last timeout.
 func (g *GuestClient) Exec(ctx context.Context, guest string, body []byte, timeout time.Duration) (json.RawMessage, error) {
-	return g.callFor(ctx, timeout, guest, http.MethodPost, "/v1/exec", body, "")
+	return g.send(ctx, poolExec, timeout, guest, http.MethodPost, "/v1/exec", body, "")
 }
 
-// Forget drops the connections to guest (a sandbox stopped or deleted).
+// Forget drops the connections to guest, of both pools (a sandbox
+// stopped or deleted).
 func (g *GuestClient) Forget(guest string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if t := g.transports[guest]; t != nil {
-		t.CloseIdleConnections()
-		delete(g.transports, guest)
+	if p := g.pools[guest]; p != nil {
+		p.calls.CloseIdleConnections()
+		p.exec.CloseIdleConnections()
+		delete(g.pools, guest)
 	}
 }
 
@@ -169,27 +187,46 @@ func (g *GuestClient) Forget(guest string) {
 func (g *GuestClient) Close() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for _, t := range g.transports {
-		t.CloseIdleConnections()
+	for _, p := range g.pools {
+		p.calls.CloseIdleConnections()
+		p.exec.CloseIdleConnections()
 	}
 }
 
-func (g *GuestClient) transport(guest string) (*http.Transport, error) {
+// pool names one of a guest's two connection pools.
+type pool int
+
+const (
+	poolCalls pool = iota
+	poolExec
+)
+
+// transport returns guest's pool p, making both pools on first use.
+func (g *GuestClient) transport(guest string, p pool) (*http.Transport, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if t := g.transports[guest]; t != nil {
-		return t, nil
+	pools := g.pools[guest]
+	if pools == nil {
+		scheme, addr, err := ParseGuestAddress(guest)
+		if err != nil {
+			return nil, err
+		}
+		dial := g.dialers[scheme]
+		if dial == nil {
+			return nil, fmt.Errorf("no transport for scheme %q", scheme)
+		}
+		pools = &guestPools{calls: g.newTransport(dial, addr), exec: g.newTransport(dial, addr)}
+		g.pools[guest] = pools
 	}
-	scheme, addr, err := ParseGuestAddress(guest)
-	if err != nil {
-		return nil, err
+	if p == poolExec {
+		return pools.exec, nil
 	}
-	dial := g.dialers[scheme]
-	if dial == nil {
-		return nil, fmt.Errorf("no transport for scheme %q", scheme)
-	}
+	return pools.calls, nil
+}
+
+func (g *GuestClient) newTransport(dial Dialer, addr string) *http.Transport {
 	dialTimeout := g.dialTimeout
-	t := &http.Transport{
+	return &http.Transport{
 		Proxy: nil,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			ctx, cancel := context.WithTimeout(ctx, dialTimeout)
@@ -197,15 +234,11 @@ func (g *GuestClient) transport(guest string) (*http.Transport, error) {
 			return dial(ctx, addr)
 		},
 		MaxIdleConnsPerHost: 4,
-		// A guest is untrusted (root inside a sandbox controls it): cap
-		// the calls in flight to it, so a slow one cannot pin host memory.
-		MaxConnsPerHost: 16,
-		IdleConnTimeout: 30 * time.Second,
+		MaxConnsPerHost:     maxGuestCalls,
+		IdleConnTimeout:     30 * time.Second,
 		// Each call's own context bounds it (an exec may last an hour).
 		DisableCompression: true,
 	}
-	g.transports[guest] = t
-	return t, nil
 }
 
 type requestIDKey struct{}
@@ -222,12 +255,12 @@ func withRequestID(ctx context.Context, id string) context.Context {
 // idempotencyKey goes out as the Idempotency-Key header, as the client
 // sent it (checked by api.IdempotencyKey).
 func (g *GuestClient) call(ctx context.Context, guest, method, p string, body []byte, idempotencyKey string) (json.RawMessage, error) {
-	return g.callFor(ctx, g.requestTimeout, guest, method, p, body, idempotencyKey)
+	return g.send(ctx, poolCalls, g.requestTimeout, guest, method, p, body, idempotencyKey)
 }
 
-// callFor is call with a timeout of its own.
-func (g *GuestClient) callFor(ctx context.Context, timeout time.Duration, guest, method, p string, body []byte, idempotencyKey string) (json.RawMessage, error) {
-	t, err := g.transport(guest)
+// send is call through one pool, with a timeout of its own.
+func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, guest, method, p string, body []byte, idempotencyKey string) (json.RawMessage, error) {
+	t, err := g.transport(guest, pl)
 	if err != nil {
 		return nil, fmt.Errorf("guest %s: %w", guest, err)
 	}

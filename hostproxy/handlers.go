@@ -45,6 +45,7 @@ func (s *Server) sandbox(c echo.Context, management bool) (Sandbox, error) {
 	if sb.Account != p.Account {
 		return Sandbox{}, errSandboxNotFound
 	}
+	s.deliverOwed(sb)
 	return sb, nil
 }
 
@@ -249,21 +250,25 @@ func (s *Server) putToken(c echo.Context, rotate bool) (any, error) {
 	return issuedToken{Token: token, Hint: info.Hint, CreatedAt: info.CreatedAt}, nil
 }
 
-// deliverCredentials hands a running sandbox's guest its API address, id
-// and current token, so that processes inside find them in guestd's
-// root-readable env file. Best effort: the token is valid whether or not
-// the guest got it (the caller has it in the response); failures are
-// logged.
+// deliverCredentials hands a sandbox's guest its API address, id and
+// current token ("" after a revoke), so that processes inside find them
+// in guestd's root-readable env file. Best effort: the token is valid
+// whether or not the guest got it (the caller has it in the response);
+// failures are logged. A microVM guest that is not running, or does not
+// take it, is owed the token (see credentials.go); a configured sandbox's
+// guest gets it only while the sandbox is running.
 func (s *Server) deliverCredentials(c echo.Context, sb Sandbox, token string) {
-	if sb.State != StateRunning {
-		return
+	var err error
+	switch {
+	case sb.Machine != nil:
+		s.guests.owed.set(guestAddress(sb.ID), token)
+		if sb.State != StateRunning {
+			return
+		}
+		err = s.sendCredentials(c.Request().Context(), sb.ID, false)
+	case sb.State == StateRunning:
+		err = s.guests.PutCredentials(c.Request().Context(), sb.Guest, api.Credentials{APIURL: s.publicURL, SandboxID: sb.ID, Token: token})
 	}
-	url := s.publicURL
-	if sb.Machine != nil {
-		// A microVM reaches the API through its channel, with no network.
-		url = api.GuestAPIURL
-	}
-	err := s.guests.PutCredentials(c.Request().Context(), sb.Guest, api.Credentials{APIURL: url, SandboxID: sb.ID, Token: token})
 	if err != nil {
 		s.log.Warn("credentials not delivered to the guest", "sandbox", sb.ID, "request_id", c.Response().Header().Get(jsend.HeaderRequestID), "err", err)
 	}

@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"strata/internal/httpx"
 )
 
 // metrics are the server's Prometheus series. Labels are route templates,
@@ -66,6 +68,16 @@ func metricMethod(m string) string {
 	return "OTHER"
 }
 
+// handler serves the metrics, except through a sandbox's channel: they
+// tell of every sandbox's activity, which is no business of a process
+// inside one. There the route does not exist (404 not_found).
 func (m *metrics) handler() http.Handler {
-	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+	h := promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if channelSandbox(r.Context()) != "" {
+			httpx.WriteError(w, r, httpx.ErrNoRoute)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

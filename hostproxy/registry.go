@@ -397,6 +397,24 @@ func (r *Registry) Token(ctx context.Context, sandboxID string) (TokenInfo, erro
 	return info, err
 }
 
+// tokenHash is the SHA-256 (hashSecret) of the sandbox's access token,
+// "" when it has none: what a guest that may still hold the token is told
+// (api.Credentials.TokenSHA256).
+func (r *Registry) tokenHash(ctx context.Context, sandboxID string) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	var hash string
+	err := r.db.View(func(tx *bolt.Tx) error {
+		t, err := boltjson.Get[tokenRecord](tx.Bucket(bucketTokens), []byte(sandboxID))
+		if t != nil {
+			hash = t.Hash
+		}
+		return err
+	})
+	return hash, err
+}
+
 // RevokeToken removes the sandbox's access token; revoking none is not an error.
 func (r *Registry) RevokeToken(ctx context.Context, sandboxID string) error {
 	if err := ctx.Err(); err != nil {

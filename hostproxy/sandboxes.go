@@ -83,17 +83,6 @@ func (s *Server) openMachines(ctx context.Context, mc MachinesConfig, publish fu
 	return nil
 }
 
-// booted hands a freshly booted guest its sandbox id and API address. A
-// token issued earlier survives in the guest's own copy of its
-// credentials; one that no longer exists is cleared here.
-func (s *Server) booted(ctx context.Context, sb Sandbox) error {
-	info, err := s.reg.Token(ctx, sb.ID)
-	if err != nil || info.Enabled {
-		return err
-	}
-	return s.guests.PutCredentials(ctx, guestAddress(sb.ID), api.Credentials{APIURL: api.GuestAPIURL, SandboxID: sb.ID})
-}
-
 func guestAddress(id string) string { return sandbox.GuestScheme + "://" + id }
 
 type channelSandboxKey struct{}
@@ -331,6 +320,7 @@ func (s *Server) deleteSandbox(c echo.Context) (any, error) {
 		return nil, err
 	}
 	s.guests.Forget(sb.Guest)
+	s.guests.owed.forget(guestAddress(sb.ID))
 	return map[string]string{"id": sb.ID, "state": string(sandbox.Destroyed)}, nil
 }
 

@@ -1,0 +1,111 @@
+package hostproxy
+
+import (
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"strata/internal/jsend"
+)
+
+// TestExecHasItsOwnPool pins that execs, which may last an hour, do not
+// starve a guest's other calls: with maxGuestCalls execs in flight to one
+// guest, a checkpoint list still goes through (it timed out waiting for a
+// connection when both shared one pool), one more exec waits for a free
+// connection (the cap holds), and Forget drops both pools.
+func TestExecHasItsOwnPool(t *testing.T) {
+	dir, err := os.MkdirTemp("", "guest") // a socket path must be short
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "guestd.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	started := make(chan struct{}, 2*maxGuestCalls)
+	var execs atomic.Int32
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/exec" {
+			execs.Add(1)
+			started <- struct{}{}
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+		jsend.Success(w, []any{})
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+
+	g := NewGuestClient(DefaultDialers(), time.Second, 2*time.Second)
+	t.Cleanup(g.Close)
+	guest := "unix://" + sock
+	ctx := t.Context()
+	var wg sync.WaitGroup
+	for range maxGuestCalls + 1 {
+		wg.Go(func() {
+			if _, err := g.Exec(ctx, guest, []byte(`{"cmd":["sleep","3600"]}`), time.Minute); err != nil {
+				t.Errorf("exec: %v", err)
+			}
+		})
+	}
+	for range maxGuestCalls {
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d execs reached the guest, want %d", execs.Load(), maxGuestCalls)
+		}
+	}
+
+	if _, err := g.ListCheckpoints(ctx, guest); err != nil {
+		t.Errorf("list with %d execs in flight: %v", maxGuestCalls, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := execs.Load(); n != maxGuestCalls {
+		t.Errorf("%d execs in flight to one guest, want the cap, %d", n, maxGuestCalls)
+	}
+
+	close(release)
+	wg.Wait()
+	if n := execs.Load(); n != maxGuestCalls+1 {
+		t.Errorf("%d execs reached the guest in all, want %d", n, maxGuestCalls+1)
+	}
+	g.Forget(guest)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.pools) != 0 {
+		t.Errorf("Forget left %d guests' pools", len(g.pools))
+	}
+}
+
+// TestGuestPoolsApart pins that the two pools of a guest are two
+// transports, and that another guest has its own.
+func TestGuestPoolsApart(t *testing.T) {
+	g := NewGuestClient(DefaultDialers(), time.Second, time.Second)
+	calls, err := g.transport("unix:///a.sock", poolCalls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec, _ := g.transport("unix:///a.sock", poolExec)
+	again, _ := g.transport("unix:///a.sock", poolCalls)
+	other, _ := g.transport("unix:///b.sock", poolExec)
+	if calls == exec || calls != again || other == exec {
+		t.Errorf("pools: calls %p, exec %p, calls again %p, another guest's exec %p", calls, exec, again, other)
+	}
+	if calls.MaxConnsPerHost != maxGuestCalls || exec.MaxConnsPerHost != maxGuestCalls {
+		t.Errorf("caps %d and %d, want %d each", calls.MaxConnsPerHost, exec.MaxConnsPerHost, maxGuestCalls)
+	}
+	g.Forget("unix:///a.sock")
+	if t2, _ := g.transport("unix:///a.sock", poolExec); t2 == exec {
+		t.Error("Forget kept the exec pool")
+	}
+}
