@@ -121,8 +121,18 @@ func (b *vmBench) start(bin string) error {
 	addr := ln.Addr().String()
 	ln.Close()
 	b.url = "http://" + addr
-	b.proxy = exec.Command(filepath.Join(bin, "hostproxy"), "--listen", addr, "--data", filepath.Join(b.base, "data"),
-		"--key-env", "BENCH_KEY", "--machines", filepath.Join(b.base, "machines"), "--image", *vmImage)
+	// The bench polls and calls faster than the default per-key limit.
+	cfg, _ := json.Marshal(map[string]any{
+		"listen": addr, "data_dir": filepath.Join(b.base, "data"),
+		"accounts":   []any{map[string]any{"id": "bench", "keys": []any{map[string]any{"id": "bench", "env": "BENCH_KEY"}}}},
+		"rate_limit": map[string]any{"per_second": 10000, "burst": 10000},
+		"machines":   map[string]any{"dir": filepath.Join(b.base, "machines"), "image": *vmImage},
+	})
+	cfgPath := filepath.Join(b.base, "hostproxy.json")
+	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
+		return err
+	}
+	b.proxy = exec.Command(filepath.Join(bin, "hostproxy"), "--config", cfgPath)
 	b.proxy.Env = append(os.Environ(), "BENCH_KEY="+b.key)
 	logf, err := os.Create(filepath.Join(b.base, "hostproxy.log"))
 	if err != nil {
