@@ -72,8 +72,9 @@ type Manager struct {
 	reserved map[string]int
 	// busy marks the sandboxes a lifecycle operation is under way on,
 	// each with the number of its operation (ops counts them).
-	busy map[string]uint64
-	ops  uint64
+	busy    map[string]uint64
+	ops     uint64
+	running map[string]*running // background operations, by sandbox
 	wg   sync.WaitGroup  // background transitions
 	ctx  context.Context // ends with Close
 	stop context.CancelFunc
@@ -134,7 +135,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, live: map[string]*machine{}, reserved: map[string]int{}, busy: map[string]uint64{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, live: map[string]*machine{}, reserved: map[string]int{}, running: map[string]*running{}, busy: map[string]uint64{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -222,13 +223,51 @@ func (m *Manager) begin(id string) (func(), error) {
 
 // background runs fn with the manager's context, releasing the
 // operation's mark when it returns.
-func (m *Manager) background(done func(), fn func(ctx context.Context)) {
+func (m *Manager) background(id string, done func(), fn func(ctx context.Context)) {
+	ctx, cancel := context.WithCancel(m.ctx)
+	run := &running{cancel: cancel, finished: make(chan struct{})}
+	m.mu.Lock()
+	m.running[id] = run
+	m.mu.Unlock()
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
+		defer func() {
+			m.mu.Lock()
+			if m.running[id] == run {
+				delete(m.running, id)
+			}
+			m.mu.Unlock()
+			cancel()
+			close(run.finished)
+		}()
 		defer done()
-		fn(m.ctx)
+		fn(ctx)
 	}()
+}
+
+// running is a lifecycle operation under way in the background, which a
+// delete may cancel.
+type running struct {
+	cancel   context.CancelFunc
+	finished chan struct{}
+}
+
+// cancelRunning cancels the background operation on id, if any, and waits
+// for it to end: a delete does not wait for a boot that may hang for
+// BootTimeout.
+func (m *Manager) cancelRunning(ctx context.Context, id string) {
+	m.mu.Lock()
+	run := m.running[id]
+	m.mu.Unlock()
+	if run == nil {
+		return
+	}
+	run.cancel()
+	select {
+	case <-run.finished:
+	case <-ctx.Done():
+	}
 }
 
 // Create records r (in state creating, with a uid of its own) and boots
@@ -256,7 +295,7 @@ func (m *Manager) Create(ctx context.Context, r Record) (Record, error) {
 		return Record{}, err
 	}
 	m.log.Info("sandbox creating", "sandbox", r.ID, "memory_mib", r.MemoryMiB, "vcpus", r.VCPUs, "disk_gib", r.DiskGiB, "uid", uid)
-	m.background(done, func(ctx context.Context) { m.boot(ctx, r.ID) })
+	m.background(r.ID, done, func(ctx context.Context) { m.boot(ctx, r.ID) })
 	return r, nil
 }
 
@@ -298,7 +337,7 @@ func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
 		return r, nil
 	}
 	m.log.Info("sandbox starting", "sandbox", id)
-	m.background(done, func(ctx context.Context) { m.boot(ctx, id) })
+	m.background(id, done, func(ctx context.Context) { m.boot(ctx, id) })
 	return r, nil
 }
 
@@ -316,8 +355,14 @@ func (m *Manager) boot(ctx context.Context, id string) {
 		return
 	}
 	fail := func(sentence string, err error) {
-		if ctx.Err() != nil {
+		if m.ctx.Err() != nil {
 			m.leaveBoot(id, err)
+			return
+		}
+		if ctx.Err() != nil {
+			// Cancelled for a delete, which takes it from here.
+			m.log.Info("sandbox boot cancelled", "sandbox", id)
+			m.teardown(id)
 			return
 		}
 		m.log.Error("sandbox boot failed", "sandbox", id, "err", err)
@@ -359,7 +404,7 @@ func (m *Manager) boot(ctx context.Context, id string) {
 	if m.cfg.Booted != nil {
 		if err := m.cfg.Booted(ctx, r); err != nil {
 			if ctx.Err() != nil {
-				m.leaveBoot(id, err)
+				fail(errBootFailed, err)
 				return
 			}
 			m.log.Warn("sandbox booted, but its guest did not take its credentials", "sandbox", id, "err", err)
@@ -575,7 +620,7 @@ func (m *Manager) transition(ctx context.Context, id string, from, via, to State
 		done()
 		return r, err
 	}
-	m.background(done, func(ctx context.Context) {
+	m.background(id, done, func(ctx context.Context) {
 		m.mu.Lock()
 		mc := m.live[id]
 		m.mu.Unlock()
@@ -694,6 +739,14 @@ func (m *Manager) teardown(id string) {
 // then its record.
 func (m *Manager) Delete(ctx context.Context, id string) error {
 	done, err := m.begin(id)
+	if errors.Is(err, ErrInProgress) {
+		// A boot, pause or resume in the background gives way to a
+		// delete; a stop or another delete (in the foreground) does not.
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		m.cancelRunning(wctx, id)
+		cancel()
+		done, err = m.begin(id)
+	}
 	if err != nil {
 		return err
 	}
@@ -811,7 +864,7 @@ func (m *Manager) settle(ctx context.Context, r Record, vm vmm.Machine, cfg vmm.
 			if err != nil {
 				return err
 			}
-			m.background(done, func(ctx context.Context) { m.boot(ctx, id) })
+			m.background(id, done, func(ctx context.Context) { m.boot(ctx, id) })
 			return nil
 		case Error:
 			return nil
@@ -833,13 +886,16 @@ func (m *Manager) settle(ctx context.Context, r Record, vm vmm.Machine, cfg vmm.
 		if err != nil {
 			return err
 		}
-		m.background(done, func(ctx context.Context) {
+		m.background(id, done, func(ctx context.Context) {
 			if err := m.waitGuest(ctx, mc); err != nil {
-				if ctx.Err() != nil {
+				if m.ctx.Err() != nil {
 					m.leaveBoot(id, err)
 					return
 				}
 				m.teardown(id)
+				if ctx.Err() != nil {
+					return // cancelled for a delete
+				}
 				m.setState(id, Error, errBootFailed, Creating)
 				return
 			}

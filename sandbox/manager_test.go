@@ -552,7 +552,8 @@ func TestBootThatNeverAnswers(t *testing.T) {
 
 // TestOneOperationAtATime: while a lifecycle operation is under way on a
 // sandbox (a boot held back, a stop waiting for a stuck guest), every
-// other one is refused with operation_in_progress and changes nothing.
+// other one is refused with operation_in_progress and changes nothing;
+// but a delete cancels a boot (TestDeleteDuringABoot).
 func TestOneOperationAtATime(t *testing.T) {
 	ctx := context.Background()
 	ops := []struct {
@@ -572,6 +573,9 @@ func TestOneOperationAtATime(t *testing.T) {
 		h.drv.setPlan(plan{gate: gate})
 		h.create(m, "sb-1")
 		for _, op := range ops {
+			if op.name == "delete" {
+				continue
+			}
 			wantFault(t, op.name, op.do(m), "operation_in_progress", "")
 		}
 		if r := h.get("sb-1"); r.State != sandbox.Creating {
@@ -960,4 +964,27 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// TestDeleteDuringABoot: a delete does not wait for a boot that may hang
+// until BootTimeout, nor answer operation_in_progress: it cancels the
+// boot, and the machine and the sandbox are gone.
+func TestDeleteDuringABoot(t *testing.T) {
+	h := newHarness(t)
+	m := h.manager(func(c *sandbox.Config) { c.BootTimeout = time.Hour })
+	gate := make(chan struct{})
+	defer close(gate)
+	h.drv.setPlan(plan{gate: gate})
+	h.create(m, "sb-1")
+	fm := waitMachine(t, h.drv, "sb-1")
+	waitHealthAsked(t, fm)
+	t0 := time.Now()
+	if err := m.Delete(context.Background(), "sb-1"); err != nil {
+		t.Fatalf("Delete during a boot: %v", err)
+	}
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Fatalf("Delete took %v", d)
+	}
+	waitExit(t, fm)
+	checkDeleted(t, h, "sb-1")
 }
