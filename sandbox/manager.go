@@ -75,9 +75,9 @@ type Manager struct {
 	busy    map[string]uint64
 	ops     uint64
 	running map[string]*running // background operations, by sandbox
-	wg   sync.WaitGroup  // background transitions
-	ctx  context.Context // ends with Close
-	stop context.CancelFunc
+	wg      sync.WaitGroup      // background transitions
+	ctx     context.Context     // ends with Close
+	stop    context.CancelFunc
 }
 
 // machine is a sandbox whose QEMU runs.
