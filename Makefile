@@ -92,7 +92,7 @@ test-short:
 	$(GO) test -short -count=1 ./...
 
 # A microVM sandbox to try: hostproxy on $(LISTEN) runs sandboxes as QEMU
-# microVMs (state under $(STATE): registry, machines), and the sandbox
+# microVMs (state under $(STATE): registry, vms), and the sandbox
 # "dev" is created, or started again, and waited for. The first run builds
 # the guest image (about a minute, progress shown); the next ones reuse it
 # and adopt the sandbox, which keeps running when make run stops: they
@@ -107,7 +107,7 @@ RUN_LOCK = $(STATE)/run.lock
 run:
 	@[ "$$(id -u)" = 0 ] || { echo "make run needs root (QEMU runs under uids of its own, disks are made for them)" >&2; exit 1; }
 	@command -v flock >/dev/null || { echo "make run needs flock (util-linux): make deps" >&2; exit 1; }
-	@mkdir -p $(STATE)/machines; chmod 711 $(STATE) $(STATE)/machines; exec 9<>$(RUN_LOCK); \
+	@mkdir -p $(STATE)/vms; chmod 711 $(STATE) $(STATE)/vms; exec 9<>$(RUN_LOCK); \
 	if ! flock -n 9; then \
 	  pid=$$(cat $(RUN_LOCK) 2>/dev/null); kill -0 "$$pid" 2>/dev/null || pid=""; \
 	  echo "make run: strata is already running with STATE=$(STATE)$${pid:+ (pid $$pid)}; stop it, or pass another STATE" >&2; \
@@ -126,7 +126,7 @@ run:
 	  KEY="$$(cat $(STATE)/api-key)"; \
 	fi; \
 	CREATEOS_API_KEY="$$KEY" $(BIN)/hostproxy --listen $(LISTEN) --data $(STATE)/hostproxy $(if $(DEBUG),--debug) \
-	  --account local --key-env CREATEOS_API_KEY --machines $(STATE)/machines --image $$image & H=$$!; \
+	  --account local --key-env CREATEOS_API_KEY --vms $(STATE)/vms --image $$image & H=$$!; \
 	trap 'kill -TERM $$H 2>/dev/null' INT TERM; \
 	until serving; do kill -0 $$H 2>/dev/null || exit 1; sleep 0.1; done; \
 	export CREATEOS_API_URL=http://$(LISTEN) CREATEOS_API_KEY="$$KEY"; \

@@ -43,9 +43,9 @@ type Config struct {
 	Sandboxes []SandboxConfig `json:"sandboxes"`
 	RateLimit RateLimit       `json:"rate_limit"`
 	Timeouts  Timeouts        `json:"timeouts"`
-	// Machines, when set, lets the API create and run microVM
+	// VMs, when set, lets the API create and run microVM
 	// sandboxes on this host.
-	Machines *MachinesConfig `json:"machines,omitempty"`
+	VMs *VMsConfig `json:"vms,omitempty"`
 }
 
 // AccountConfig is one account and its API keys.

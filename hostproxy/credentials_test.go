@@ -22,7 +22,7 @@ import (
 
 const testKey = "sk_test_internal_0123456789abcdef"
 
-// vmTest is a hostproxy without a machines configuration whose registry
+// vmTest is a hostproxy without a vms configuration whose registry
 // holds a microVM sandbox record, sb-vm, whose vm:// guest is a
 // FakeGuest: enough to drive the credentials of a microVM sandbox (the
 // manager's part, booting, is calling booted).

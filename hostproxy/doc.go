@@ -25,7 +25,7 @@
 //   - limits requests per credential (429 rate_limited with Retry-After),
 //     exports Prometheus metrics on /metrics, logs one structured line per
 //     request, and shuts down gracefully, finishing requests in flight;
-//   - with a machines configuration, serves the sandbox lifecycle
+//   - with a vms configuration, serves the sandbox lifecycle
 //     (/v1/sandboxes: create, list, get, delete, pause, resume, stop, start,
 //     exec; account keys only, a token is 403 on every one) through package
 //     sandbox, keeps the microVMs' records in its registry, reaches their

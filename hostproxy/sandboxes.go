@@ -22,9 +22,9 @@ import (
 	"strata/vmm"
 )
 
-// MachinesConfig turns on microVM sandboxes: hostproxy creates, runs and
+// VMsConfig turns on microVM sandboxes: hostproxy creates, runs and
 // deletes them through the API.
-type MachinesConfig struct {
+type VMsConfig struct {
 	// Dir holds one directory per sandbox (disk, sockets, console log).
 	// It and its parents must be traversable by others (mode o+x): QEMU
 	// runs unprivileged below it.
@@ -40,7 +40,7 @@ type MachinesConfig struct {
 var (
 	errTokenLifecycle = fault.New(fault.Forbidden, "forbidden", "access tokens cannot manage sandboxes; use an account API key")
 	errViaChannel     = fault.New(fault.Forbidden, "forbidden", "a call from inside a sandbox acts only on that sandbox")
-	errNoMachines     = fault.New(fault.Conflict, "sandboxes_disabled", "this host runs no microVM sandboxes (hostproxy has no machines configuration)")
+	errNoVMs          = fault.New(fault.Conflict, "sandboxes_disabled", "this host runs no microVM sandboxes (hostproxy has no vms configuration)")
 	errBadPagination  = "limit must be 1 to 500 and offset 0 or more; no other query parameters"
 	// A fork is made from a VM snapshot; until this host has them, from
 	// is a field it cannot take (not snapshot_not_found, which is a 404
@@ -48,9 +48,9 @@ var (
 	errNoForks = jsend.InvalidField("from", "forks need VM snapshots, which this host does not have yet")
 )
 
-// openMachines starts the lifecycle manager and adopts the sandboxes an
+// openVMs starts the lifecycle manager and adopts the sandboxes an
 // earlier hostproxy left running.
-func (s *Server) openMachines(ctx context.Context, mc MachinesConfig, publish func(*sandbox.Manager)) error {
+func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbox.Manager)) error {
 	img, err := sandbox.LoadImage(mc.Image)
 	if err != nil {
 		return err
@@ -218,7 +218,7 @@ func (s *Server) createSandbox(c echo.Context) error {
 		return errNoForks
 	}
 	if s.machines == nil {
-		return errNoMachines
+		return errNoVMs
 	}
 	id, err := s.newSandboxID()
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 	"strata/hostproxy"
 )
 
-// The sandbox routes on a hostproxy without a machines configuration:
+// The sandbox routes on a hostproxy without a vms configuration:
 // every refusal of API.md that needs no VM, checked at the edge.
 
 const sandboxes = "/v1/sandboxes"

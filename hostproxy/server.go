@@ -89,7 +89,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	// The vm:// scheme reaches a microVM's guestd through its channel;
 	// the dialer finds the manager once it exists (Recover already dials).
 	machines := &atomic.Pointer[sandbox.Manager]{}
-	if cfg.Machines != nil {
+	if cfg.VMs != nil {
 		dialers[sandbox.GuestScheme] = func(ctx context.Context, id string) (net.Conn, error) {
 			m := machines.Load()
 			if m == nil {
@@ -153,8 +153,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 		s.rand = rand.Reader
 	}
 	s.handler = s.routes()
-	if cfg.Machines != nil {
-		if err := s.openMachines(ctx, *cfg.Machines, machines.Store); err != nil {
+	if cfg.VMs != nil {
+		if err := s.openVMs(ctx, *cfg.VMs, machines.Store); err != nil {
 			s.cancel()
 			reg.Close()
 			return nil, err

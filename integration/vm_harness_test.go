@@ -2,8 +2,8 @@ package integration
 
 import (
 	"bytes"
-	"fmt"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -87,7 +87,7 @@ func startVMStack(t *testing.T, guestRequest string) *vmStack {
 		},
 		"rate_limit": map[string]any{"per_second": 1000, "burst": 1000},
 		"timeouts":   map[string]any{"guest_request": guestRequest},
-		"machines":   map[string]any{"dir": s.machines, "image": image, "boot_timeout": "180s"},
+		"vms":        map[string]any{"dir": s.machines, "image": image, "boot_timeout": "180s"},
 	}
 	b, _ := json.Marshal(cfg)
 	if err := os.WriteFile(s.config, b, 0o600); err != nil {

@@ -70,7 +70,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		account    = fs.String("account", "local", "`id` of the account that --key-env and --sandbox add to")
 		keyEnv     = fs.String("key-env", "", "add the account API key held in this environment `variable`")
 		newKey     = fs.Bool("print-new-key", false, "print a new random account API key and exit")
-		vmDir      = fs.String("machines", "", "run microVM sandboxes, keeping their disks and sockets in this `directory` (needs --image)")
+		vmDir      = fs.String("vms", "", "run microVM sandboxes, keeping their disks and sockets in this `directory` (needs --image)")
 		image      = fs.String("image", "", "guest image `directory` of the microVM sandboxes (strata-image build prints it)")
 		accel      = fs.String("accel", "", "accelerator of the microVM sandboxes: tcg or kvm (default: probe the host)")
 		sandboxes  sandboxFlags
@@ -116,9 +116,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	if *vmDir != "" || *image != "" {
 		if *vmDir == "" || *image == "" {
-			return errors.New("--machines and --image go together")
+			return errors.New("--vms and --image go together")
 		}
-		cfg.Machines = &hostproxy.MachinesConfig{Dir: *vmDir, Image: *image, Accel: *accel}
+		cfg.VMs = &hostproxy.VMsConfig{Dir: *vmDir, Image: *image, Accel: *accel}
 	}
 	if *publicURL != "" {
 		cfg.PublicURL = *publicURL

@@ -126,7 +126,7 @@ func (b *vmBench) start(bin string) error {
 		"listen": addr, "data_dir": filepath.Join(b.base, "data"),
 		"accounts":   []any{map[string]any{"id": "bench", "keys": []any{map[string]any{"id": "bench", "env": "BENCH_KEY"}}}},
 		"rate_limit": map[string]any{"per_second": 10000, "burst": 10000},
-		"machines":   map[string]any{"dir": filepath.Join(b.base, "machines"), "image": *vmImage},
+		"vms":        map[string]any{"dir": filepath.Join(b.base, "vms"), "image": *vmImage},
 	})
 	cfgPath := filepath.Join(b.base, "hostproxy.json")
 	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
@@ -234,7 +234,7 @@ func (b *vmBench) exec(id string, cmd ...string) (map[string]any, error) {
 // machines directory, in bytes.
 func (b *vmBench) qemuMemory() (rss, pss int64) {
 	procs, _ := os.ReadDir("/proc")
-	dir := []byte(filepath.Join(b.base, "machines") + "/")
+	dir := []byte(filepath.Join(b.base, "vms") + "/")
 	for _, p := range procs {
 		if _, err := strconv.Atoi(p.Name()); err != nil {
 			continue
