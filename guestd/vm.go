@@ -28,8 +28,10 @@ func (s *Server) shutdown(r *http.Request) (any, error) {
 	}
 	s.log.Info("shutdown asked by the host")
 	go func() {
-		// Let the answer reach the host before the machine goes down.
-		time.Sleep(50 * time.Millisecond)
+		// Once the handler has returned. The machine goes down through
+		// init, which stops guestd first, and guestd's graceful shutdown
+		// finishes writing this answer before it exits.
+		<-r.Context().Done()
 		unix.Sync()
 		s.powerOff()
 	}()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -55,6 +56,10 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 	if err != nil {
 		return err
 	}
+	// The image cache keeps the images most recently built or used (by
+	// their directory's mtime): this one is in use.
+	now := time.Now()
+	os.Chtimes(mc.Image, now, now)
 	host, err := vmm.ReadHost()
 	if err != nil {
 		return err

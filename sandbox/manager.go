@@ -540,6 +540,12 @@ func (m *Manager) waitGuest(ctx context.Context, mc *machine) error {
 }
 
 func guestHealth(ctx context.Context, ch *channel.Host) error {
+	return guestCall(ctx, ch, http.MethodGet, "/v1/health")
+}
+
+// guestCall sends one bodiless request to guestd through the channel and
+// wants a 200; the stream is ended at ctx's end, answer or not.
+func guestCall(ctx context.Context, ch *channel.Host, method, path string) error {
 	conn, err := ch.Open(ctx)
 	if err != nil {
 		return err
@@ -547,7 +553,8 @@ func guestHealth(ctx context.Context, ch *channel.Host) error {
 	defer conn.Close()
 	stop := endWith(ctx, conn)
 	defer stop()
-	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: guestd\r\nConnection: close\r\n\r\n"); err != nil {
+	req := method + " " + path + " HTTP/1.1\r\nHost: guestd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+	if _, err := io.WriteString(conn, req); err != nil {
 		return err
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -556,7 +563,7 @@ func guestHealth(ctx context.Context, ch *channel.Host) error {
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("guestd health: %s", resp.Status)
+		return fmt.Errorf("guestd %s %s: %s", method, path, resp.Status)
 	}
 	return nil
 }
@@ -697,25 +704,7 @@ func (m *Manager) shutdown(id string) {
 }
 
 func (m *Manager) askShutdown(ctx context.Context, mc *machine) error {
-	conn, err := mc.ch.Open(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	stop := endWith(ctx, conn)
-	defer stop()
-	if _, err := io.WriteString(conn, "POST /v1/shutdown HTTP/1.1\r\nHost: guestd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"); err != nil {
-		return err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("guestd shutdown: %s", resp.Status)
-	}
-	return nil
+	return guestCall(ctx, mc.ch, http.MethodPost, "/v1/shutdown")
 }
 
 // teardown kills the sandbox's QEMU if it still runs and forgets it.
