@@ -23,7 +23,6 @@ import (
 
 	"strata/internal/api"
 	"strata/internal/httpx"
-	"strata/internal/jsend"
 )
 
 // execBaseEnv is the environment every program starts from.
@@ -63,14 +62,7 @@ const execPipeGrace = 2 * time.Second
 // A program that cannot be started (not found, not executable, cwd
 // missing) is 422 exec_failed with a sentence saying why.
 func (s *Server) execute(r *http.Request) (any, error) {
-	if err := jsend.RejectQuery(r); err != nil {
-		return nil, err
-	}
-	body, err := jsend.ReadBody(r, api.MaxExecBody, api.ErrExecBodyTooLarge)
-	if err != nil {
-		return nil, err
-	}
-	req, err := api.ParseExec(body)
+	req, _, err := api.ReadExec(r)
 	if err != nil {
 		return nil, err
 	}

@@ -371,14 +371,7 @@ func (s *Server) execInSandbox(c echo.Context) (any, error) {
 		return nil, err
 	}
 	r := c.Request()
-	if err := jsend.RejectQuery(r); err != nil {
-		return nil, err
-	}
-	body, err := jsend.ReadBody(r, api.MaxExecBody, api.ErrExecBodyTooLarge)
-	if err != nil {
-		return nil, err
-	}
-	req, err := api.ParseExec(body)
+	req, body, err := api.ReadExec(r)
 	if err != nil {
 		return nil, err
 	}

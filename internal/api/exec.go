@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 
 	"strata/internal/fault"
@@ -215,4 +216,22 @@ func checkEnv(env map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// ReadExec reads and checks an exec request as both daemons do: no query
+// string, a JSON body of at most MaxExecBody, then ParseExec. It returns
+// the request and the body as read (hostproxy forwards it unchanged).
+func ReadExec(r *http.Request) (ExecRequest, []byte, error) {
+	if err := jsend.RejectQuery(r); err != nil {
+		return ExecRequest{}, nil, err
+	}
+	body, err := jsend.ReadBody(r, MaxExecBody, ErrExecBodyTooLarge)
+	if err != nil {
+		return ExecRequest{}, nil, err
+	}
+	req, err := ParseExec(body)
+	if err != nil {
+		return ExecRequest{}, nil, err
+	}
+	return req, body, nil
 }
