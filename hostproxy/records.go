@@ -27,6 +27,11 @@ func (r *Registry) Insert(ctx context.Context, sb Sandbox) error {
 		if v := b.Get([]byte(sb.ID)); v != nil {
 			return fault.New(fault.Conflict, "sandbox_exists", "a sandbox with this id exists")
 		}
+		if c, ok := ctx.Value(createClaimKey{}).(*createClaimReq); ok {
+			if err := claimTx(tx, c, sb.ID); err != nil {
+				return err
+			}
+		}
 		if sb.Name != "" {
 			err := boltjson.ForEach(b, func(_ []byte, o *Sandbox) error {
 				if o.Account == sb.Account && o.Name == sb.Name && o.State != sandbox.Destroyed {

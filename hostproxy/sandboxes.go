@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base32"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -206,6 +207,10 @@ func (s *Server) createSandbox(c echo.Context) error {
 	if err := jsend.RejectQuery(r); err != nil {
 		return err
 	}
+	key, err := api.IdempotencyKey(r.Header.Values(api.HeaderIdempotencyKey))
+	if err != nil {
+		return err
+	}
 	body, err := jsend.ReadBody(r, jsend.MaxBody, jsend.ErrBodyTooLarge)
 	if err != nil {
 		return err
@@ -237,7 +242,27 @@ func (s *Server) createSandbox(c echo.Context) error {
 	if req.Name != nil {
 		rec.Name = *req.Name
 	}
-	rec, err = s.machines.Create(r.Context(), rec)
+	// A retry with the same Idempotency-Key answers with the sandbox the
+	// first request made, as it is now, and makes no other: the key is
+	// claimed in the transaction that records the sandbox.
+	ctx := r.Context()
+	var claim *createClaimReq
+	if key != "" {
+		claim = &createClaimReq{account: p.Account, key: key, request: requestHash(req), now: s.now()}
+		ctx = withCreateClaim(ctx, claim)
+	}
+	rec, err = s.machines.Create(ctx, rec)
+	if errors.Is(err, errClaimed) {
+		sb, err := s.reg.Sandbox(r.Context(), claim.prior)
+		switch {
+		case fault.CodeOf(err) == "sandbox_not_found":
+			// Made by the first request, and deleted since.
+			return accepted(c, api.Sandbox{ID: claim.prior, State: string(sandbox.Destroyed)})
+		case err != nil:
+			return err
+		}
+		return accepted(c, sandboxView(sb))
+	}
 	if err != nil {
 		return err
 	}

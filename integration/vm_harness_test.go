@@ -200,6 +200,12 @@ func (r apiReply) code() string {
 // call sends one request with key; a transport error fails the test.
 func (s *vmStack) call(key, method, path, body string) apiReply {
 	s.t.Helper()
+	return s.callWith(key, method, path, body, nil)
+}
+
+// callWith is call with extra headers.
+func (s *vmStack) callWith(key, method, path, body string, headers map[string]string) apiReply {
+	s.t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
@@ -208,6 +214,9 @@ func (s *vmStack) call(key, method, path, body string) apiReply {
 	req.Header.Set("X-Api-Key", key)
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {

@@ -148,7 +148,22 @@ func TestSandboxEndToEnd(t *testing.T) {
 func TestTwoSandboxes(t *testing.T) {
 	s := startVMStack(t, "5s")
 	a := s.create(s.key, `{"name":"alpha"}`)
-	b := s.create(s.key, `{"name":"beta","memory_mib":256}`)
+	// beta with an Idempotency-Key: the retry answers with the same
+	// sandbox and makes no other.
+	idem := map[string]string{"Idempotency-Key": "create-beta-1"}
+	first := s.callWith(s.key, "POST", "/v1/sandboxes", `{"name":"beta","memory_mib":256}`, idem)
+	retry := s.callWith(s.key, "POST", "/v1/sandboxes", `{"name":"beta","memory_mib":256}`, idem)
+	if first.Status != 202 || retry.Status != 202 || retry.data()["id"] != first.data()["id"] {
+		t.Fatalf("create and its retry: %d %s / %d %s", first.Status, first.Raw, retry.Status, retry.Raw)
+	}
+	if r := s.callWith(s.key, "POST", "/v1/sandboxes", `{"name":"beta","memory_mib":512}`, idem); r.Status != 422 || r.code() != "idempotency_key_reused" {
+		t.Fatalf("the key with another request: %d %s", r.Status, r.Raw)
+	}
+	b := first.data()["id"].(string)
+	s.waitState(s.key, b, "running", 4*time.Minute)
+	if n := len(s.sandboxes("acct-a")); n != 2 {
+		t.Fatalf("%d sandboxes after a create and its retry, want 2", n)
+	}
 	if r := s.call(s.key, "POST", "/v1/sandboxes", `{"name":"alpha"}`); r.Status != 409 || r.code() != "name_taken" {
 		t.Fatalf("a second alpha: %d %s", r.Status, r.Raw)
 	}

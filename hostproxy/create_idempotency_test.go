@@ -1,0 +1,70 @@
+package hostproxy
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"strata/internal/api"
+	"strata/internal/fault"
+	"strata/sandbox"
+)
+
+// TestCreateKeyIsClaimedWithTheRecord: a sandbox create's Idempotency-Key
+// is claimed in the transaction that records the sandbox, so a retry finds
+// the first sandbox (and records none), the same key with another request
+// is idempotency_key_reused, another account's key is its own, and a key
+// older than 24 hours is free again.
+func TestCreateKeyIsClaimedWithTheRecord(t *testing.T) {
+	ctx := context.Background()
+	reg, err := OpenRegistry(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	insert := func(id, account, key, request string, at time.Time) (*createClaimReq, error) {
+		c := &createClaimReq{account: account, key: key, request: request, now: at}
+		return c, reg.Insert(withCreateClaim(ctx, c), Sandbox{ID: id, Account: account, State: sandbox.Creating})
+	}
+	if _, err := insert("sb-1", "acct-a", "k1", "req-a", now); err != nil {
+		t.Fatal(err)
+	}
+	c, err := insert("sb-2", "acct-a", "k1", "req-a", now.Add(time.Hour))
+	if !errors.Is(err, errClaimed) || c.prior != "sb-1" {
+		t.Fatalf("retry: %v, prior %q; want errClaimed naming sb-1", err, c.prior)
+	}
+	if _, err := reg.Sandbox(ctx, "sb-2"); fault.CodeOf(err) != "sandbox_not_found" {
+		t.Fatalf("a retry recorded a second sandbox: %v", err)
+	}
+	if _, err := insert("sb-3", "acct-a", "k1", "req-b", now.Add(time.Hour)); fault.CodeOf(err) != "idempotency_key_reused" {
+		t.Fatalf("same key, another request: %v", err)
+	}
+	if _, err := insert("sb-4", "acct-b", "k1", "req-b", now.Add(time.Hour)); err != nil {
+		t.Fatalf("another account's key: %v", err)
+	}
+	if _, err := insert("sb-5", "acct-a", "k1", "req-b", now.Add(25*time.Hour)); err != nil {
+		t.Fatalf("a key past 24 hours: %v", err)
+	}
+	if _, err := reg.Sandbox(ctx, "sb-5"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRequestHashIsTheRequestAsUnderstood: {} and the same request with its
+// defaults written out are one request; another size is another.
+func TestRequestHashIsTheRequestAsUnderstood(t *testing.T) {
+	hash := func(body string) string {
+		req, err := api.ParseSandboxCreate([]byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return requestHash(req)
+	}
+	empty, explicit := hash(`{}`), hash(`{"memory_mib":512,"vcpus":1,"disk_gib":4}`)
+	bigger, named := hash(`{"memory_mib":1024}`), hash(`{"name":"a"}`)
+	if empty != explicit || empty == bigger || empty == named {
+		t.Fatalf("hashes: {} %s, defaults %s, 1024 MiB %s, named %s", empty, explicit, bigger, named)
+	}
+}
