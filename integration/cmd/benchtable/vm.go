@@ -175,6 +175,20 @@ func (b *vmBench) close() {
 		b.proxy.Process.Signal(syscall.SIGTERM)
 		b.proxy.Wait()
 	}
+	// Whatever the API could not delete (a failed run) is killed here:
+	// nothing the bench starts outlives it.
+	procs, _ := os.ReadDir("/proc")
+	dir := []byte(filepath.Join(b.base, "vms") + "/")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if bytes.Contains(cmdline, []byte("qemu-system")) && bytes.Contains(cmdline, dir) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 	cleanup(b.base)
 }
 
