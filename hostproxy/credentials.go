@@ -126,7 +126,7 @@ func (s *Server) booted(ctx context.Context, sb Sandbox) error {
 // not be delivered stays owed.
 func (s *Server) sendCredentials(ctx context.Context, id string, onlyOwed bool) error {
 	guest := guestAddress(id)
-	e := s.guests.owed.entry(guest)
+	e := s.owed.entry(guest)
 	if onlyOwed {
 		if !e.sending.TryLock() {
 			return nil
@@ -158,7 +158,7 @@ func (s *Server) sendCredentials(ctx context.Context, id string, onlyOwed bool) 
 // it is owed, if it is owed one, in the background: the request that
 // found the sandbox running does not wait for it.
 func (s *Server) deliverOwed(sb Sandbox) {
-	if sb.Machine == nil || sb.State != StateRunning || !s.guests.owed.has(guestAddress(sb.ID)) {
+	if sb.Machine == nil || sb.State != StateRunning || !s.owed.has(guestAddress(sb.ID)) {
 		return
 	}
 	go func() {

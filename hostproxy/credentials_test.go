@@ -158,7 +158,7 @@ func TestOwedTokens(t *testing.T) {
 	v.want("boot after a rotate and a revoke while stopped", "", "")
 
 	t4 := v.token("/access-token")
-	v.s.guests.owed.forget(guestAddress("sb-vm")) // hostproxy restarted: the plaintext is gone
+	v.s.owed.forget(guestAddress("sb-vm")) // hostproxy restarted: the plaintext is gone
 	v.boot()
 	v.want("boot after a restart of hostproxy", "", hashSecret(t4))
 
@@ -177,7 +177,7 @@ func TestOwedTokens(t *testing.T) {
 	v.guest.SetDelay(2 * time.Second) // longer than the guest request timeout
 	t7 := v.token("/access-token/rotate")
 	v.want("rotate while running, not taken", t6, "")
-	if !v.s.guests.owed.has(guestAddress("sb-vm")) {
+	if !v.s.owed.has(guestAddress("sb-vm")) {
 		t.Error("a token the guest did not take is not owed")
 	}
 	v.guest.SetDelay(0)
@@ -186,7 +186,7 @@ func TestOwedTokens(t *testing.T) {
 
 	v.revoke()
 	v.want("revoke while running", "", "")
-	if v.s.guests.owed.has(guestAddress("sb-vm")) {
+	if v.s.owed.has(guestAddress("sb-vm")) {
 		t.Error("something is owed after a revoke")
 	}
 }

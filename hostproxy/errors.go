@@ -1,6 +1,9 @@
 package hostproxy
 
-import "strata/internal/fault"
+import (
+	"strata/internal/fault"
+	"strata/sandbox"
+)
 
 // The errors hostproxy itself answers with. Codes are part of the API
 // (docs/api.md); messages are one sentence for a person. An unknown route
@@ -10,9 +13,9 @@ var (
 	errUnauthorized       = fault.New(fault.Unauthorized, "unauthorized", "a valid account API key or sandbox access token is required in the X-Api-Key header")
 	errTokenOtherSandbox  = fault.New(fault.Forbidden, "forbidden", "this access token is not valid for this sandbox")
 	errTokenManagement    = fault.New(fault.Forbidden, "forbidden", "access tokens cannot manage access tokens; use an account API key")
-	errSandboxNotFound    = fault.New(fault.NotFound, "sandbox_not_found", "no such sandbox")
+	errSandboxNotFound    = sandbox.ErrNotFound
 	errCheckpointNotFound = fault.New(fault.NotFound, "checkpoint_not_found", "no checkpoint has this id")
-	errSandboxNotRunning  = fault.New(fault.Conflict, "sandbox_not_running", "the sandbox is not running")
+	errSandboxNotRunning  = sandbox.ErrNotRunning
 	errTokenExists        = fault.New(fault.Conflict, "token_exists", "the sandbox already has an access token; rotate or revoke it first")
 	errTokenNotFound      = fault.New(fault.NotFound, "token_not_found", "the sandbox has no access token")
 	errTwoKeys            = fault.New(fault.Unauthorized, "unauthorized", "send the X-Api-Key header once, not several times")

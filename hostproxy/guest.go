@@ -71,9 +71,6 @@ type GuestClient struct {
 
 	mu    sync.Mutex
 	pools map[string]*guestPools
-
-	// owed are the access tokens owed to microVM guests (Server.sendCredentials).
-	owed owedTokens
 }
 
 // guestPools are the connections to one guest.

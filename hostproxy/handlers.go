@@ -261,7 +261,7 @@ func (s *Server) deliverCredentials(c echo.Context, sb Sandbox, token string) {
 	var err error
 	switch {
 	case sb.Machine != nil:
-		s.guests.owed.set(guestAddress(sb.ID), token)
+		s.owed.set(guestAddress(sb.ID), token)
 		if sb.State != StateRunning {
 			return
 		}

@@ -350,7 +350,7 @@ func (s *Server) deleteSandbox(c echo.Context) (any, error) {
 		return nil, err
 	}
 	s.guests.Forget(sb.Guest)
-	s.guests.owed.forget(guestAddress(sb.ID))
+	s.owed.forget(guestAddress(sb.ID))
 	return map[string]string{"id": sb.ID, "state": string(sandbox.Destroyed)}, nil
 }
 

@@ -60,8 +60,11 @@ type Server struct {
 	// machines runs the microVM sandboxes (nil without a machines
 	// configuration); ctx ends with Close, for the servers of guest calls.
 	machines *sandbox.Manager
-	ctx      context.Context
-	cancel   context.CancelFunc
+	// owed are the access tokens owed to microVM guests that were not
+	// running when they were issued (credentials.go).
+	owed   owedTokens
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 type timeouts struct {
