@@ -161,6 +161,7 @@ func (g *guest) waitKilled(d time.Duration) bool {
 // reply is a decoded JSend response.
 type reply struct {
 	Status int
+	Header http.Header
 	Body   map[string]any
 	Raw    []byte
 }

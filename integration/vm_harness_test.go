@@ -177,34 +177,14 @@ func killQEMUsUnder(dir string) {
 	}
 }
 
-// apiReply is one decoded answer of the public API.
-type apiReply struct {
-	Status int
-	Header http.Header
-	Body   map[string]any
-	Raw    []byte
-}
-
-func (r apiReply) data() map[string]any {
-	d, _ := r.Body["data"].(map[string]any)
-	return d
-}
-
-func (r apiReply) code() string {
-	if c, ok := r.data()["code"].(string); ok {
-		return c
-	}
-	return ""
-}
-
 // call sends one request with key; a transport error fails the test.
-func (s *vmStack) call(key, method, path, body string) apiReply {
+func (s *vmStack) call(key, method, path, body string) reply {
 	s.t.Helper()
 	return s.callWith(key, method, path, body, nil)
 }
 
 // callWith is call with extra headers.
-func (s *vmStack) callWith(key, method, path, body string, headers map[string]string) apiReply {
+func (s *vmStack) callWith(key, method, path, body string, headers map[string]string) reply {
 	s.t.Helper()
 	var rd io.Reader
 	if body != "" {
@@ -224,7 +204,7 @@ func (s *vmStack) callWith(key, method, path, body string, headers map[string]st
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
-	r := apiReply{Status: resp.StatusCode, Header: resp.Header, Raw: raw}
+	r := reply{Status: resp.StatusCode, Header: resp.Header, Raw: raw}
 	if err := json.Unmarshal(raw, &r.Body); err != nil {
 		s.t.Fatalf("%s %s: not JSON (%d): %s", method, path, resp.StatusCode, raw)
 	}
@@ -232,7 +212,7 @@ func (s *vmStack) callWith(key, method, path, body string, headers map[string]st
 }
 
 // must sends a request that must succeed with want.
-func (s *vmStack) must(want int, method, path, body string) apiReply {
+func (s *vmStack) must(want int, method, path, body string) reply {
 	s.t.Helper()
 	r := s.call(s.key, method, path, body)
 	if r.Status != want {

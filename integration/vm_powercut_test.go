@@ -73,7 +73,7 @@ func TestPowerCuts(t *testing.T) {
 			body = fmt.Sprintf(`{"path":"/workspace/p","name":"cut-%d"}`, i)
 		}
 		pid := s.qemuPid(id)
-		answered := make(chan apiReply, 1)
+		answered := make(chan reply, 1)
 		go func() { answered <- s.call(s.key, method, path, body) }()
 		delay := time.Duration(rng.Int64N(int64(span)))
 		time.Sleep(delay)

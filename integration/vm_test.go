@@ -201,7 +201,7 @@ func TestTwoSandboxes(t *testing.T) {
 	// the other sandbox answers meanwhile.
 	pidA := s.qemuPid(a)
 	syscall.Kill(pidA, syscall.SIGSTOP)
-	done := make(chan apiReply, 1)
+	done := make(chan reply, 1)
 	t0 := time.Now()
 	go func() { done <- s.call(s.key, "GET", "/v1/sandboxes/"+a+"/checkpoints", "") }()
 	var waited time.Duration
