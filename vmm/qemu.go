@@ -250,10 +250,6 @@ func (m *qemuMachine) stopWatching() {
 func (m *qemuMachine) Process() Process      { return m.proc }
 func (m *qemuMachine) Done() <-chan struct{} { return m.done }
 
-// QMP is the machine's monitor connection, for the commands snapshots
-// use.
-func (m *qemuMachine) QMP(ctx context.Context) (*QMP, error) { return m.monitor(ctx) }
-
 func (m *qemuMachine) exited(err error) {
 	m.mu.Lock()
 	m.exitErr = err
