@@ -102,21 +102,29 @@ test-short:
 # A second run on the same STATE would share the first one's registry: the
 # lock on $(STATE)/run.lock, taken before anything is printed and inherited
 # by hostproxy, refuses it at once, naming the holder. Ctrl-C stops
-# hostproxy; the sandbox keeps running (createos sandbox stop dev-id stops it).
+# hostproxy; the sandbox keeps running (createos sandbox stop stops it).
 RUN_LOCK = $(STATE)/run.lock
-run:
-	@[ "$$(id -u)" = 0 ] || { echo "make run needs root (QEMU runs under uids of its own, disks are made for them)" >&2; exit 1; }
-	@command -v flock >/dev/null || { echo "make run needs flock (util-linux): make deps" >&2; exit 1; }
-	@mkdir -p $(STATE)/vms; chmod 711 $(STATE) $(STATE)/vms; exec 9<>$(RUN_LOCK); \
+# The start of run and run-local, one shell line: root, the lock on
+# $(RUN_LOCK) (fd 9, inherited by the daemons, so it lasts as long as any of
+# them lives) refusing a second run at once with the holder's pid, and a
+# LISTEN that nothing else serves (serving, kept for the recipe).
+RUN_PRELUDE = \
+	[ "$$(id -u)" = 0 ] || { echo "make $@ needs root (QEMU runs under uids of its own; guestd mounts overlays)" >&2; exit 1; }; \
+	command -v flock >/dev/null || { echo "make $@ needs flock (util-linux): make deps" >&2; exit 1; }; \
+	mkdir -p $(STATE); chmod 711 $(STATE); exec 9<>$(RUN_LOCK); \
 	if ! flock -n 9; then \
 	  pid=$$(cat $(RUN_LOCK) 2>/dev/null); kill -0 "$$pid" 2>/dev/null || pid=""; \
-	  echo "make run: strata is already running with STATE=$(STATE)$${pid:+ (pid $$pid)}; stop it, or pass another STATE" >&2; \
+	  echo "make $@: strata is already running with STATE=$(STATE)$${pid:+ (pid $$pid)}; stop it, or pass another STATE" >&2; \
 	  exit 1; \
 	fi; \
 	echo $$$$ > $(RUN_LOCK); \
-	listen="$(LISTEN)"; port=$${listen##*:}; host=$${listen%:*}; host=$${host#[}; host=$${host%]}; host=$${host:-127.0.0.1}; \
+	listen="$(LISTEN)"; port=$${listen\#\#*:}; host=$${listen%:*}; host=$${host\#[}; host=$${host%]}; host=$${host:-127.0.0.1}; \
 	serving() { timeout 1 bash -c "exec 3<>/dev/tcp/$$host/$$port" 2>/dev/null; }; \
-	if serving; then echo "make run: LISTEN=$(LISTEN) is in use by another program; pass another LISTEN" >&2; exit 1; fi; \
+	if serving; then echo "make $@: LISTEN=$(LISTEN) is in use by another program; pass another LISTEN" >&2; exit 1; fi
+
+run:
+	@$(RUN_PRELUDE); \
+	mkdir -p $(STATE)/vms; chmod 711 $(STATE)/vms; \
 	echo "make run: building the binaries and the guest image (the first time about a minute)..." >&2; \
 	image=$$($(MAKE) -s --no-print-directory image) || exit 1; \
 	$(MAKE) -s --no-print-directory build >/dev/null || exit 1; \
@@ -153,18 +161,7 @@ run:
 # The previous mode: guestd on this machine as the guest of the configured
 # sandbox sb-local (how guestd runs in someone else's VM). See README.
 run-local:
-	@[ "$$(id -u)" = 0 ] || { echo "make run-local needs root (it mounts overlays)" >&2; exit 1; }
-	@command -v flock >/dev/null || { echo "make run-local needs flock (util-linux): make deps" >&2; exit 1; }
-	@mkdir -p $(STATE); chmod 711 $(STATE); exec 9<>$(RUN_LOCK); \
-	if ! flock -n 9; then \
-	  pid=$$(cat $(RUN_LOCK) 2>/dev/null); kill -0 "$$pid" 2>/dev/null || pid=""; \
-	  echo "make run-local: strata is already running with STATE=$(STATE)$${pid:+ (pid $$pid)}; stop it, or pass another STATE" >&2; \
-	  exit 1; \
-	fi; \
-	echo $$$$ > $(RUN_LOCK); \
-	listen="$(LISTEN)"; port=$${listen##*:}; host=$${listen%:*}; host=$${host#[}; host=$${host%]}; host=$${host:-127.0.0.1}; \
-	serving() { timeout 1 bash -c "exec 3<>/dev/tcp/$$host/$$port" 2>/dev/null; }; \
-	if serving; then echo "make run: LISTEN=$(LISTEN) is in use by another program; pass another LISTEN" >&2; exit 1; fi; \
+	@$(RUN_PRELUDE); \
 	$(MAKE) -s --no-print-directory build || exit 1; \
 	mkdir -p /workspace/project; \
 	[ -n "$$(ls -A /workspace/project)" ] || echo "hello from strata" > /workspace/project/README; \
