@@ -96,8 +96,10 @@ func (d *fakeDriver) Start(ctx context.Context, cfg vmm.Config) (vmm.Machine, er
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if _, err := os.Stat(cfg.Disk); err != nil {
-		return nil, fmt.Errorf("fake qemu: disk: %w", err)
+	for _, l := range cfg.Disk {
+		if _, err := os.Stat(l.Path); err != nil {
+			return nil, fmt.Errorf("fake qemu: disk: %w", err)
+		}
 	}
 	// QEMU makes its socket anew: a stale one of an earlier boot is removed.
 	if err := os.Remove(cfg.ChannelSocket()); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -114,7 +116,9 @@ func (d *fakeDriver) Start(ctx context.Context, cfg vmm.Config) (vmm.Machine, er
 		proc:  vmm.Process{Pid: d.pid, StartTime: uint64(d.pid) * 7},
 		conns: make(chan net.Conn, 4),
 		done:  make(chan struct{}),
+		top:   cfg.Disk[0].Node,
 	}
+	m.paused.Store(cfg.Incoming)
 	d.mu.Unlock()
 	m.boot(d.log.With("fake", cfg.Name))
 	d.mu.Lock()
@@ -150,6 +154,9 @@ type fakeMachine struct {
 	srv   *http.Server
 
 	paused    atomic.Bool
+	loaded    atomic.Value // string: the state Load read
+	topMu     sync.Mutex
+	top       string       // the disk's top node
 	shutdowns atomic.Int32 // POST /v1/shutdown received
 	healths   atomic.Int32 // GET /v1/health answered
 
@@ -286,6 +293,69 @@ func (m *fakeMachine) Done() <-chan struct{} { return m.done }
 
 // Close drops the control connection; the machine keeps running.
 func (m *fakeMachine) Close() error { return nil }
+
+// fakeState is what a fake Save writes: the machine and its disk's top.
+type fakeState struct {
+	Machine string `json:"machine"`
+	Top     string `json:"top"`
+}
+
+// Save writes a fakeState; a live save leaves the machine running, another
+// leaves it paused.
+func (m *fakeMachine) Save(ctx context.Context, f *os.File, opts vmm.SaveOptions) (vmm.SaveStats, error) {
+	if m.exited() {
+		return vmm.SaveStats{}, errors.New("fake qemu: exited")
+	}
+	var st vmm.SaveStats
+	if opts.Overlay != nil {
+		if err := m.SwitchDisk(ctx, *opts.Overlay); err != nil {
+			return st, err
+		}
+		st.Switched = true
+	}
+	if !opts.Live {
+		m.paused.Store(true)
+	}
+	return st, json.NewEncoder(f).Encode(fakeState{Machine: m.cfg.Name, Top: m.Top0()})
+}
+
+// Load reads a fakeState into a machine started to load one.
+func (m *fakeMachine) Load(ctx context.Context, f *os.File) error {
+	if !m.cfg.Incoming {
+		return errors.New("fake qemu: not started with -incoming")
+	}
+	var st fakeState
+	if err := json.NewDecoder(f).Decode(&st); err != nil {
+		return fmt.Errorf("fake qemu: load: %w", err)
+	}
+	m.loaded.Store(st.Machine)
+	return nil
+}
+
+func (m *fakeMachine) CancelSave(ctx context.Context) error { return nil }
+
+func (m *fakeMachine) SwitchDisk(ctx context.Context, top vmm.Layer) error {
+	if _, err := os.Stat(top.Path); err != nil {
+		return fmt.Errorf("fake qemu: new top: %w", err)
+	}
+	m.topMu.Lock()
+	m.top = top.Node
+	m.topMu.Unlock()
+	return nil
+}
+
+func (m *fakeMachine) Top0() string {
+	m.topMu.Lock()
+	defer m.topMu.Unlock()
+	return m.top
+}
+
+func (m *fakeMachine) Top(ctx context.Context) (string, error) { return m.Top0(), nil }
+
+func (m *fakeMachine) Quit(ctx context.Context) error {
+	m.exit("quit")
+	return nil
+}
 
 // memRecords is sandbox.Records in memory. Records are kept as JSON, as
 // the registry keeps them, so that no caller shares a Machine with the

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -55,6 +54,9 @@ type Config struct {
 	// MemAvailable reads the host's available memory in MiB
 	// (/proc/meminfo when nil).
 	MemAvailable func() (int, error)
+	// QEMUVersion is the host's `qemu --version` (vmm.QEMU.Version): a
+	// memory snapshot records it and loads only into the same.
+	QEMUVersion string
 }
 
 // Manager runs the microVM sandboxes of one state directory.
@@ -62,9 +64,12 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 
-	// create serializes the choice of a new sandbox's uid with the
+	// creating serializes the choice of a new sandbox's uid with the
 	// insert of its record, so that two creates never share one.
-	create sync.Mutex
+	creating sync.Mutex
+	// storeMu keeps collect from deleting a store file between its
+	// making and the record that names it (store.go).
+	storeMu sync.RWMutex
 
 	mu   sync.Mutex
 	live map[string]*machine
@@ -185,9 +190,10 @@ func (m *Manager) vmConfig(r Record) vmm.Config {
 	return vmm.Config{
 		Name: r.ID, Dir: m.runDir(r.ID),
 		Kernel: m.cfg.Image.Kernel, Initrd: m.cfg.Image.Initrd,
-		Disk:      filepath.Join(m.dir(r.ID), "disk.qcow2"),
+		Disk:      m.chain(r.Machine),
 		MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs,
-		Accel: m.cfg.Accel.Accel, TSCKHz: m.cfg.Accel.TSCKHz,
+		Incoming: r.Machine.Saved != "",
+		Accel:    m.cfg.Accel.Accel, TSCKHz: m.cfg.Accel.TSCKHz,
 		KernelArgs: []string{"strata.hostname=" + hostname(r)},
 		Uid:        r.Machine.Uid, Gid: r.Machine.Gid,
 	}
@@ -273,14 +279,21 @@ func (m *Manager) cancelRunning(ctx context.Context, id string) {
 // Create records r (in state creating, with a uid of its own) and boots
 // it in the background. r carries the id, account, name and size.
 func (m *Manager) Create(ctx context.Context, r Record) (Record, error) {
-	m.create.Lock()
-	defer m.create.Unlock()
+	return m.create(ctx, r, Machine{BaseDisk: m.cfg.Image.Disk, Image: m.cfg.Image.Key})
+}
+
+// create records r with mach (given a uid of its own) and boots it in
+// the background.
+func (m *Manager) create(ctx context.Context, r Record, mach Machine) (Record, error) {
+	m.creating.Lock()
+	defer m.creating.Unlock()
 	uid, err := m.freeUID(ctx)
 	if err != nil {
 		return Record{}, err
 	}
 	r.State = Creating
-	r.Machine = &Machine{Uid: uid, Gid: uid, BaseDisk: m.cfg.Image.Disk, Image: m.cfg.Image.Key}
+	mach.Uid, mach.Gid = uid, uid
+	r.Machine = &mach
 	done, err := m.begin(r.ID)
 	if err != nil {
 		return Record{}, err
@@ -294,8 +307,8 @@ func (m *Manager) Create(ctx context.Context, r Record) (Record, error) {
 		done()
 		return Record{}, err
 	}
-	m.log.Info("sandbox creating", "sandbox", r.ID, "memory_mib", r.MemoryMiB, "vcpus", r.VCPUs, "disk_gib", r.DiskGiB, "uid", uid)
-	m.background(r.ID, done, func(ctx context.Context) { m.boot(ctx, r.ID) })
+	m.log.Info("sandbox creating", "sandbox", r.ID, "memory_mib", r.MemoryMiB, "vcpus", r.VCPUs, "disk_gib", r.DiskGiB, "uid", uid, "load", mach.Saved != "")
+	m.background(r.ID, done, func(ctx context.Context) { m.boot(ctx, r.ID, Creating) })
 	return r, nil
 }
 
@@ -318,7 +331,9 @@ func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
 		if err := m.reserve(ctx, id, r.MemoryMiB); err != nil {
 			return err
 		}
-		r.State, r.Error = Creating, ""
+		// A start is a cold boot from the disk, whatever memory was
+		// saved (an error may have come from loading it).
+		r.State, r.Error, r.Machine.Saved = Creating, "", ""
 		return nil
 	})
 	if err != nil || r.State == Running {
@@ -337,14 +352,15 @@ func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
 		return r, nil
 	}
 	m.log.Info("sandbox starting", "sandbox", id)
-	m.background(id, done, func(ctx context.Context) { m.boot(ctx, id) })
+	m.background(id, done, func(ctx context.Context) { m.boot(ctx, id, Creating) })
 	return r, nil
 }
 
-// boot brings a sandbox in state creating to running: disk, QEMU,
-// channel, guestd answering, credentials. On failure the sandbox is in
-// error and no QEMU of it runs.
-func (m *Manager) boot(ctx context.Context, id string) {
+// boot brings a sandbox in state via (creating, or resuming from a pause
+// that freed its memory) to running: disk, QEMU, its saved memory if it
+// has one, channel, guestd answering, credentials. On failure the sandbox
+// is in error and no QEMU of it runs.
+func (m *Manager) boot(ctx context.Context, id string, via State) {
 	// Once the guest has booted, the host's available memory shows what
 	// it takes; until then its reservation stands for it.
 	defer m.unreserve(id)
@@ -367,17 +383,17 @@ func (m *Manager) boot(ctx context.Context, id string) {
 		}
 		m.log.Error("sandbox boot failed", "sandbox", id, "err", err)
 		m.teardown(id)
-		m.setState(id, Error, sentence, Creating)
+		m.setState(id, Error, sentence, via)
 	}
 	if _, err := os.Stat(r.Machine.BaseDisk); err != nil {
 		fail(errBaseDiskMissing, err)
 		return
 	}
-	cfg := m.vmConfig(r)
-	if err := m.prepare(ctx, r, cfg); err != nil {
+	if r, err = m.prepare(ctx, r); err != nil {
 		fail(errStartFailedOnHost, err)
 		return
 	}
+	cfg := m.vmConfig(r)
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	vm, err := m.cfg.Driver.Start(sctx, cfg)
 	cancel()
@@ -395,12 +411,39 @@ func (m *Manager) boot(ctx context.Context, id string) {
 		fail(errStartFailedOnHost, err)
 		return
 	}
+	if cfg.Incoming {
+		if err := m.load(ctx, vm, r.Machine.Saved); err != nil {
+			vm.Kill()
+			<-vm.Done()
+			m.dropSaved(id)
+			fail(errLoadFailed, err)
+			return
+		}
+	}
 	mc := m.adopt(id, vm, cfg)
 	if err := m.waitGuest(ctx, mc); err != nil {
 		fail(errBootFailed, fmt.Errorf("%w%s", err, consoleTail(cfg.ConsoleLog())))
 		return
 	}
 	m.log.Debug("guestd answered", "sandbox", id, "after", time.Since(t0).Round(time.Millisecond))
+	if cfg.Incoming {
+		// The memory is another moment's (or another sandbox's): the
+		// guest's clock and RNG are told so before anything else.
+		if err := m.resync(ctx, mc, r); err != nil {
+			m.log.Warn("guest clock and RNG not resynced", "sandbox", id, "err", err)
+		}
+		if _, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
+			r.Machine.Saved = ""
+			return nil
+		}); err != nil {
+			fail(errStartFailedOnHost, err)
+			return
+		}
+		// The state goes unless a snapshot or a fork names it.
+		if err := m.collect(ctx); err != nil {
+			m.log.Warn("store not collected after a load", "sandbox", id, "err", err)
+		}
+	}
 	if m.cfg.Booted != nil {
 		if err := m.cfg.Booted(ctx, r); err != nil {
 			if ctx.Err() != nil {
@@ -410,8 +453,8 @@ func (m *Manager) boot(ctx context.Context, id string) {
 			m.log.Warn("sandbox booted, but its guest did not take its credentials", "sandbox", id, "err", err)
 		}
 	}
-	m.setState(id, Running, "", Creating)
-	m.log.Info("sandbox running", "sandbox", id, "boot", time.Since(t0).Round(time.Millisecond))
+	m.setState(id, Running, "", via)
+	m.log.Info("sandbox running", "sandbox", id, "boot", time.Since(t0).Round(time.Millisecond), "loaded", cfg.Incoming)
 }
 
 // leaveBoot leaves a boot that the Manager's Close interrupted as it is:
@@ -422,52 +465,43 @@ func (m *Manager) leaveBoot(id string, err error) {
 	m.log.Warn("sandbox boot interrupted by the host service stopping; the next start finishes it", "sandbox", id, "err", err)
 }
 
-// prepare makes the sandbox's directories and, on the first boot, the
-// disk: a qcow2 overlay of the base, made under a temporary name in the
-// root-owned directory and renamed, so that a crash never leaves a
-// half-made disk under the real one.
-func (m *Manager) prepare(ctx context.Context, r Record, cfg vmm.Config) error {
+// prepare makes the sandbox's directories and, on the first boot, its
+// disk: an empty top layer in the store over the base (a create copies
+// nothing). It returns the record as the boot must use it.
+func (m *Manager) prepare(ctx context.Context, r Record) (Record, error) {
 	uid, gid := int(r.Machine.Uid), int(r.Machine.Gid)
 	dir := m.dir(r.ID)
 	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, os.ErrExist) {
-		return err
+		return r, err
 	}
 	if err := os.Lchown(dir, 0, 0); err != nil {
-		return err
+		return r, err
 	}
 	if err := os.Chmod(dir, 0o711); err != nil {
-		return err
+		return r, err
 	}
-	if err := os.Mkdir(cfg.Dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return err
+	run := m.runDir(r.ID)
+	if err := os.Mkdir(run, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return r, err
 	}
-	if err := os.Lchown(cfg.Dir, uid, gid); err != nil {
-		return err
+	if err := os.Lchown(run, uid, gid); err != nil {
+		return r, err
 	}
-	if _, err := os.Lstat(cfg.Disk); err == nil {
-		return nil
+	if len(r.Machine.Disk) > 0 {
+		return r, nil
 	}
-	tmp := cfg.Disk + ".tmp"
-	os.Remove(tmp)
-	size := int64(r.DiskGiB) << 30
-	if size < m.cfg.Image.DiskBytes {
-		size = m.cfg.Image.DiskBytes
-	}
-	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2",
-		"-b", r.Machine.BaseDisk, "-F", "qcow2", tmp, strconv.FormatInt(size, 10)).CombinedOutput()
+	m.storeMu.RLock()
+	defer m.storeMu.RUnlock()
+	top, err := m.newLayer(ctx, r.Machine.BaseDisk, "", m.diskBytes(r.DiskGiB))
 	if err != nil {
-		return fmt.Errorf("qemu-img create: %w: %s", err, bytes.TrimSpace(out))
+		return r, err
 	}
-	if err := os.Lchown(tmp, uid, gid); err != nil {
-		return err
-	}
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, cfg.Disk); err != nil {
-		return err
-	}
-	return syncDir(dir)
+	return m.cfg.Records.Update(ctx, r.ID, func(rec *Record) error {
+		if len(rec.Machine.Disk) == 0 {
+			rec.Machine.Disk = []string{top}
+		}
+		return nil
+	})
 }
 
 // adopt connects the channel of a running QEMU, serves the guest's calls
@@ -540,32 +574,41 @@ func (m *Manager) waitGuest(ctx context.Context, mc *machine) error {
 }
 
 func guestHealth(ctx context.Context, ch *channel.Host) error {
-	return guestCall(ctx, ch, http.MethodGet, "/v1/health")
+	_, err := guestCall(ctx, ch, http.MethodGet, "/v1/health", nil)
+	return err
 }
 
-// guestCall sends one bodiless request to guestd through the channel and
-// wants a 200; the stream is ended at ctx's end, answer or not.
-func guestCall(ctx context.Context, ch *channel.Host, method, path string) error {
+// guestCall sends one request to guestd through the channel (a JSON body,
+// or none) and wants a 200, whose body (at most 1 MiB) it returns; the
+// stream is ended at ctx's end, answer or not.
+func guestCall(ctx context.Context, ch *channel.Host, method, path string, body []byte) ([]byte, error) {
 	conn, err := ch.Open(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer conn.Close()
 	stop := endWith(ctx, conn)
 	defer stop()
-	req := method + " " + path + " HTTP/1.1\r\nHost: guestd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+	req := fmt.Sprintf("%s %s HTTP/1.1\r\nHost: guestd\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", method, path, len(body))
 	if _, err := io.WriteString(conn, req); err != nil {
-		return err
+		return nil, err
+	}
+	if _, err := conn.Write(body); err != nil {
+		return nil, err
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	resp.Body.Close()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("guestd %s %s: %s", method, path, resp.Status)
+		return b, fmt.Errorf("guestd %s %s: %s: %.300s", method, path, resp.Status, b)
 	}
-	return nil
+	return b, nil
 }
 
 // endWith ends conn's pending reads and writes when ctx ends. Closing a
@@ -595,15 +638,89 @@ func (m *Manager) Dial(ctx context.Context, id string) (net.Conn, error) {
 	return c, nil
 }
 
-// Pause stops a running sandbox's CPUs: 202-style, the record says
-// pausing until it is paused. A paused sandbox is returned as it is.
+// Pause saves a running sandbox's memory to the host's store and ends its
+// QEMU, freeing the host's memory: 202-style, the record says pausing
+// until it is paused. Resume loads it back, processes as they were. A
+// paused sandbox is returned as it is.
 func (m *Manager) Pause(ctx context.Context, id string) (Record, error) {
-	return m.transition(ctx, id, Running, Pausing, Paused, func(ctx context.Context, mc *machine) error { return mc.vm.Pause(ctx) })
+	return m.transition(ctx, id, Running, Pausing, Paused, m.saveAndQuit)
 }
 
-// Resume starts a paused sandbox's CPUs again.
+// saveAndQuit writes the guest's memory to a new state, names it in the
+// record (the commit point: from there the sandbox's memory is the file),
+// and ends QEMU. Before the commit a failure leaves the guest running.
+func (m *Manager) saveAndQuit(ctx context.Context, mc *machine) error {
+	m.storeMu.RLock()
+	defer m.storeMu.RUnlock()
+	sid, f, err := m.newState()
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := mc.vm.Save(ctx, f, vmm.SaveOptions{})
+	if err == nil {
+		err = f.Sync()
+	}
+	if err == nil {
+		_, err = m.cfg.Records.Update(ctx, mc.id, func(r *Record) error {
+			r.Machine.Saved = sid
+			return nil
+		})
+	}
+	if err != nil {
+		// The save stopped the guest; it runs on as if never paused.
+		mc.vm.Resume(context.WithoutCancel(ctx))
+		os.Remove(m.statePath(sid))
+		return err
+	}
+	m.log.Debug("sandbox memory saved", "sandbox", mc.id, "took", st.Total.Round(time.Millisecond), "bytes", allocated(m.statePath(sid)))
+	mc.expectExit()
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := mc.vm.Quit(qctx); err != nil {
+		mc.vm.Kill()
+	}
+	m.teardown(mc.id)
+	return nil
+}
+
+// Resume brings a paused sandbox back: from its saved memory (a pause
+// that freed it), or by starting the CPUs of a QEMU that kept it.
 func (m *Manager) Resume(ctx context.Context, id string) (Record, error) {
-	return m.transition(ctx, id, Paused, Resuming, Running, func(ctx context.Context, mc *machine) error { return mc.vm.Resume(ctx) })
+	r, err := m.cfg.Records.Get(ctx, id)
+	if err != nil {
+		return Record{}, err
+	}
+	if r.Machine == nil || r.Machine.Saved == "" || r.State != Paused {
+		return m.transition(ctx, id, Paused, Resuming, Running, func(ctx context.Context, mc *machine) error { return mc.vm.Resume(ctx) })
+	}
+	done, err := m.begin(id)
+	if err != nil {
+		return Record{}, err
+	}
+	r, err = m.cfg.Records.Update(ctx, id, func(r *Record) error {
+		switch {
+		case r.State == Running:
+			return nil
+		case r.State != Paused || r.Machine.Saved == "":
+			return ErrWrongState.With("state", string(r.State))
+		}
+		if err := m.reserve(ctx, id, r.MemoryMiB); err != nil {
+			return err
+		}
+		r.State = Resuming
+		return nil
+	})
+	if err != nil || r.State == Running {
+		if !errors.Is(err, ErrHostCapacity) {
+			m.unreserve(id)
+		}
+		done()
+		return r, err
+	}
+	m.log.Info("sandbox resuming from its saved memory", "sandbox", id)
+	m.background(id, done, func(ctx context.Context) { m.boot(ctx, id, Resuming) })
+	return r, nil
 }
 
 func (m *Manager) transition(ctx context.Context, id string, from, via, to State, do func(context.Context, *machine) error) (Record, error) {
@@ -667,13 +784,19 @@ func (m *Manager) Stop(ctx context.Context, id string) (Record, error) {
 			return ErrWrongState.With("state", string(r.State))
 		}
 		r.State = Stopping
+		// A stopped sandbox boots cold: memory a pause saved goes.
+		r.Machine.Saved = ""
 		return nil
 	})
 	if err != nil || r.State == Stopped {
 		return r, err
 	}
 	m.shutdown(id)
-	return m.setState(id, Stopped, "", Stopping)
+	r, err = m.setState(id, Stopped, "", Stopping)
+	if cerr := m.collect(ctx); cerr != nil {
+		m.log.Warn("store not collected after a stop", "sandbox", id, "err", cerr)
+	}
+	return r, err
 }
 
 // shutdown ends the sandbox's QEMU, cleanly if it can.
@@ -704,7 +827,8 @@ func (m *Manager) shutdown(id string) {
 }
 
 func (m *Manager) askShutdown(ctx context.Context, mc *machine) error {
-	return guestCall(ctx, mc.ch, http.MethodPost, "/v1/shutdown")
+	_, err := guestCall(ctx, mc.ch, http.MethodPost, "/v1/shutdown", nil)
+	return err
 }
 
 // teardown kills the sandbox's QEMU if it still runs and forgets it.
@@ -762,8 +886,15 @@ func (m *Manager) destroy(ctx context.Context, id string) error {
 	if err := syncDir(m.cfg.Dir); err != nil {
 		return err
 	}
+	if err := m.cfg.Records.Delete(ctx, id); err != nil {
+		return err
+	}
 	m.log.Info("sandbox destroyed", "sandbox", id)
-	return m.cfg.Records.Delete(ctx, id)
+	// Its disk and snapshots go, except what forks still name.
+	if err := m.collect(ctx); err != nil {
+		m.log.Warn("store not collected after a delete", "sandbox", id, "err", err)
+	}
+	return nil
 }
 
 // setState writes a final state (and its error sentence) and returns the
@@ -785,7 +916,9 @@ func (m *Manager) setState(id string, s State, sentence string, from ...State) (
 			return nil
 		}
 		r.State, r.Error = s, sentence
-		if (s == Stopped || s == Error) && r.Machine != nil {
+		if r.Machine != nil && (s == Stopped || s == Error || s == Paused && r.Machine.Saved != "") {
+			// No QEMU runs for it (a pause that saved its memory
+			// ended its QEMU).
 			r.Machine.Process = nil
 		}
 		return nil
@@ -804,6 +937,16 @@ func (m *Manager) setState(id string, s State, sentence string, from ...State) (
 func (m *Manager) Recover(ctx context.Context) error {
 	records, err := m.cfg.Records.List(ctx)
 	if err != nil {
+		return err
+	}
+	for _, r := range records {
+		if r.Machine != nil {
+			if err := m.adoptLegacyDisk(ctx, r); err != nil {
+				m.log.Error("sandbox disk not moved into the store", "sandbox", r.ID, "err", err)
+			}
+		}
+	}
+	if records, err = m.cfg.Records.List(ctx); err != nil {
 		return err
 	}
 	// Adopt first: whatever is adopted is claimed, and only then are the
@@ -827,6 +970,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 	}
 	m.killStrays(claimed)
 	for _, r := range records {
+		m.failUnfinished(ctx, r, adopted[r.ID])
+	}
+	for _, r := range records {
 		if r.Machine == nil {
 			continue
 		}
@@ -835,7 +981,47 @@ func (m *Manager) Recover(ctx context.Context) error {
 			m.setState(r.ID, Error, errStartFailedOnHost)
 		}
 	}
+	if err := m.collect(ctx); err != nil {
+		m.log.Error("store not collected", "err", err)
+	}
 	return ctx.Err()
+}
+
+// failUnfinished marks the snapshots a crash interrupted as failed (their
+// state may be half-written; their files are collected) and lets a guest
+// the save had stopped run again. The sandbox's disk needs nothing: its
+// record names the new top from before the save began (snapshot).
+func (m *Manager) failUnfinished(ctx context.Context, r Record, vm vmm.Machine) {
+	unfinished := false
+	for _, s := range r.Snapshots {
+		unfinished = unfinished || s.Status == SnapshotProcessing
+	}
+	if !unfinished {
+		return
+	}
+	if vm != nil {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := vm.CancelSave(qctx); err != nil {
+			m.log.Warn("interrupted save not cancelled", "sandbox", r.ID, "err", err)
+		}
+		if r.State == Running {
+			if err := vm.Resume(qctx); err != nil {
+				m.log.Warn("guest stopped by an interrupted save not resumed", "sandbox", r.ID, "err", err)
+			}
+		}
+		cancel()
+	}
+	if _, err := m.cfg.Records.Update(ctx, r.ID, func(rec *Record) error {
+		for i := range rec.Snapshots {
+			if s := &rec.Snapshots[i]; s.Status == SnapshotProcessing {
+				s.Status, s.State, s.Disk, s.SizeBytes = SnapshotFailed, "", nil, 0
+				m.log.Warn("snapshot interrupted by the host service stopping: failed", "sandbox", r.ID, "snapshot", s.ID)
+			}
+		}
+		return nil
+	}); err != nil {
+		m.log.Error("interrupted snapshots not recorded as failed", "sandbox", r.ID, "err", err)
+	}
 }
 
 // settle finishes what a crash interrupted for one sandbox.
@@ -848,19 +1034,33 @@ func (m *Manager) settle(ctx context.Context, r Record, vm vmm.Machine, cfg vmm.
 		case Stopping, Stopped:
 			_, err := m.setState(id, Stopped, "")
 			return err
-		case Creating:
+		case Creating, Resuming:
+			if r.State == Resuming && r.Machine.Saved == "" {
+				break
+			}
 			done, err := m.begin(id)
 			if err != nil {
 				return err
 			}
-			m.background(id, done, func(ctx context.Context) { m.boot(ctx, id) })
+			m.background(id, done, func(ctx context.Context) { m.boot(ctx, id, r.State) })
 			return nil
+		case Paused:
+			if r.Machine.Saved != "" {
+				return nil // its memory is in the store
+			}
 		case Error:
 			return nil
-		default:
-			_, err := m.setState(id, Error, errGoneWhileAway)
-			return err
 		}
+		_, err := m.setState(id, Error, errGoneWhileAway)
+		return err
+	}
+	if (r.State == Creating || r.State == Resuming) && r.Machine.Saved != "" {
+		// A load the crash interrupted: the QEMU waiting for (or
+		// holding half of) the state is of no use; the load starts over.
+		vm.Kill()
+		<-vm.Done()
+		vm.Close()
+		return m.settle(ctx, r, nil, cfg)
 	}
 	mc := m.adopt(id, vm, cfg)
 	switch r.State {

@@ -267,18 +267,25 @@ func TestCreate(t *testing.T) {
 		t.Errorf("Booted called %d times, want once", h.booted.Load())
 	}
 	checkHealth(t, m, "sb-1")
-	// The sandbox's directory is root's: the sandbox's uid can write its
-	// disk but not replace it, and owns only the run directory.
+	// The sandbox's directory is root's and the sandbox's uid owns only
+	// the run directory; its disk is a layer in the store, root's: QEMU
+	// gets it as a descriptor.
+	r, _ = h.recs.Get(context.Background(), "sb-1")
+	if len(r.Machine.Disk) != 1 {
+		t.Fatalf("disk chain %v, want one layer", r.Machine.Disk)
+	}
+	top := filepath.Join(h.dir, "store", r.Machine.Disk[0]+".qcow2")
 	for _, c := range []struct {
 		path string
 		uid  uint32
 		mode os.FileMode
 	}{
-		{"", 0, 0o711 | os.ModeDir},
-		{"disk.qcow2", r.Machine.Uid, 0o600},
-		{"run", r.Machine.Uid, 0o700 | os.ModeDir},
+		{filepath.Join(h.dir, "sb-1"), 0, 0o711 | os.ModeDir},
+		{filepath.Join(h.dir, "store"), 0, 0o700 | os.ModeDir},
+		{top, 0, 0o600},
+		{filepath.Join(h.dir, "sb-1", "run"), r.Machine.Uid, 0o700 | os.ModeDir},
 	} {
-		fi, err := os.Lstat(filepath.Join(h.dir, "sb-1", c.path))
+		fi, err := os.Lstat(c.path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +293,7 @@ func TestCreate(t *testing.T) {
 			t.Errorf("%s is %v owned by %d:%d, want %v owned by %d:%d", fi.Name(), fi.Mode(), st.Uid, st.Gid, c.mode, c.uid, c.uid)
 		}
 	}
-	if fm.cfg.Disk != filepath.Join(h.dir, "sb-1", "disk.qcow2") || fm.cfg.Uid != r.Machine.Uid || fm.cfg.MemoryMiB != 256 {
+	if len(fm.cfg.Disk) != 2 || fm.cfg.Disk[0].Path != top || fm.cfg.Disk[1].Path != h.image.Disk || fm.cfg.Uid != r.Machine.Uid || fm.cfg.MemoryMiB != 256 {
 		t.Errorf("QEMU started with %+v", fm.cfg)
 	}
 }
@@ -332,8 +339,18 @@ func TestLifecycle(t *testing.T) {
 				t.Fatalf("Pause: %+v, %v; want pausing", r, err)
 			}
 			h.waitState("sb-1", sandbox.Paused)
-			if running, _ := fm.Running(ctx); running {
-				t.Error("paused, but the machine's CPUs run")
+			// The pause frees the host's memory: the guest's memory is
+			// in the store and its QEMU has exited.
+			if how := waitExit(t, fm); how != "quit" {
+				t.Errorf("paused machine %s; want it to quit once its memory is saved", how)
+			}
+			paused := h.get("sb-1")
+			if paused.Machine.Saved == "" || paused.Machine.Process != nil {
+				t.Fatalf("paused record %+v: want a saved state and no process", paused.Machine)
+			}
+			saved := filepath.Join(h.dir, "store", paused.Machine.Saved+".state")
+			if _, err := os.Stat(saved); err != nil {
+				t.Fatal(err)
 			}
 			// Already paused: answered as it is, nothing done.
 			if r, err := m.Pause(ctx, "sb-1"); err != nil || r.State != sandbox.Paused {
@@ -344,8 +361,18 @@ func TestLifecycle(t *testing.T) {
 				t.Fatalf("Resume: %+v, %v; want resuming", r, err)
 			}
 			h.waitState("sb-1", sandbox.Running)
-			if running, _ := fm.Running(ctx); !running {
+			back := h.drv.last("sb-1")
+			if back == fm || back.loaded.Load() != "sb-1" {
+				t.Fatalf("resumed without loading the saved memory into a new machine")
+			}
+			if running, _ := back.Running(ctx); !running {
 				t.Error("resumed, but the machine's CPUs do not run")
+			}
+			if r := h.get("sb-1"); r.Machine.Saved != "" {
+				t.Errorf("running record still names a state to load: %+v", r.Machine)
+			}
+			if _, err := os.Stat(saved); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the loaded state is still in the store: %v", err)
 			}
 			if r, err := m.Resume(ctx, "sb-1"); err != nil || r.State != sandbox.Running {
 				t.Fatalf("second Resume: %+v, %v; want running", r, err)
@@ -380,16 +407,27 @@ func TestLifecycle(t *testing.T) {
 				t.Fatalf("second Stop: %+v, %v", r, err)
 			}
 		}},
-		{name: "stop_paused_is_clean", run: func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine) {
+		// A paused sandbox has no QEMU: stopping it drops its saved
+		// memory, and the next start is a cold boot.
+		{name: "stop_paused", run: func(t *testing.T, h *harness, m *sandbox.Manager, fm *fakeMachine) {
 			if _, err := m.Pause(ctx, "sb-1"); err != nil {
 				t.Fatal(err)
 			}
 			h.waitState("sb-1", sandbox.Paused)
-			if _, err := m.Stop(ctx, "sb-1"); err != nil {
+			saved := filepath.Join(h.dir, "store", h.get("sb-1").Machine.Saved+".state")
+			r, err := m.Stop(ctx, "sb-1")
+			if err != nil || r.State != sandbox.Stopped || r.Machine.Saved != "" {
+				t.Fatalf("Stop: %+v, %v; want stopped with no saved memory", r, err)
+			}
+			if _, err := os.Stat(saved); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the dropped state is still in the store: %v", err)
+			}
+			if _, err := m.Start(ctx, "sb-1"); err != nil {
 				t.Fatal(err)
 			}
-			if how := waitExit(t, fm); how != "powered off" {
-				t.Errorf("paused machine %s; want resumed and powered off", how)
+			h.waitState("sb-1", sandbox.Running)
+			if h.drv.last("sb-1").cfg.Incoming {
+				t.Error("a start after a stop loaded memory")
 			}
 		}},
 		// Regression: the shutdown request to a guest that never

@@ -53,6 +53,22 @@ type Record struct {
 	// Error says what went wrong, in state error.
 	Error   string   `json:"error,omitempty"`
 	Machine *Machine `json:"machine,omitempty"`
+	// Snapshots are the sandbox's VM snapshots, oldest first.
+	Snapshots []Snapshot `json:"snapshots,omitempty"`
+	// SnapshotSeq and AutoSeq are the numbers of the last snapshot ids
+	// given (v<N>, auto-<N>): ids are never reused.
+	SnapshotSeq int `json:"snapshot_seq,omitempty"`
+	AutoSeq     int `json:"auto_seq,omitempty"`
+}
+
+// Snapshot finds a snapshot of the record by id.
+func (r *Record) Snapshot(id string) (*Snapshot, bool) {
+	for i := range r.Snapshots {
+		if r.Snapshots[i].ID == id {
+			return &r.Snapshots[i], true
+		}
+	}
+	return nil, false
 }
 
 // Machine is what the host keeps of a sandbox's microVM.
@@ -65,6 +81,75 @@ type Machine struct {
 	Image string `json:"image,omitempty"`
 	// Process is the QEMU while one runs for the sandbox.
 	Process *vmm.Process `json:"process,omitempty"`
+	// Disk is the disk's layers above BaseDisk, top first: files of the
+	// host's store (Store). Layers below the top may be shared with
+	// snapshots and forks; only the top is ever written.
+	Disk []string `json:"disk,omitempty"`
+	// Saved is a memory state in the store that the next boot loads
+	// instead of booting the kernel: a pause that freed the host's
+	// memory, or a restore or fork of a memory snapshot.
+	Saved string `json:"saved,omitempty"`
+}
+
+// SnapshotStatus is where a snapshot is in its making.
+type SnapshotStatus string
+
+// The statuses of a snapshot.
+const (
+	SnapshotProcessing SnapshotStatus = "processing"
+	SnapshotReady      SnapshotStatus = "ready"
+	SnapshotFailed     SnapshotStatus = "failed"
+)
+
+// Snapshot is a VM snapshot as its sandbox's record keeps it.
+type Snapshot struct {
+	ID        string         `json:"id"`
+	Comment   string         `json:"comment,omitempty"`
+	Memory    bool           `json:"memory"`
+	Auto      bool           `json:"auto,omitempty"`
+	Pinned    bool           `json:"pinned,omitempty"`
+	Status    SnapshotStatus `json:"status"`
+	SizeBytes int64          `json:"size_bytes"`
+	CreatedAt time.Time      `json:"created_at"`
+	// Disk is the frozen disk: layer files of the store, top first,
+	// over BaseDisk. Never written again.
+	Disk     []string `json:"disk"`
+	BaseDisk string   `json:"base_disk"`
+	// State is the memory state file (memory snapshots).
+	State string `json:"state,omitempty"`
+	// Needs is what loading State needs of the host.
+	Needs *Needs `json:"needs,omitempty"`
+	// MemoryMiB, VCPUs and DiskGiB are the sandbox's size when it was
+	// taken: a fork gets them.
+	MemoryMiB int `json:"memory_mib"`
+	VCPUs     int `json:"vcpus"`
+	DiskGiB   int `json:"disk_gib"`
+}
+
+// Needs is what a memory state can be loaded into: the same QEMU, machine
+// type, device set, accelerator and memory size (VMM.md: a migration
+// stream loads only into an identical machine), and the same guest image.
+type Needs struct {
+	QEMU      string    `json:"qemu"`
+	DeviceSet string    `json:"device_set"`
+	Accel     vmm.Accel `json:"accel"`
+	Image     string    `json:"image"`
+}
+
+// Differs lists what differs between n (what a state needs) and have
+// (this host), as "what": "needed, have" pairs; empty when it loads.
+func (n Needs) Differs(have Needs) map[string]string {
+	d := map[string]string{}
+	pair := func(what, a, b string) {
+		if a != b {
+			d[what] = fmt.Sprintf("snapshot needs %q, host has %q", a, b)
+		}
+	}
+	pair("qemu", n.QEMU, have.QEMU)
+	pair("device_set", n.DeviceSet, have.DeviceSet)
+	pair("accel", string(n.Accel), string(have.Accel))
+	pair("image", n.Image, have.Image)
+	return d
 }
 
 // GuestScheme is the guest address scheme of microVM sandboxes:
@@ -131,4 +216,10 @@ var (
 	errGoneWhileAway     = "the sandbox's virtual machine stopped while the host service was down; start it to boot it again from its disk"
 	errBaseDiskMissing   = "the base disk this sandbox's disk was made from is gone; the sandbox cannot boot"
 	errStartFailedOnHost = "the sandbox's virtual machine could not be started on this host; start it to try again"
+	errLoadFailed        = "the sandbox's saved memory could not be loaded; start it to boot it again from its disk, or restore a snapshot"
+
+	ErrSnapshotNotFound     = fault.New(fault.NotFound, "snapshot_not_found", "no such snapshot of this sandbox")
+	ErrSnapshotNotReady     = fault.New(fault.Conflict, "snapshot_not_ready", "the snapshot is not ready (it is being taken, or failed)")
+	ErrSnapshotLimit        = fault.New(fault.Conflict, "snapshot_limit", "the sandbox has as many snapshots of this kind as it may; delete one, or ask for retention")
+	ErrSnapshotIncompatible = fault.New(fault.Conflict, "snapshot_incompatible", "this host can no longer load the snapshot's memory (its QEMU, device set or image changed); restore it with disk_only")
 )

@@ -40,9 +40,12 @@ type Config struct {
 	Kernel string
 	// Initrd is the initramfs.
 	Initrd string
-	// Disk is the machine's root disk, a qcow2 image (its backing file is
-	// opened read-only by QEMU).
-	Disk string
+	// Disk is the machine's root disk: a chain of qcow2 layers, the
+	// writable top first, then the read-only layers under it down to the
+	// base. QEMU opens none of them by name: Start passes it descriptors
+	// the caller's process opened (-add-fd), so the files stay root's and
+	// a layer can be shared by machines of different uids.
+	Disk []Layer
 	// MemoryMiB and VCPUs are the machine's size.
 	MemoryMiB int
 	VCPUs     int
@@ -55,8 +58,17 @@ type Config struct {
 	// Uid and Gid run QEMU; never 0.
 	Uid, Gid uint32
 	// Incoming starts QEMU waiting for a migration stream
-	// (-incoming defer), for a restore from a memory snapshot.
+	// (-incoming defer), for a restore from a memory snapshot; the guest
+	// stays stopped once the stream is in (-S).
 	Incoming bool
+}
+
+// Layer is one qcow2 file of a disk chain.
+type Layer struct {
+	// Node is the layer's QEMU block node name: a letter, then letters,
+	// digits, '-' or '_', at most 31 characters, unique in the chain.
+	Node string
+	Path string
 }
 
 // The files of a machine in its run directory.
@@ -79,7 +91,19 @@ func (c Config) ConsoleLog() string { return filepath.Join(c.Dir, consoleLog) }
 // Validate reports what is missing or out of range in c.
 func (c Config) Validate() error {
 	var errs []error
-	for name, p := range map[string]string{"Dir": c.Dir, "Kernel": c.Kernel, "Initrd": c.Initrd, "Disk": c.Disk} {
+	paths := map[string]string{"Dir": c.Dir, "Kernel": c.Kernel, "Initrd": c.Initrd}
+	if len(c.Disk) == 0 {
+		errs = append(errs, errors.New("vmm config: no disk"))
+	}
+	nodes := map[string]bool{}
+	for i, l := range c.Disk {
+		paths[fmt.Sprintf("Disk[%d]", i)] = l.Path
+		if !ValidNode(l.Node) || nodes[l.Node] {
+			errs = append(errs, fmt.Errorf("vmm config: disk layer %d: node name %q: want a unique name of a letter and up to 30 letters, digits, '-' or '_'", i, l.Node))
+		}
+		nodes[l.Node] = true
+	}
+	for name, p := range paths {
 		if !filepath.IsAbs(p) {
 			errs = append(errs, fmt.Errorf("vmm config: %s %q: want an absolute path", name, p))
 		}
@@ -172,20 +196,63 @@ func (c Config) Argv() ([]string, error) {
 		"-device", "virtio-serial-device,id=vser0",
 		"-chardev", "socket,id=channel0,path="+c.ChannelSocket()+",server=on,wait=off",
 		"-device", "virtserialport,bus=vser0.0,chardev=channel0,name="+ChannelPort,
+	)
+	for i := range c.Disk {
+		for _, fd := range diskFDs(i) {
+			argv = append(argv, "-add-fd", fmt.Sprintf("fd=%d,set=%d", fd, i+1))
+		}
+	}
+	argv = append(argv,
 		"-blockdev", blockdev(c.Disk),
-		"-device", "virtio-blk-device,drive=disk0,id=blk0",
+		"-device", "virtio-blk-device,drive="+c.Disk[0].Node+",id=blk0",
 	)
 	if c.Incoming {
-		argv = append(argv, "-incoming", "defer")
+		// -S: the guest stays stopped once its state is in, until the
+		// caller has checked it and says cont.
+		argv = append(argv, "-S", "-incoming", "defer")
 	}
 	return argv, nil
 }
 
-// blockdev is the -blockdev JSON of the root disk.
-func blockdev(path string) string {
-	b, _ := json.Marshal(map[string]any{
-		"driver": "qcow2", "node-name": "disk0",
-		"file": map[string]any{"driver": "file", "filename": path},
-	})
+// diskFDs are the descriptor numbers QEMU inherits for layer i of the
+// disk: the top layer's file twice, read-write and read-only (QEMU opens
+// a layer read-only again when it becomes a backing layer), every other
+// layer once, read-only. Start opens them in this order.
+func diskFDs(i int) []int {
+	if i == 0 {
+		return []int{3, 4}
+	}
+	return []int{4 + i}
+}
+
+// blockdev is the -blockdev JSON of the disk: the whole chain spelled out,
+// each layer's file a descriptor set (/dev/fdset/N), so that QEMU never
+// follows the backing names recorded in the files.
+func blockdev(layers []Layer) string {
+	var node any = nil // the base has no backing
+	for i := len(layers) - 1; i >= 0; i-- {
+		node = map[string]any{
+			"driver": "qcow2", "node-name": layers[i].Node, "read-only": i > 0,
+			"file":    map[string]any{"driver": "file", "filename": fmt.Sprintf("/dev/fdset/%d", i+1), "read-only": i > 0},
+			"backing": node,
+		}
+	}
+	b, _ := json.Marshal(node)
 	return string(b)
+}
+
+// ValidNode tells whether s can name a QEMU block node.
+func ValidNode(s string) bool {
+	if len(s) == 0 || len(s) > 31 {
+		return false
+	}
+	for i, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z':
+		case i > 0 && (r >= '0' && r <= '9' || r == '-' || r == '_'):
+		default:
+			return false
+		}
+	}
+	return true
 }

@@ -45,6 +45,20 @@ type Machine interface {
 	Done() <-chan struct{}
 	// Close drops the control connection; QEMU keeps running.
 	Close() error
+
+	// Save writes the guest's memory and device state (a snapshot, or a
+	// pause that frees the host's memory); Load reads one into a machine
+	// started with Incoming.
+	Save(ctx context.Context, state *os.File, opts SaveOptions) (SaveStats, error)
+	Load(ctx context.Context, state *os.File) error
+	// CancelSave ends a save its caller did not finish (it crashed).
+	CancelSave(ctx context.Context) error
+	// SwitchDisk freezes the disk's top under a new, empty one.
+	SwitchDisk(ctx context.Context, top Layer) error
+	// Top is the node name of the disk's top layer.
+	Top(ctx context.Context) (string, error)
+	// Quit ends QEMU through its monitor and waits for its exit.
+	Quit(ctx context.Context) error
 }
 
 // Driver starts and adopts machines.
@@ -121,7 +135,13 @@ func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
 			groups = append(groups, st.Gid)
 		}
 	}
+	disk, err := openDisk(cfg.Disk)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll(disk)
 	cmd := exec.Command(d.binary(), argv...)
+	cmd.ExtraFiles = disk
 	cmd.Dir = cfg.Dir
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -357,6 +377,39 @@ func (m *qemuMachine) Close() error {
 		return m.qmp.Close()
 	}
 	return nil
+}
+
+// openDisk opens the layers of a disk chain as QEMU inherits them, in the
+// order of diskFDs: the top read-write and read-only, the rest read-only.
+func openDisk(layers []Layer) ([]*os.File, error) {
+	var files []*os.File
+	open := func(path string, flag int) error {
+		f, err := os.OpenFile(path, flag|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("disk layer: %w", err)
+		}
+		files = append(files, f)
+		return nil
+	}
+	for i, l := range layers {
+		flags := []int{os.O_RDONLY}
+		if i == 0 {
+			flags = []int{os.O_RDWR, os.O_RDONLY}
+		}
+		for _, fl := range flags {
+			if err := open(l.Path, fl); err != nil {
+				closeAll(files)
+				return nil, err
+			}
+		}
+	}
+	return files, nil
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
 }
 
 // startTime reads field 22 of /proc/PID/stat.

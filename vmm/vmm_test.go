@@ -9,7 +9,8 @@ import (
 func testConfig() Config {
 	return Config{
 		Name: "sb-test", Dir: "/run/vm/sb-test", Kernel: "/img/vmlinux", Initrd: "/img/initramfs.cpio",
-		Disk: "/var/lib/vm/sb-test/disk.qcow2", MemoryMiB: 512, VCPUs: 1, Accel: TCG, TSCKHz: 2100000,
+		Disk:      []Layer{{Node: "l-top", Path: "/var/lib/vm/layers/top.qcow2"}, {Node: "l-base", Path: "/img/base.qcow2"}},
+		MemoryMiB: 512, VCPUs: 1, Accel: TCG, TSCKHz: 2100000,
 		KernelArgs: []string{"strata.hostname=sb-test"}, Uid: 200001, Gid: 200001,
 	}
 }
@@ -37,8 +38,9 @@ func TestArgvIsAPlan(t *testing.T) {
 		"name=" + ChannelPort,
 		"path=/run/vm/sb-test/channel.sock",
 		"-qmp unix:/run/vm/sb-test/qmp.sock,server=on,wait=off",
-		`"filename":"/var/lib/vm/sb-test/disk.qcow2"`,
-		"-device virtio-blk-device,drive=disk0,id=blk0",
+		"-add-fd fd=3,set=1 -add-fd fd=4,set=1 -add-fd fd=5,set=2",
+		`"filename":"/dev/fdset/1"`, `"backing":{"backing":null`, `"node-name":"l-base","read-only":true`,
+		"-device virtio-blk-device,drive=l-top,id=blk0",
 		"-m 512", "-smp 1",
 	} {
 		if !strings.Contains(line, want) {
@@ -52,7 +54,7 @@ func TestArgvIsAPlan(t *testing.T) {
 	}
 	c.Incoming = true
 	in, _ := c.Argv()
-	if !strings.Contains(strings.Join(in, " "), "-incoming defer") {
+	if !strings.Contains(strings.Join(in, " "), "-S -incoming defer") {
 		t.Error("an incoming machine lacks -incoming defer")
 	}
 	c.Accel = KVM
@@ -64,7 +66,10 @@ func TestArgvIsAPlan(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	for name, mutate := range map[string]func(*Config){
-		"relative disk":       func(c *Config) { c.Disk = "disk.qcow2" },
+		"relative disk":       func(c *Config) { c.Disk[1].Path = "base.qcow2" },
+		"no disk":             func(c *Config) { c.Disk = nil },
+		"bad node name":       func(c *Config) { c.Disk[0].Node = "1top" },
+		"same node twice":     func(c *Config) { c.Disk[1].Node = c.Disk[0].Node },
 		"comma in a path":     func(c *Config) { c.Kernel = "/img/a,b" },
 		"root":                func(c *Config) { c.Uid = 0 },
 		"no memory":           func(c *Config) { c.MemoryMiB = 0 },

@@ -1,0 +1,492 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"time"
+
+	"strata/vmm"
+)
+
+// Snapshot limits per sandbox (automatic ones are not counted), and the
+// automatic snapshots a restore keeps.
+const (
+	MaxMemorySnapshots = 10
+	MaxDiskSnapshots   = 100
+	KeepAutoSnapshots  = 5
+)
+
+// SnapshotRequest is what a snapshot is asked for with.
+type SnapshotRequest struct {
+	Comment string
+	// Memory keeps memory and devices too (processes come back
+	// running); otherwise only the disk (a fresh boot).
+	Memory bool
+	// RetentionMax, when not zero, lets the oldest snapshots of the same
+	// kind that are neither pinned nor automatic go, so that at most
+	// this many of the kind remain.
+	RetentionMax int
+}
+
+// RestoreResult is what a restore did.
+type RestoreResult struct {
+	SnapshotID string `json:"snapshot_id"`
+	AutoID     string `json:"auto_id"`
+	State      State  `json:"state"`
+}
+
+// have is what this host loads memory states into.
+func (m *Manager) have() Needs {
+	return Needs{QEMU: m.cfg.QEMUVersion, DeviceSet: vmm.DeviceSet, Accel: m.cfg.Accel.Accel, Image: m.cfg.Image.Key}
+}
+
+// Snapshot takes a snapshot of a sandbox. A memory snapshot of a running
+// sandbox copies its memory while it runs and stops it only for the last
+// pages and the switch of its disk; a disk-only one freezes the disk
+// under a new top without stopping it. A paused sandbox's memory snapshot
+// shares the state its pause saved; a stopped sandbox has only its disk.
+func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) (Snapshot, error) {
+	done, err := m.begin(id)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	defer done()
+	s, err := m.snapshot(ctx, id, req, false)
+	if cerr := m.collect(context.WithoutCancel(ctx)); cerr != nil {
+		m.log.Warn("store not collected after a snapshot", "sandbox", id, "err", cerr)
+	}
+	return s, err
+}
+
+// snapshot is Snapshot's work, also a restore's automatic one; the caller
+// holds the sandbox's operation mark.
+func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, auto bool) (Snapshot, error) {
+	m.storeMu.RLock()
+	defer m.storeMu.RUnlock()
+	r, err := m.cfg.Records.Get(ctx, id)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	if r.Machine == nil {
+		return Snapshot{}, ErrNotAMachine
+	}
+	m.mu.Lock()
+	mc := m.live[id]
+	m.mu.Unlock()
+	// How the snapshot is taken depends on where the sandbox is.
+	var how string
+	switch {
+	case mc != nil && (r.State == Running || r.State == Paused):
+		how = "qemu"
+	case r.State == Paused && r.Machine.Saved != "", r.State == Stopped || r.State == Error:
+		how = "host"
+		if req.Memory && r.Machine.Saved == "" {
+			return Snapshot{}, ErrNotRunning.With("state", string(r.State))
+		}
+	default:
+		return Snapshot{}, ErrWrongState.With("state", string(r.State))
+	}
+	if len(r.Machine.Disk) == 0 {
+		return Snapshot{}, ErrWrongState.With("state", string(r.State))
+	}
+	if !auto {
+		if _, err := victims(r, req); err != nil {
+			return Snapshot{}, err
+		}
+	}
+	frozen := slices.Clone(r.Machine.Disk)
+	top, err := m.newLayer(ctx, r.Machine.BaseDisk, frozen[0], m.diskBytes(r.DiskGiB))
+	if err != nil {
+		return Snapshot{}, err
+	}
+	var state string
+	var sf *os.File
+	if req.Memory && how == "qemu" {
+		if state, sf, err = m.newState(); err != nil {
+			return Snapshot{}, err
+		}
+		defer sf.Close()
+	} else if req.Memory {
+		state = r.Machine.Saved // shared with the pause that saved it
+	}
+	var snap Snapshot
+	// The record first: the snapshot (processing) and the disk's new
+	// top. The chain [top, frozen…] is right whether or not QEMU has
+	// switched yet: top is empty until QEMU writes to it, which it does
+	// only once it has.
+	r, err = m.cfg.Records.Update(ctx, id, func(rec *Record) error {
+		if rec.Machine == nil || len(rec.Machine.Disk) == 0 || rec.Machine.Disk[0] != frozen[0] {
+			return ErrInProgress
+		}
+		if auto {
+			rec.AutoSeq++
+			snap.ID = fmt.Sprintf("auto-%d", rec.AutoSeq)
+		} else {
+			rec.SnapshotSeq++
+			snap.ID = fmt.Sprintf("v%d", rec.SnapshotSeq)
+		}
+		snap = Snapshot{
+			ID: snap.ID, Comment: req.Comment, Memory: req.Memory, Auto: auto,
+			Status: SnapshotProcessing, CreatedAt: time.Now().UTC(),
+			Disk: frozen, BaseDisk: rec.Machine.BaseDisk, State: state,
+			MemoryMiB: rec.MemoryMiB, VCPUs: rec.VCPUs, DiskGiB: rec.DiskGiB,
+		}
+		if req.Memory {
+			needs := m.have()
+			needs.Image = rec.Machine.Image
+			snap.Needs = &needs
+		}
+		rec.Snapshots = append(rec.Snapshots, snap)
+		rec.Machine.Disk = append([]string{top}, frozen...)
+		return nil
+	})
+	if err != nil {
+		return Snapshot{}, err
+	}
+	t0 := time.Now()
+	var pause time.Duration
+	layer := vmm.Layer{Node: "l" + top, Path: m.layerPath(top)}
+	switch {
+	case how == "qemu" && req.Memory:
+		var st vmm.SaveStats
+		st, err = mc.vm.Save(ctx, sf, vmm.SaveOptions{Live: r.State == Running, Overlay: &layer})
+		pause = st.Pause
+		if err == nil {
+			err = sf.Sync()
+		}
+		if err != nil && !st.Switched {
+			m.unswitch(id, top, frozen)
+		}
+	case how == "qemu":
+		// A disk-only snapshot is what a power cut would leave: the
+		// guest's own buffers are written out first.
+		if _, serr := guestCall(ctx, mc.ch, http.MethodPost, "/v1/exec", []byte(`{"argv":["sync"],"timeout_ms":10000}`)); serr != nil {
+			m.log.Warn("guest not synced before a disk-only snapshot", "sandbox", id, "err", serr)
+		}
+		if err = mc.vm.SwitchDisk(ctx, layer); err != nil {
+			m.unswitch(id, top, frozen)
+		}
+	}
+	if err == nil {
+		err = syncFile(m.layerPath(frozen[0]))
+	}
+	status := SnapshotReady
+	if err != nil {
+		status = SnapshotFailed
+		m.log.Error("snapshot failed", "sandbox", id, "snapshot", snap.ID, "err", err)
+	}
+	size := allocated(m.layerPath(frozen[0]))
+	if state != "" && how == "qemu" {
+		size += allocated(m.statePath(state))
+	}
+	r, uerr := m.cfg.Records.Update(context.WithoutCancel(ctx), id, func(rec *Record) error {
+		s, ok := rec.Snapshot(snap.ID)
+		if !ok {
+			return nil
+		}
+		s.Status, s.SizeBytes = status, size
+		if status == SnapshotFailed {
+			s.State, s.Disk, s.SizeBytes = "", nil, 0
+		}
+		snap = *s
+		if status != SnapshotReady {
+			return nil
+		}
+		if auto {
+			pruneAutos(rec)
+		} else if gone, verr := victims(*rec, req); verr == nil {
+			rec.Snapshots = slices.DeleteFunc(rec.Snapshots, func(s Snapshot) bool { return slices.Contains(gone, s.ID) })
+		}
+		return nil
+	})
+	if uerr != nil {
+		return Snapshot{}, uerr
+	}
+	if err != nil {
+		return snap, fmt.Errorf("snapshot %s of %s: %w", snap.ID, id, err)
+	}
+	m.log.Info("snapshot taken", "sandbox", id, "snapshot", snap.ID, "memory", req.Memory, "took", time.Since(t0).Round(time.Millisecond), "pause", pause.Round(time.Millisecond), "size_bytes", size)
+	_ = r
+	return snap, nil
+}
+
+// unswitch takes back a new top that QEMU never switched to: the record's
+// disk is the frozen chain again (top is collected).
+func (m *Manager) unswitch(id, top string, frozen []string) {
+	m.cfg.Records.Update(context.Background(), id, func(rec *Record) error {
+		if rec.Machine != nil && len(rec.Machine.Disk) > 0 && rec.Machine.Disk[0] == top {
+			rec.Machine.Disk = slices.Clone(frozen)
+		}
+		return nil
+	})
+}
+
+// victims are the snapshots a new one of req's kind makes go: none under
+// the limit; with retention, the oldest of the kind that are neither
+// pinned nor automatic, as many as needed; without it, or when too few
+// are eligible, snapshot_limit.
+func victims(r Record, req SnapshotRequest) ([]string, error) {
+	limit := MaxDiskSnapshots
+	if req.Memory {
+		limit = MaxMemorySnapshots
+	}
+	hard := limit
+	if req.RetentionMax > 0 {
+		limit = min(limit, req.RetentionMax)
+	}
+	var kind, eligible []string
+	for _, s := range r.Snapshots {
+		if s.Auto || s.Memory != req.Memory || s.Status == SnapshotFailed {
+			continue
+		}
+		kind = append(kind, s.ID)
+		if !s.Pinned && s.Status == SnapshotReady {
+			eligible = append(eligible, s.ID)
+		}
+	}
+	over := len(kind) + 1 - limit
+	if over <= 0 {
+		return nil, nil
+	}
+	if req.RetentionMax == 0 || over > len(eligible) {
+		return nil, ErrSnapshotLimit.With("limit", hard).With("memory", req.Memory)
+	}
+	return eligible[:over], nil
+}
+
+// pruneAutos keeps the newest KeepAutoSnapshots automatic snapshots
+// (pinned ones are kept beyond them).
+func pruneAutos(rec *Record) {
+	n := 0
+	for i := len(rec.Snapshots) - 1; i >= 0; i-- {
+		s := rec.Snapshots[i]
+		if !s.Auto || s.Pinned || s.Status == SnapshotProcessing {
+			continue
+		}
+		n++
+		if n > KeepAutoSnapshots {
+			rec.Snapshots = slices.Delete(rec.Snapshots, i, i+1)
+		}
+	}
+}
+
+// DeleteSnapshot deletes a snapshot: its files go unless a fork or
+// another snapshot names them. It never touches the sandbox's machine.
+func (m *Manager) DeleteSnapshot(ctx context.Context, id, snapID string) error {
+	if _, err := m.cfg.Records.Update(ctx, id, func(rec *Record) error {
+		s, ok := rec.Snapshot(snapID)
+		if !ok {
+			return ErrSnapshotNotFound
+		}
+		if s.Status == SnapshotProcessing {
+			return ErrInProgress
+		}
+		rec.Snapshots = slices.DeleteFunc(rec.Snapshots, func(s Snapshot) bool { return s.ID == snapID })
+		return nil
+	}); err != nil {
+		return err
+	}
+	m.log.Info("snapshot deleted", "sandbox", id, "snapshot", snapID)
+	return m.collect(context.WithoutCancel(ctx))
+}
+
+// PinSnapshot pins or unpins a snapshot: retention never deletes a pinned
+// one.
+func (m *Manager) PinSnapshot(ctx context.Context, id, snapID string, pinned bool) (Snapshot, error) {
+	var out Snapshot
+	_, err := m.cfg.Records.Update(ctx, id, func(rec *Record) error {
+		s, ok := rec.Snapshot(snapID)
+		if !ok {
+			return ErrSnapshotNotFound
+		}
+		s.Pinned = pinned
+		out = *s
+		return nil
+	})
+	return out, err
+}
+
+// loadable checks that a snapshot can be restored or forked: ready, and
+// its memory loadable here unless only its disk is wanted.
+func (m *Manager) loadable(s *Snapshot, withMemory bool) error {
+	if s.Status != SnapshotReady {
+		return ErrSnapshotNotReady.With("status", string(s.Status))
+	}
+	if withMemory && s.Needs != nil {
+		if d := s.Needs.Differs(m.have()); len(d) > 0 {
+			return ErrSnapshotIncompatible.With("differs", d)
+		}
+	}
+	return nil
+}
+
+// Restore puts a sandbox back to one of its snapshots. Its current state
+// is kept first as an automatic snapshot (with its memory when it has
+// one); then the sandbox boots from the snapshot's disk, loading its
+// memory unless diskOnly or it has none. It answers once the sandbox
+// runs again.
+func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool) (RestoreResult, error) {
+	done, err := m.begin(id)
+	if err != nil {
+		return RestoreResult{}, err
+	}
+	defer done()
+	ctx = context.WithoutCancel(ctx) // once begun, it runs to its end
+	r, err := m.cfg.Records.Get(ctx, id)
+	if err != nil {
+		return RestoreResult{}, err
+	}
+	if r.Machine == nil {
+		return RestoreResult{}, ErrNotAMachine
+	}
+	snap, ok := r.Snapshot(snapID)
+	if !ok {
+		return RestoreResult{}, ErrSnapshotNotFound
+	}
+	withMemory := snap.Memory && !diskOnly
+	if err := m.loadable(snap, withMemory); err != nil {
+		return RestoreResult{}, err
+	}
+	target := *snap
+	switch r.State {
+	case Running, Paused, Stopped, Error:
+	default:
+		return RestoreResult{}, ErrWrongState.With("state", string(r.State))
+	}
+	// The current state, kept as auto-N: with its memory when the
+	// sandbox has one to keep.
+	m.mu.Lock()
+	_, live := m.live[id]
+	m.mu.Unlock()
+	keepMemory := live && (r.State == Running || r.State == Paused) || r.State == Paused && r.Machine.Saved != ""
+	auto, err := m.snapshot(ctx, id, SnapshotRequest{Memory: keepMemory, Comment: "before restoring " + snapID}, true)
+	if err != nil {
+		return RestoreResult{}, fmt.Errorf("keeping the current state before the restore: %w", err)
+	}
+	// The sandbox becomes the snapshot: recorded first (creating, no
+	// process, a new top over the snapshot's disk, the memory to load),
+	// then the old QEMU ends. A crash in between is finished by Recover:
+	// the old QEMU is no record's and is killed, the boot runs.
+	m.storeMu.RLock()
+	top, err := m.newLayer(ctx, target.BaseDisk, target.Disk[0], m.diskBytes(target.DiskGiB))
+	if err == nil {
+		_, err = m.cfg.Records.Update(ctx, id, func(rec *Record) error {
+			rec.State, rec.Error = Creating, ""
+			rec.Machine.Process = nil
+			rec.Machine.Disk = append([]string{top}, target.Disk...)
+			rec.Machine.BaseDisk = target.BaseDisk
+			rec.Machine.Saved = ""
+			if withMemory {
+				rec.Machine.Saved = target.State
+				rec.MemoryMiB, rec.VCPUs = target.MemoryMiB, target.VCPUs
+			}
+			rec.DiskGiB = target.DiskGiB
+			return nil
+		})
+	}
+	m.storeMu.RUnlock()
+	if err != nil {
+		return RestoreResult{}, err
+	}
+	m.teardown(id)
+	m.log.Info("sandbox restoring", "sandbox", id, "snapshot", snapID, "memory", withMemory, "auto", auto.ID)
+	m.boot(ctx, id, Creating)
+	if err := m.collect(ctx); err != nil {
+		m.log.Warn("store not collected after a restore", "sandbox", id, "err", err)
+	}
+	r, err = m.cfg.Records.Get(ctx, id)
+	if err != nil {
+		return RestoreResult{}, err
+	}
+	if r.State != Running {
+		return RestoreResult{}, fmt.Errorf("sandbox %s did not come back from snapshot %s: %s", id, snapID, r.Error)
+	}
+	return RestoreResult{SnapshotID: snapID, AutoID: auto.ID, State: r.State}, nil
+}
+
+// Fork makes a new sandbox from a snapshot of another: r carries the new
+// sandbox's id, account and name; its size is the snapshot's. The fork
+// names the snapshot's files in its own record, so it does not depend on
+// the source sandbox or the snapshot staying. It boots in the background
+// (loading the snapshot's memory when it has one) as a create does.
+func (m *Manager) Fork(ctx context.Context, srcID, snapID string, r Record) (Record, error) {
+	m.storeMu.RLock()
+	defer m.storeMu.RUnlock()
+	src, err := m.cfg.Records.Get(ctx, srcID)
+	if err != nil {
+		return Record{}, err
+	}
+	snap, ok := src.Snapshot(snapID)
+	if !ok {
+		return Record{}, ErrSnapshotNotFound
+	}
+	if err := m.loadable(snap, snap.Memory); err != nil {
+		return Record{}, err
+	}
+	top, err := m.newLayer(ctx, snap.BaseDisk, snap.Disk[0], m.diskBytes(snap.DiskGiB))
+	if err != nil {
+		return Record{}, err
+	}
+	r.MemoryMiB, r.VCPUs, r.DiskGiB = snap.MemoryMiB, snap.VCPUs, snap.DiskGiB
+	mach := Machine{BaseDisk: snap.BaseDisk, Image: m.cfg.Image.Key, Disk: append([]string{top}, snap.Disk...)}
+	if snap.Memory {
+		mach.Saved = snap.State
+		mach.Image = snap.Needs.Image
+	}
+	r, err = m.create(ctx, r, mach)
+	if err != nil {
+		os.Remove(m.layerPath(top))
+		return Record{}, err
+	}
+	m.log.Info("sandbox forked", "sandbox", r.ID, "from", srcID, "snapshot", snapID, "memory", snap.Memory)
+	return r, nil
+}
+
+// load reads a saved memory state into a QEMU started with Incoming and
+// runs it.
+func (m *Manager) load(ctx context.Context, vm vmm.Machine, state string) error {
+	f, err := os.Open(m.statePath(state))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	lctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := vm.Load(lctx, f); err != nil {
+		return err
+	}
+	return vm.Resume(lctx)
+}
+
+// dropSaved forgets the memory a sandbox was to load (it did not load).
+func (m *Manager) dropSaved(id string) {
+	m.cfg.Records.Update(context.Background(), id, func(r *Record) error {
+		r.Machine.Saved = ""
+		return nil
+	})
+}
+
+// resync tells guestd that its memory is another moment's: it sets the
+// guest's clock, reseeds its RNG (a fork's siblings share its state) and
+// takes the sandbox's hostname.
+func (m *Manager) resync(ctx context.Context, mc *machine, r Record) error {
+	seed := make([]byte, 64)
+	rand.Read(seed)
+	body, err := json.Marshal(map[string]any{"time_unix_nano": time.Now().UnixNano(), "seed": seed, "hostname": hostname(r)})
+	if err != nil {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = guestCall(rctx, mc.ch, http.MethodPost, "/v1/resync", body)
+	if err != nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("guestd did not answer the resync: %w", err)
+	}
+	return err
+}

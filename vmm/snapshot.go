@@ -1,0 +1,367 @@
+package vmm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// SaveOptions says how Save writes a machine's state.
+type SaveOptions struct {
+	// Live keeps the guest running while its memory is copied (pre-copy)
+	// and stops it only for the last dirty pages and the device state;
+	// the guest runs again when Save returns. Without Live the guest is
+	// stopped first and stays stopped (a pause that ends its QEMU).
+	Live bool
+	// Overlay, when set, becomes the disk's new top at the instant the
+	// guest stops for good (the switch-over): the disk as it was then is
+	// the old top, frozen from there on, and the state written matches
+	// it exactly. The file must be an empty qcow2 (its backing name is
+	// not used).
+	Overlay *Layer
+}
+
+// SaveStats is what a Save took.
+type SaveStats struct {
+	// Pause is how long the guest was stopped (Live), as the host saw it.
+	Pause time.Duration
+	// Total is the whole save.
+	Total time.Duration
+	// Switched tells whether Overlay became the disk's top: once it has,
+	// it stays so even if the save then fails.
+	Switched bool
+}
+
+// The migration states QEMU reports.
+const (
+	migCompleted     = "completed"
+	migFailed        = "failed"
+	migCancelled     = "cancelled"
+	migPreSwitchover = "pre-switchover"
+)
+
+// Save writes the machine's memory and device state to state (a QEMU
+// migration stream), as Load reads it back.
+func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions) (SaveStats, error) {
+	t0 := time.Now()
+	var st SaveStats
+	q, err := m.monitor(ctx)
+	if err != nil {
+		return st, err
+	}
+	caps := []map[string]any{
+		{"capability": "pause-before-switchover", "state": opts.Live && opts.Overlay != nil},
+	}
+	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}); err != nil {
+		return st, err
+	}
+	// QEMU's default bandwidth cap (128 MiB/s) is meant for networks; a
+	// local file takes whatever the host can write. The downtime limit
+	// is the pause a live save aims for.
+	if _, err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(64) << 30, "downtime-limit": 40}); err != nil {
+		return st, err
+	}
+	var added string
+	if opts.Overlay != nil {
+		if added, err = m.addLayer(ctx, q, *opts.Overlay); err != nil {
+			return st, err
+		}
+	}
+	var stopped time.Time
+	if !opts.Live {
+		stopped = time.Now()
+		if _, err := q.Execute(ctx, "stop", nil); err != nil {
+			m.dropLayer(q, added)
+			return st, err
+		}
+		if opts.Overlay != nil {
+			if err := m.switchTop(ctx, q, opts.Overlay.Node); err != nil {
+				m.dropLayer(q, added)
+				return st, err
+			}
+			st.Switched = true
+		}
+	}
+	if _, err := q.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "snapshot"}, state); err != nil {
+		if !st.Switched {
+			m.dropLayer(q, added)
+		}
+		return st, err
+	}
+	if _, err := q.Execute(ctx, "migrate", map[string]any{"uri": "fd:snapshot"}); err != nil {
+		q.Execute(context.Background(), "closefd", map[string]any{"fdname": "snapshot"})
+		if !st.Switched {
+			m.dropLayer(q, added)
+		}
+		return st, err
+	}
+	fail := func(err error) (SaveStats, error) {
+		// Whatever happened, the guest runs again if it ran before.
+		q.Execute(context.Background(), "migrate_cancel", nil)
+		if opts.Live {
+			q.Execute(context.Background(), "cont", nil)
+		}
+		if !st.Switched {
+			m.dropLayer(q, added)
+		}
+		st.Total = time.Since(t0)
+		return st, err
+	}
+	for {
+		status, err := migrationStatus(ctx, q)
+		if err != nil {
+			return fail(err)
+		}
+		switch status {
+		case migPreSwitchover:
+			// The guest has just stopped, for good: the disk's top
+			// changes now, before the device state is written.
+			stopped = time.Now()
+			if err := m.switchTop(ctx, q, opts.Overlay.Node); err != nil {
+				return fail(err)
+			}
+			st.Switched = true
+			if _, err := q.Execute(ctx, "migrate-continue", map[string]any{"state": migPreSwitchover}); err != nil {
+				return fail(err)
+			}
+		case migCompleted:
+			if opts.Live {
+				// After a completed migration the source is stopped
+				// with its images inactive; cont takes them back.
+				if _, err := q.Execute(ctx, "cont", nil); err != nil {
+					return fail(err)
+				}
+				if !stopped.IsZero() {
+					st.Pause = time.Since(stopped)
+				} else {
+					st.Pause = migrationDowntime(ctx, q)
+				}
+			}
+			st.Total = time.Since(t0)
+			return st, nil
+		case migFailed, migCancelled:
+			return fail(fmt.Errorf("qemu of %s: saving its state %s%s", m.cfg.Name, status, migrationError(ctx, q)))
+		}
+		select {
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		case <-m.done:
+			return fail(fmt.Errorf("qemu of %s exited while saving its state", m.cfg.Name))
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// CancelSave cancels a migration under way, if any. The guest is left as
+// it is: a save that had stopped it leaves it stopped.
+func (m *qemuMachine) CancelSave(ctx context.Context) error {
+	_, err := m.execute(ctx, "migrate_cancel")
+	return err
+}
+
+// SwitchDisk makes top, an empty qcow2, the disk's new top layer at once:
+// from then on the old top is read-only (a disk-only snapshot). The guest
+// keeps running; QEMU drains its requests for the switch.
+func (m *qemuMachine) SwitchDisk(ctx context.Context, top Layer) error {
+	q, err := m.monitor(ctx)
+	if err != nil {
+		return err
+	}
+	added, err := m.addLayer(ctx, q, top)
+	if err != nil {
+		return err
+	}
+	if err := m.switchTop(ctx, q, top.Node); err != nil {
+		m.dropLayer(q, added)
+		return err
+	}
+	return nil
+}
+
+// Load reads a state written by Save into a machine started with
+// Incoming. The machine is left paused: Resume runs it.
+func (m *qemuMachine) Load(ctx context.Context, state *os.File) error {
+	q, err := m.monitor(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := q.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "incoming"}, state); err != nil {
+		return err
+	}
+	if _, err := q.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:incoming"}); err != nil {
+		return err
+	}
+	for {
+		status, err := migrationStatus(ctx, q)
+		if err != nil {
+			return err
+		}
+		switch status {
+		case migCompleted:
+			return nil
+		case migFailed, migCancelled:
+			return fmt.Errorf("qemu of %s: loading its state %s%s", m.cfg.Name, status, migrationError(ctx, q))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.done:
+			return fmt.Errorf("qemu of %s exited while loading its state%s", m.cfg.Name, logTail(m.cfg.Dir+"/"+QEMULog))
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// Top is the node name of the disk's current top layer.
+func (m *qemuMachine) Top(ctx context.Context) (string, error) {
+	ret, err := m.execute(ctx, "query-block")
+	if err != nil {
+		return "", err
+	}
+	var devs []struct {
+		Qdev     string `json:"qdev"`
+		Inserted *struct {
+			Node string `json:"node-name"`
+		} `json:"inserted"`
+	}
+	if err := json.Unmarshal(ret, &devs); err != nil {
+		return "", fmt.Errorf("query-block: %w", err)
+	}
+	for _, d := range devs {
+		if strings.Contains(d.Qdev, "blk0") && d.Inserted != nil {
+			return d.Inserted.Node, nil
+		}
+	}
+	return "", fmt.Errorf("query-block: no disk blk0 in %.300s", ret)
+}
+
+// Quit asks QEMU to exit and waits until it has.
+func (m *qemuMachine) Quit(ctx context.Context) error {
+	if _, err := m.execute(ctx, "quit"); err != nil && !errors.Is(err, ErrQMPClosed) {
+		select {
+		case <-m.done:
+			return nil
+		default:
+		}
+		return err
+	}
+	select {
+	case <-m.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// addLayer hands QEMU the layer's file (read-write and read-only, in one
+// descriptor set) and adds it as a block node with no backing yet.
+// It returns the fd set's id.
+func (m *qemuMachine) addLayer(ctx context.Context, q *QMP, l Layer) (string, error) {
+	if !ValidNode(l.Node) {
+		return "", fmt.Errorf("layer node name %q is not valid", l.Node)
+	}
+	files, err := openDisk([]Layer{l})
+	if err != nil {
+		return "", err
+	}
+	defer closeAll(files)
+	var set *int
+	for _, f := range files {
+		args := map[string]any{}
+		if set != nil {
+			args["fdset-id"] = *set
+		}
+		ret, err := q.ExecuteWithFile(ctx, "add-fd", args, f)
+		if err != nil {
+			if set != nil {
+				q.Execute(context.Background(), "remove-fd", map[string]any{"fdset-id": *set})
+			}
+			return "", err
+		}
+		var info struct {
+			Set int `json:"fdset-id"`
+		}
+		if err := json.Unmarshal(ret, &info); err != nil {
+			return "", fmt.Errorf("add-fd: %w", err)
+		}
+		set = &info.Set
+	}
+	_, err = q.Execute(ctx, "blockdev-add", map[string]any{
+		"driver": "qcow2", "node-name": l.Node,
+		"file":    map[string]any{"driver": "file", "filename": fmt.Sprintf("/dev/fdset/%d", *set)},
+		"backing": nil,
+	})
+	if err != nil {
+		q.Execute(context.Background(), "remove-fd", map[string]any{"fdset-id": *set})
+		return "", err
+	}
+	return l.Node + "\x00" + fmt.Sprint(*set), nil
+}
+
+// dropLayer undoes an addLayer whose layer never became the top.
+func (m *qemuMachine) dropLayer(q *QMP, added string) {
+	if added == "" {
+		return
+	}
+	node, set, _ := strings.Cut(added, "\x00")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	q.Execute(ctx, "blockdev-del", map[string]any{"node-name": node})
+	var id int
+	fmt.Sscan(set, &id)
+	q.Execute(ctx, "remove-fd", map[string]any{"fdset-id": id})
+}
+
+// switchTop puts the node over the disk's current top.
+func (m *qemuMachine) switchTop(ctx context.Context, q *QMP, node string) error {
+	top, err := m.Top(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = q.Execute(ctx, "blockdev-snapshot", map[string]any{"node": top, "overlay": node})
+	return err
+}
+
+func migrationStatus(ctx context.Context, q *QMP) (string, error) {
+	ret, err := q.Execute(ctx, "query-migrate", nil)
+	if err != nil {
+		return "", err
+	}
+	var info struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(ret, &info); err != nil {
+		return "", fmt.Errorf("query-migrate: %w", err)
+	}
+	return info.Status, nil
+}
+
+func migrationError(ctx context.Context, q *QMP) string {
+	ret, err := q.Execute(ctx, "query-migrate", nil)
+	if err != nil {
+		return ""
+	}
+	var info struct {
+		Desc string `json:"error-desc"`
+	}
+	if json.Unmarshal(ret, &info) != nil || info.Desc == "" {
+		return ""
+	}
+	return ": " + info.Desc
+}
+
+func migrationDowntime(ctx context.Context, q *QMP) time.Duration {
+	ret, err := q.Execute(ctx, "query-migrate", nil)
+	if err != nil {
+		return 0
+	}
+	var info struct {
+		Downtime int64 `json:"downtime"`
+	}
+	json.Unmarshal(ret, &info)
+	return time.Duration(info.Downtime) * time.Millisecond
+}
