@@ -169,8 +169,8 @@ func (m *Manager) collect(ctx context.Context) error {
 	}
 	removed := 0
 	for _, e := range entries {
-		if refs[e.Name()] {
-			continue
+		if refs[e.Name()] || !isStoreName(strings.TrimSuffix(e.Name(), ".tmp")) {
+			continue // named, or not the store's to delete
 		}
 		if err := os.Remove(filepath.Join(m.storeDir(), e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
 			m.log.Warn("store file not collected", "file", e.Name(), "err", err)
@@ -307,7 +307,8 @@ func (m *Manager) adoptLegacyDisk(ctx context.Context, r Record) error {
 	return syncDir(m.storeDir())
 }
 
-// isStoreName tells whether a file name is one the store makes.
+// isStoreName tells whether a file name is one the store makes (collect
+// deletes nothing else).
 func isStoreName(name string) bool {
 	id, ok := strings.CutSuffix(name, layerExt)
 	if !ok {
