@@ -17,8 +17,16 @@
 // output capped, killed whole at its timeout), GET /v1/check (the open
 // stores' consistency report, for tests and support), GET /v1/health and
 // GET /metrics (Prometheus). Inside a strata microVM (Config.PowerOff set,
-// guestd --vm) POST /v1/shutdown is the host's clean stop, and ForwardAPI
-// carries the guest's calls to the public API through the channel.
+// guestd --vm) POST /v1/shutdown is the host's clean stop; POST /v1/resync
+// is the host's call after it restores the VM from a memory snapshot or
+// forks it ({"time_unix_nano", "seed" (base64, 32 to 512 bytes),
+// "hostname"?}: the wall clock is stepped to the host's, the seed mixed
+// into the kernel's RNG and its CRNG made to reseed, the hostname set;
+// the answer is {"clock_step_ns", "reseeded", "hostname"}); and ForwardAPI
+// carries the guest's calls to the public API through the channel. Until
+// the host's resync, a restored or forked guest runs on the snapshot's
+// clock and shares its siblings' randomness: the host must resync it
+// before anything else is asked of it.
 // Requests are validated here as well as at the host's edge: the guest
 // trusts nothing it is sent.
 //

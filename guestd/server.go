@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,7 +53,9 @@ type Config struct {
 	// that a running exec does not outlast the host's clean stop.
 	ShutdownTimeout time.Duration
 	// PowerOff, set only inside a strata microVM, ends the machine; it
-	// enables POST /v1/shutdown, the host's clean stop.
+	// enables POST /v1/shutdown, the host's clean stop, and POST
+	// /v1/resync, the host's call after a restore from a memory snapshot
+	// or a fork.
 	PowerOff func()
 }
 
@@ -68,6 +71,10 @@ type Server struct {
 	credentialsCopy string
 	powerOff        func()
 	shutdownTimeout time.Duration
+
+	// kernel is what POST /v1/resync changes; resyncMu serializes it.
+	kernel   resyncKernel
+	resyncMu sync.Mutex
 }
 
 // New opens the store (recovering every managed root) and builds the API.
@@ -85,7 +92,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{engine: e, log: cfg.Logger, reg: reg, metrics: m, credentialsPath: cfg.Credentials, credentialsCopy: cfg.CredentialsCopy, powerOff: cfg.PowerOff, shutdownTimeout: cfg.ShutdownTimeout}
+	s := &Server{engine: e, log: cfg.Logger, reg: reg, metrics: m, credentialsPath: cfg.Credentials, credentialsCopy: cfg.CredentialsCopy, powerOff: cfg.PowerOff, shutdownTimeout: cfg.ShutdownTimeout, kernel: linuxKernel{}}
 	if s.credentialsPath == "" {
 		s.credentialsPath = DefaultCredentials
 	}
@@ -203,6 +210,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/health", s.method(map[string]handler{http.MethodGet: s.health}))
 	if s.powerOff != nil {
 		mux.HandleFunc("/v1/shutdown", s.method(map[string]handler{http.MethodPost: s.shutdown}))
+		mux.HandleFunc("/v1/resync", s.method(map[string]handler{http.MethodPost: s.resync}))
 	}
 	metricsHandler := promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
