@@ -158,7 +158,7 @@ func apiCases() []apiCase {
 			cp := s.create(keyA, "sb-a2", "/workspace/project", "in a2")
 			return request{method: "POST", path: cpsA1 + "/" + cp.ID + "/restore", key: keyA}
 		}, status: 404, code: "checkpoint_not_found", reachesGuest: true},
-		{name: "not_found_route", setup: fixed(request{method: "GET", path: "/v1/sandboxes/sb-a1/snapshots", key: keyA}), status: 404, code: "not_found"},
+		{name: "not_found_route", setup: fixed(request{method: "GET", path: "/v1/sandboxes/sb-a1/volumes", key: keyA}), status: 404, code: "not_found"},
 		{name: "not_found_root", setup: fixed(request{method: "GET", path: "/"}), status: 404, code: "not_found"},
 		{name: "token_not_found", setup: fixed(request{method: "POST", path: tokenA1 + "/rotate", key: keyA}), status: 404, code: "token_not_found"},
 

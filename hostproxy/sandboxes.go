@@ -44,10 +44,6 @@ var (
 	errViaChannel     = fault.New(fault.Forbidden, "forbidden", "a call from inside a sandbox acts only on that sandbox")
 	errNoVMs          = fault.New(fault.Conflict, "sandboxes_disabled", "this host runs no microVM sandboxes (hostproxy has no vms configuration)")
 	errBadPagination  = "limit must be 1 to 500 and offset 0 or more; no other query parameters"
-	// A fork is made from a VM snapshot; until this host has them, from
-	// is a field it cannot take (not snapshot_not_found, which is a 404
-	// for a snapshot that could exist).
-	errNoForks = jsend.InvalidField("from", "forks need VM snapshots, which this host does not have yet")
 )
 
 // openVMs starts the lifecycle manager and adopts the sandboxes an
@@ -69,9 +65,15 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 	if err != nil {
 		return err
 	}
+	driver := &vmm.QEMU{Log: s.log}
+	version, err := driver.Version(ctx)
+	if err != nil {
+		return err
+	}
 	m, err := sandbox.New(sandbox.Config{
-		Dir: mc.Dir, Image: img, Accel: probe, Records: s.reg, Log: s.log,
-		Driver:      &vmm.QEMU{Log: s.log},
+		QEMUVersion: version,
+		Dir:         mc.Dir, Image: img, Accel: probe, Records: s.reg, Log: s.log,
+		Driver:      driver,
 		BootTimeout: time.Duration(mc.BootTimeout),
 		Booted:      s.booted,
 		ServeGuest:  s.serveGuest,
@@ -140,6 +142,9 @@ func sandboxView(sb Sandbox) api.Sandbox {
 	}
 	if !sb.CreatedAt.IsZero() {
 		v.CreatedAt = api.FormatTime(sb.CreatedAt)
+	}
+	if sb.From != nil {
+		v.From = &api.SandboxFrom{Sandbox: sb.From.Sandbox, Snapshot: sb.From.Snapshot}
 	}
 	return v
 }
@@ -224,11 +229,19 @@ func (s *Server) createSandbox(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if req.From != nil {
-		return errNoForks
-	}
 	if s.machines == nil {
 		return errNoVMs
+	}
+	if req.From != nil {
+		// A fork is of the account's own sandbox; another account's is
+		// as unknown as one that does not exist.
+		src, err := s.reg.Sandbox(r.Context(), req.From.Sandbox)
+		if err != nil {
+			return err
+		}
+		if src.Account != p.Account {
+			return errSandboxNotFound
+		}
 	}
 	id, err := s.newSandboxID()
 	if err != nil {
@@ -236,8 +249,10 @@ func (s *Server) createSandbox(c echo.Context) error {
 	}
 	rec := Sandbox{
 		ID: id, Account: p.Account, Guest: guestAddress(id),
-		MemoryMiB: *req.MemoryMiB, VCPUs: *req.VCPUs, DiskGiB: *req.DiskGiB,
 		CreatedAt: s.now().UTC().Truncate(time.Second),
+	}
+	if req.From == nil {
+		rec.MemoryMiB, rec.VCPUs, rec.DiskGiB = *req.MemoryMiB, *req.VCPUs, *req.DiskGiB
 	}
 	if req.Name != nil {
 		rec.Name = *req.Name
@@ -251,7 +266,11 @@ func (s *Server) createSandbox(c echo.Context) error {
 		claim = &createClaimReq{account: p.Account, key: key, request: requestHash(req), now: s.now()}
 		ctx = withCreateClaim(ctx, claim)
 	}
-	rec, err = s.machines.Create(ctx, rec)
+	if req.From != nil {
+		rec, err = s.machines.Fork(ctx, req.From.Sandbox, req.From.Snapshot, rec)
+	} else {
+		rec, err = s.machines.Create(ctx, rec)
+	}
 	if errors.Is(err, errClaimed) {
 		sb, err := s.reg.Sandbox(r.Context(), claim.prior)
 		switch {

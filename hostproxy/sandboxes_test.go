@@ -34,6 +34,8 @@ type sandboxCase struct {
 	// field is data.field of the answer (the field an invalid_field
 	// names), when not "".
 	field string
+	// message is data.message of the answer, when not "".
+	message string
 	// golden names the golden file of the answer, when not "".
 	golden string
 }
@@ -92,10 +94,10 @@ func sandboxCases() []sandboxCase {
 		{name: "create_name_64", req: create(`{"name":"` + strings.Repeat("a", 64) + `"}`), status: 400, code: "invalid_field"},
 		{name: "create_name_63", req: create(`{"name":"` + strings.Repeat("a", 63) + `"}`), status: 409, code: "sandboxes_disabled"},
 		{name: "create_fork_with_resources", req: create(`{"from":{"sandbox":"sb-a1","snapshot":"v1"},"memory_mib":512}`), status: 400, code: "invalid_field", field: "memory_mib"},
-		// A well-formed fork: this host has no VM snapshots to fork from
-		// (it was 422 snapshot_not_found, a code API.md gives 404).
-		{name: "create_fork", req: create(`{"from":{"sandbox":"sb-a1","snapshot":"v1"}}`), status: 400, code: "invalid_field", field: "from"},
-		{name: "create_fork_named", req: create(`{"name":"web","from":{"sandbox":"sb-a1","snapshot":"auto-1"}}`), status: 400, code: "invalid_field", field: "from"},
+		// A well-formed fork: this host runs no microVMs, so it has no
+		// snapshots to fork from, as it has no sandboxes to create.
+		{name: "create_fork", req: create(`{"from":{"sandbox":"sb-a1","snapshot":"v1"}}`), status: 409, code: "sandboxes_disabled"},
+		{name: "create_fork_named", req: create(`{"name":"web","from":{"sandbox":"sb-a1","snapshot":"auto-1"}}`), status: 409, code: "sandboxes_disabled"},
 		{name: "create_fork_bad_snapshot", req: create(`{"from":{"sandbox":"sb-a1","snapshot":"x"}}`), status: 400, code: "invalid_field"},
 		{name: "create_trailing_object", req: create(`{} {}`), status: 400, code: "invalid_json"},
 		{name: "create_trailing_garbage", req: create(`{"vcpus":1}x`), status: 400, code: "invalid_json"},
@@ -196,6 +198,22 @@ func sandboxCases() []sandboxCase {
 		{name: "stop_other_account", req: lifecycle("POST", "/sb-b1/stop"), status: 404, code: "sandbox_not_found"},
 		{name: "pause_query", req: lifecycle("POST", "/sb-a1/pause?now=1"), status: 400, code: "query_not_allowed"},
 		{name: "stop_body", req: request{method: "POST", path: sandboxes + "/sb-a1/stop", key: keyA, body: `{"force":true}`}, status: 400, code: "body_not_allowed"},
+		// VM snapshots: only of a microVM sandbox; tokens may create,
+		// list and read them (of their own sandbox), nothing more.
+		{name: "snapshot_create_configured", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots", key: keyA, body: `{}`}, status: 409, code: "sandbox_not_a_vm"},
+		{name: "snapshot_list_configured", req: lifecycle("GET", "/sb-a1/snapshots"), status: 409, code: "sandbox_not_a_vm"},
+		{name: "snapshot_list_token", req: lifecycle("GET", "/sb-a1/snapshots"), token: true, status: 409, code: "sandbox_not_a_vm"},
+		{name: "snapshot_get_token_other_sandbox", req: lifecycle("GET", "/sb-paused/snapshots/v1"), token: true, status: 403, code: "forbidden", message: "this access token is not valid for this sandbox"},
+		{name: "snapshot_restore_token", req: lifecycle("POST", "/sb-a1/snapshots/v1/restore"), token: true, status: 403, code: "forbidden", message: "access tokens may create, list and read snapshots; restore, delete, pin and fork need an account API key"},
+		{name: "snapshot_delete_token", req: lifecycle("DELETE", "/sb-a1/snapshots/v1"), token: true, status: 403, code: "forbidden", message: "access tokens may create, list and read snapshots; restore, delete, pin and fork need an account API key"},
+		{name: "snapshot_pin_token", req: lifecycle("POST", "/sb-a1/snapshots/v1/pin"), token: true, status: 403, code: "forbidden", message: "access tokens may create, list and read snapshots; restore, delete, pin and fork need an account API key"},
+		{name: "snapshot_fork_token", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots/v1/fork", key: keyA, body: `{"count":2}`}, token: true, status: 403, code: "forbidden"},
+		{name: "snapshot_create_bad_comment", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots", key: keyA, body: `{"comment":"` + strings.Repeat("c", 257) + `"}`}, status: 400, code: "invalid_field"},
+		{name: "snapshot_create_bad_retention", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots", key: keyA, body: `{"retention":{"mode":"delete_oldest","max_count":0}}`}, status: 400, code: "invalid_field"},
+		{name: "snapshot_fork_bad_count", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots/v1/fork", key: keyA, body: `{"count":21}`}, status: 400, code: "invalid_field", field: "count"},
+		{name: "snapshot_fork_configured", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots/v1/fork", key: keyA, body: `{"count":2}`}, status: 409, code: "sandbox_not_a_vm"},
+		{name: "snapshot_unknown_sandbox", req: lifecycle("GET", "/sb-nope/snapshots"), status: 404, code: "sandbox_not_found"},
+		{name: "snapshot_other_account", req: lifecycle("GET", "/sb-b1/snapshots/v1"), status: 404, code: "sandbox_not_found"},
 		{name: "get_configured", req: lifecycle("GET", "/sb-paused"), status: 200, state: "paused"},
 		{name: "get_query", req: lifecycle("GET", "/sb-a1?x=1"), status: 400, code: "query_not_allowed"},
 
@@ -241,7 +259,10 @@ func TestSandboxRoutesWithoutVMs(t *testing.T) {
 			if tc.field != "" && env.Data.Field != tc.field {
 				t.Errorf("data.field %q, want %q: %s", env.Data.Field, tc.field, rep.body)
 			}
-			if tc.token && tc.status == 403 && env.Data.Message != "access tokens cannot manage sandboxes; use an account API key" {
+			if tc.message != "" && env.Data.Message != tc.message {
+				t.Errorf("message %q, want %q", env.Data.Message, tc.message)
+			}
+			if tc.token && tc.status == 403 && tc.message == "" && env.Data.Message != "access tokens cannot manage sandboxes; use an account API key" {
 				t.Errorf("message %q, want the one refusal of tokens on sandbox routes", env.Data.Message)
 			}
 			if tc.status == 405 && rep.header.Get("Allow") == "" {

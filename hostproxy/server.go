@@ -240,6 +240,15 @@ func (s *Server) routes() http.Handler {
 	e.POST(sb+"/start", s.lifecycle(s.startSandbox, sandbox.Running), auth)
 	e.POST(sb+"/stop", s.data(s.stopSandbox), auth)
 	e.POST(sb+"/exec", s.data(s.execInSandbox), auth)
+	const snap = sb + "/snapshots/:snapshot"
+	e.POST(sb+"/snapshots", s.data(s.createSnapshot), auth)
+	e.GET(sb+"/snapshots", s.data(s.listSnapshots), auth)
+	e.GET(snap, s.data(s.getSnapshot), auth)
+	e.DELETE(snap, s.data(s.deleteSnapshot), auth)
+	e.POST(snap+"/restore", s.data(s.restoreSnapshot), auth)
+	e.POST(snap+"/pin", s.data(s.pinSnapshot(true)), auth)
+	e.POST(snap+"/unpin", s.data(s.pinSnapshot(false)), auth)
+	e.POST(snap+"/fork", s.forkSnapshot, auth)
 
 	edge := &httpx.Edge{
 		Log: s.log,

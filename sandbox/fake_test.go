@@ -30,6 +30,9 @@ type plan struct {
 	// stuckShutdown is a guest that takes POST /v1/shutdown and never
 	// answers it nor powers off.
 	stuckShutdown bool
+	// saveGate, when not nil, holds every Save back (after its disk
+	// switch) until it is closed: a save the test releases.
+	saveGate <-chan struct{}
 }
 
 // fakeDriver is a TEST DOUBLE of vmm.QEMU. Start plays QEMU: it serves
@@ -154,7 +157,9 @@ type fakeMachine struct {
 	srv   *http.Server
 
 	paused    atomic.Bool
-	loaded    atomic.Value // string: the state Load read
+	loaded    atomic.Value // string: the machine whose state Load read
+	loadedTop atomic.Value // string: the disk top that state was saved over
+	saves     atomic.Int32 // Save calls begun
 	topMu     sync.Mutex
 	top       string       // the disk's top node
 	shutdowns atomic.Int32 // POST /v1/shutdown received
@@ -306,12 +311,20 @@ func (m *fakeMachine) Save(ctx context.Context, f *os.File, opts vmm.SaveOptions
 	if m.exited() {
 		return vmm.SaveStats{}, errors.New("fake qemu: exited")
 	}
+	m.saves.Add(1)
 	var st vmm.SaveStats
 	if opts.Overlay != nil {
 		if err := m.SwitchDisk(ctx, *opts.Overlay); err != nil {
 			return st, err
 		}
 		st.Switched = true
+	}
+	if m.plan.saveGate != nil {
+		select {
+		case <-m.plan.saveGate:
+		case <-m.done:
+			return st, errors.New("fake qemu: exited")
+		}
 	}
 	if !opts.Live {
 		m.paused.Store(true)
@@ -329,6 +342,7 @@ func (m *fakeMachine) Load(ctx context.Context, f *os.File) error {
 		return fmt.Errorf("fake qemu: load: %w", err)
 	}
 	m.loaded.Store(st.Machine)
+	m.loadedTop.Store(st.Top)
 	return nil
 }
 

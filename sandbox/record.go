@@ -53,12 +53,20 @@ type Record struct {
 	// Error says what went wrong, in state error.
 	Error   string   `json:"error,omitempty"`
 	Machine *Machine `json:"machine,omitempty"`
+	// From is the snapshot a fork was made from.
+	From *From `json:"from,omitempty"`
 	// Snapshots are the sandbox's VM snapshots, oldest first.
 	Snapshots []Snapshot `json:"snapshots,omitempty"`
 	// SnapshotSeq and AutoSeq are the numbers of the last snapshot ids
 	// given (v<N>, auto-<N>): ids are never reused.
 	SnapshotSeq int `json:"snapshot_seq,omitempty"`
 	AutoSeq     int `json:"auto_seq,omitempty"`
+}
+
+// From names a snapshot of a sandbox.
+type From struct {
+	Sandbox  string `json:"sandbox"`
+	Snapshot string `json:"snapshot"`
 }
 
 // Snapshot finds a snapshot of the record by id.

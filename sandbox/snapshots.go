@@ -434,6 +434,7 @@ func (m *Manager) Fork(ctx context.Context, srcID, snapID string, r Record) (Rec
 		return Record{}, err
 	}
 	r.MemoryMiB, r.VCPUs, r.DiskGiB = snap.MemoryMiB, snap.VCPUs, snap.DiskGiB
+	r.From = &From{Sandbox: srcID, Snapshot: snapID}
 	mach := Machine{BaseDisk: snap.BaseDisk, Image: m.cfg.Image.Key, Disk: append([]string{top}, snap.Disk...)}
 	if snap.Memory {
 		mach.Saved = snap.State
@@ -478,7 +479,11 @@ func (m *Manager) dropSaved(id string) {
 func (m *Manager) resync(ctx context.Context, mc *machine, r Record) error {
 	seed := make([]byte, 64)
 	rand.Read(seed)
-	body, err := json.Marshal(map[string]any{"time_unix_nano": time.Now().UnixNano(), "seed": seed, "hostname": hostname(r)})
+	req := map[string]any{"time_unix_nano": time.Now().UnixNano(), "seed": seed}
+	if h := hostname(r); hostLabel(h) {
+		req["hostname"] = h // a fork takes its own name
+	}
+	body, err := json.Marshal(req)
 	if err != nil {
 		return err
 	}
@@ -489,4 +494,18 @@ func (m *Manager) resync(ctx context.Context, mc *machine, r Record) error {
 		return fmt.Errorf("guestd did not answer the resync: %w", err)
 	}
 	return err
+}
+
+// hostLabel tells whether h is a hostname guestd takes (one RFC 1123
+// label): sandbox names always are; configured ids may not be.
+func hostLabel(h string) bool {
+	if len(h) == 0 || len(h) > 63 || h[0] == '-' || h[len(h)-1] == '-' {
+		return false
+	}
+	for _, c := range h {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
 }

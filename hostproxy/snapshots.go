@@ -1,0 +1,256 @@
+package hostproxy
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"strata/internal/api"
+	"strata/internal/fault"
+	"strata/internal/jsend"
+	"strata/sandbox"
+)
+
+// The VM snapshot routes (/v1/sandboxes/{id}/snapshots…). Tokens may
+// create, list and read the snapshots of their own sandbox; restore,
+// delete, pin, unpin and fork need the account key. A restore or a fork
+// is never taken from inside a sandbox: a restore ends the machine that
+// carries the call, and a fork makes sandboxes (an account's act, as a
+// create is).
+
+// snapshotsRoute looks up the sandbox of a snapshot route; a route with
+// a body checks it (check) before it finds the sandbox not a microVM.
+func (s *Server) snapshotsRoute(c echo.Context, management bool, check func(*http.Request) error) (Sandbox, error) {
+	p, _ := c.Get(keyPrincipal).(Principal)
+	if management && p.Kind != KindAccountKey {
+		return Sandbox{}, errTokenSnapshots
+	}
+	sb, err := s.sandbox(c, false)
+	if err != nil {
+		return sb, err
+	}
+	if err := check(c.Request()); err != nil {
+		return sb, err
+	}
+	if s.machines == nil || sb.Machine == nil {
+		return sb, sandbox.ErrNotAMachine
+	}
+	return sb, nil
+}
+
+// readBody reads a route's body into *body after rejecting any query.
+func readBody(body *[]byte) func(*http.Request) error {
+	return func(r *http.Request) error {
+		if err := jsend.RejectQuery(r); err != nil {
+			return err
+		}
+		b, err := jsend.ReadBody(r, jsend.MaxBody, jsend.ErrBodyTooLarge)
+		*body = b
+		return err
+	}
+}
+
+var errTokenSnapshots = fault.New(fault.Forbidden, "forbidden", "access tokens may create, list and read snapshots; restore, delete, pin and fork need an account API key")
+
+func snapshotView(sandboxID string, sn sandbox.Snapshot) api.Snapshot {
+	return api.Snapshot{
+		ID: sn.ID, Sandbox: sandboxID, Comment: sn.Comment, Memory: sn.Memory, Auto: sn.Auto,
+		Pinned: sn.Pinned, Status: string(sn.Status), SizeBytes: sn.SizeBytes,
+		CreatedAt: api.FormatTime(sn.CreatedAt),
+	}
+}
+
+// snapshotOf is the snapshot a route names, or snapshot_not_found.
+func snapshotOf(c echo.Context, sb Sandbox) (sandbox.Snapshot, error) {
+	id := c.Param("snapshot")
+	if !api.ValidSnapshotID(id) {
+		return sandbox.Snapshot{}, sandbox.ErrSnapshotNotFound
+	}
+	sn, ok := sb.Snapshot(id)
+	if !ok {
+		return sandbox.Snapshot{}, sandbox.ErrSnapshotNotFound
+	}
+	return *sn, nil
+}
+
+func (s *Server) createSnapshot(c echo.Context) (any, error) {
+	var req api.SnapshotCreateRequest
+	var body []byte
+	sb, err := s.snapshotsRoute(c, false, func(r *http.Request) (err error) {
+		if err = readBody(&body)(r); err == nil {
+			req, err = api.ParseSnapshotCreate(body)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	r := c.Request()
+	sr := sandbox.SnapshotRequest{Memory: *req.Memory}
+	if req.Comment != nil {
+		sr.Comment = *req.Comment
+	}
+	if req.Retention != nil {
+		sr.RetentionMax = req.Retention.MaxCount
+	}
+	// Once begun, a snapshot runs to its end even if the caller hangs up.
+	sn, err := s.machines.Snapshot(context.WithoutCancel(r.Context()), sb.ID, sr)
+	if err != nil {
+		return nil, err
+	}
+	return snapshotView(sb.ID, sn), nil
+}
+
+func (s *Server) listSnapshots(c echo.Context) (any, error) {
+	sb, err := s.snapshotsRoute(c, false, jsend.RejectQueryAndBody)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]api.Snapshot, 0, len(sb.Snapshots))
+	for _, sn := range sb.Snapshots {
+		out = append(out, snapshotView(sb.ID, sn))
+	}
+	return out, nil
+}
+
+func (s *Server) getSnapshot(c echo.Context) (any, error) {
+	sb, err := s.snapshotsRoute(c, false, jsend.RejectQueryAndBody)
+	if err != nil {
+		return nil, err
+	}
+	sn, err := snapshotOf(c, sb)
+	if err != nil {
+		return nil, err
+	}
+	return snapshotView(sb.ID, sn), nil
+}
+
+func (s *Server) deleteSnapshot(c echo.Context) (any, error) {
+	sb, err := s.snapshotsRoute(c, true, jsend.RejectQueryAndBody)
+	if err != nil {
+		return nil, err
+	}
+	sn, err := snapshotOf(c, sb)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.machines.DeleteSnapshot(context.WithoutCancel(c.Request().Context()), sb.ID, sn.ID); err != nil {
+		return nil, err
+	}
+	return struct{}{}, nil
+}
+
+func (s *Server) pinSnapshot(pinned bool) func(c echo.Context) (any, error) {
+	return func(c echo.Context) (any, error) {
+		sb, err := s.snapshotsRoute(c, true, jsend.RejectQueryAndBody)
+		if err != nil {
+			return nil, err
+		}
+		sn, err := snapshotOf(c, sb)
+		if err != nil {
+			return nil, err
+		}
+		sn, err = s.machines.PinSnapshot(c.Request().Context(), sb.ID, sn.ID, pinned)
+		if err != nil {
+			return nil, err
+		}
+		return snapshotView(sb.ID, sn), nil
+	}
+}
+
+func (s *Server) restoreSnapshot(c echo.Context) (any, error) {
+	if channelSandbox(c.Request().Context()) != "" {
+		return nil, errViaChannel
+	}
+	var req api.SnapshotRestoreRequest
+	var body []byte
+	sb, err := s.snapshotsRoute(c, true, func(r *http.Request) (err error) {
+		if err = readBody(&body)(r); err == nil {
+			req, err = api.ParseSnapshotRestore(body)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	r := c.Request()
+	sn, err := snapshotOf(c, sb)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.machines.Restore(r.Context(), sb.ID, sn.ID, req.DiskOnly)
+	// The guest's connections were the old machine's.
+	s.guests.Forget(sb.Guest)
+	if err != nil {
+		return nil, err
+	}
+	return api.SnapshotRestore{SnapshotID: res.SnapshotID, AutoID: res.AutoID, State: string(res.State)}, nil
+}
+
+// forkSnapshot is POST …/snapshots/{snapshot}/fork: count forks, each
+// made or refused on its own. When none is made, the first refusal is the
+// answer.
+func (s *Server) forkSnapshot(c echo.Context) error {
+	p, err := s.accountRoute(c)
+	if err != nil {
+		return err
+	}
+	var req api.ForkRequest
+	var body []byte
+	sb, err := s.snapshotsRoute(c, true, func(r *http.Request) (err error) {
+		if err = readBody(&body)(r); err == nil {
+			req, err = api.ParseFork(body)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	r := c.Request()
+	sn, err := snapshotOf(c, sb)
+	if err != nil {
+		return err
+	}
+	made := []api.Sandbox{}
+	var failed []map[string]any
+	var first error
+	for i := 1; i <= req.Count; i++ {
+		name := ""
+		if req.NamePrefix != nil {
+			name = api.ForkName(*req.NamePrefix, i)
+		}
+		rec, err := s.fork(r.Context(), p, sb.ID, sn.ID, name)
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			fe := fault.As(err)
+			if fe == nil {
+				s.log.Error("fork failed", "sandbox", sb.ID, "snapshot", sn.ID, "err", err)
+				fe = fault.New(fault.Internal, "internal_error", "the fork could not be made")
+			}
+			failed = append(failed, map[string]any{"code": fe.Code, "message": fe.Message})
+			continue
+		}
+		made = append(made, sandboxView(rec))
+	}
+	if len(made) == 0 {
+		return first
+	}
+	data := map[string]any{"sandboxes": made}
+	if len(failed) > 0 {
+		data["failed"] = failed
+	}
+	return accepted(c, data)
+}
+
+// fork makes one fork of a snapshot for account p.
+func (s *Server) fork(ctx context.Context, p Principal, src, snap, name string) (Sandbox, error) {
+	id, err := s.newSandboxID()
+	if err != nil {
+		return Sandbox{}, err
+	}
+	rec := Sandbox{ID: id, Account: p.Account, Name: name, Guest: guestAddress(id), CreatedAt: s.now().UTC().Truncate(1e9)}
+	return s.machines.Fork(ctx, src, snap, rec)
+}

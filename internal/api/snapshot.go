@@ -1,0 +1,145 @@
+package api
+
+import (
+	"fmt"
+	"unicode/utf8"
+
+	"strata/internal/jsend"
+)
+
+// Snapshot is a VM snapshot as the API shows it.
+type Snapshot struct {
+	ID        string `json:"id"`
+	Sandbox   string `json:"sandbox"`
+	Comment   string `json:"comment"`
+	Memory    bool   `json:"memory"`
+	Auto      bool   `json:"auto"`
+	Pinned    bool   `json:"pinned"`
+	Status    string `json:"status"`
+	SizeBytes int64  `json:"size_bytes"`
+	CreatedAt string `json:"created_at"`
+}
+
+// SnapshotRestore is the answer of a snapshot restore.
+type SnapshotRestore struct {
+	SnapshotID string `json:"snapshot_id"`
+	AutoID     string `json:"auto_id"`
+	State      string `json:"state"`
+}
+
+// Limits of the snapshot routes.
+const (
+	MaxSnapshotComment = 256
+	MaxRetentionCount  = 100
+	MaxForkCount       = 20
+)
+
+// SnapshotCreateRequest is the body of POST /v1/sandboxes/{id}/snapshots.
+type SnapshotCreateRequest struct {
+	Comment   *string    `json:"comment,omitempty"`
+	Memory    *bool      `json:"memory,omitempty"`
+	Retention *Retention `json:"retention,omitempty"`
+}
+
+// Retention is how old snapshots may go to make room for a new one.
+type Retention struct {
+	Mode     string `json:"mode"`
+	MaxCount int    `json:"max_count"`
+}
+
+// ParseSnapshotCreate decodes and checks a snapshot create body (an empty
+// body is {}): comment at most MaxSnapshotComment bytes of UTF-8 without
+// NUL; memory defaults to true; retention, when given, is mode
+// "delete_oldest" with max_count 1 to MaxRetentionCount. Each broken rule
+// is invalid_field naming the field.
+func ParseSnapshotCreate(body []byte) (SnapshotCreateRequest, error) {
+	var req SnapshotCreateRequest
+	if len(body) > jsend.MaxBody {
+		return req, jsend.ErrBodyTooLarge
+	}
+	if len(body) == 0 {
+		body = []byte("{}")
+	}
+	if err := jsend.DecodeBytes(body, &req); err != nil {
+		return SnapshotCreateRequest{}, err
+	}
+	if req.Comment != nil {
+		c := *req.Comment
+		if len(c) > MaxSnapshotComment || !utf8.ValidString(c) || containsNUL(c) {
+			return SnapshotCreateRequest{}, jsend.InvalidField("comment", fmt.Sprintf("comment must be UTF-8 text of at most %d bytes", MaxSnapshotComment))
+		}
+	}
+	if req.Memory == nil {
+		t := true
+		req.Memory = &t
+	}
+	if r := req.Retention; r != nil {
+		if r.Mode != "delete_oldest" {
+			return SnapshotCreateRequest{}, jsend.InvalidField("retention.mode", `retention.mode must be "delete_oldest"`)
+		}
+		if r.MaxCount < 1 || r.MaxCount > MaxRetentionCount {
+			return SnapshotCreateRequest{}, jsend.InvalidField("retention.max_count", fmt.Sprintf("retention.max_count must be 1 to %d", MaxRetentionCount))
+		}
+	}
+	return req, nil
+}
+
+// SnapshotRestoreRequest is the optional body of a snapshot restore.
+type SnapshotRestoreRequest struct {
+	DiskOnly bool `json:"disk_only,omitempty"`
+}
+
+// ParseSnapshotRestore decodes a restore body; an empty body is {}.
+func ParseSnapshotRestore(body []byte) (SnapshotRestoreRequest, error) {
+	var req SnapshotRestoreRequest
+	if len(body) > jsend.MaxBody {
+		return req, jsend.ErrBodyTooLarge
+	}
+	if len(body) == 0 {
+		return req, nil
+	}
+	if err := jsend.DecodeBytes(body, &req); err != nil {
+		return SnapshotRestoreRequest{}, err
+	}
+	return req, nil
+}
+
+// ForkRequest is the body of POST …/snapshots/{snapshot}/fork.
+type ForkRequest struct {
+	Count      int     `json:"count"`
+	NamePrefix *string `json:"name_prefix,omitempty"`
+}
+
+// ParseFork decodes and checks a fork body: count 1 to MaxForkCount
+// (required); name_prefix, optional, is a sandbox name that stays one
+// with "-<n>" added (the forks are named <prefix>-1, <prefix>-2, …).
+func ParseFork(body []byte) (ForkRequest, error) {
+	var req ForkRequest
+	if len(body) > jsend.MaxBody {
+		return req, jsend.ErrBodyTooLarge
+	}
+	if err := jsend.DecodeBytes(body, &req); err != nil {
+		return ForkRequest{}, err
+	}
+	if req.Count < 1 || req.Count > MaxForkCount {
+		return ForkRequest{}, jsend.InvalidField("count", fmt.Sprintf("count must be 1 to %d", MaxForkCount))
+	}
+	if req.NamePrefix != nil {
+		if err := ValidateSandboxName(ForkName(*req.NamePrefix, MaxForkCount)); err != nil {
+			return ForkRequest{}, jsend.InvalidField("name_prefix", "name_prefix must be a sandbox name that stays one with -<n> added")
+		}
+	}
+	return req, nil
+}
+
+// ForkName is the name of the nth fork of a many-fork request.
+func ForkName(prefix string, n int) string { return fmt.Sprintf("%s-%d", prefix, n) }
+
+func containsNUL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return true
+		}
+	}
+	return false
+}

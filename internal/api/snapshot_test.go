@@ -1,0 +1,116 @@
+package api
+
+import (
+	"strings"
+	"testing"
+
+	"strata/internal/fault"
+)
+
+func TestParseSnapshotCreate(t *testing.T) {
+	for _, tc := range []struct {
+		name, body, field string
+		memory            bool
+	}{
+		{name: "empty body", body: "", memory: true},
+		{name: "empty object", body: "{}", memory: true},
+		{name: "disk only with a comment", body: `{"memory":false,"comment":"before the migration"}`},
+		{name: "retention", body: `{"retention":{"mode":"delete_oldest","max_count":3}}`, memory: true},
+		{name: "comment too long", body: `{"comment":"` + strings.Repeat("x", 257) + `"}`, field: "comment"},
+		{name: "comment with NUL", body: `{"comment":"a\u0000b"}`, field: "comment"},
+		{name: "unknown retention mode", body: `{"retention":{"mode":"keep","max_count":3}}`, field: "retention.mode"},
+		{name: "retention of zero", body: `{"retention":{"mode":"delete_oldest","max_count":0}}`, field: "retention.max_count"},
+		{name: "retention over the limit", body: `{"retention":{"mode":"delete_oldest","max_count":101}}`, field: "retention.max_count"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := ParseSnapshotCreate([]byte(tc.body))
+			if tc.field != "" {
+				if fe := fault.As(err); fe == nil || fe.Code != "invalid_field" || fe.Fields["field"] != tc.field {
+					t.Fatalf("got %+v, %v; want invalid_field %s", req, err, tc.field)
+				}
+				return
+			}
+			if err != nil || req.Memory == nil || *req.Memory != tc.memory {
+				t.Fatalf("got %+v, %v; want memory %v", req, err, tc.memory)
+			}
+		})
+	}
+	for _, bad := range []string{`[]`, `{"memory":"yes"}`, `{"other":1}`, `{} {}`} {
+		if _, err := ParseSnapshotCreate([]byte(bad)); err == nil {
+			t.Errorf("accepted %s", bad)
+		}
+	}
+}
+
+func TestParseFork(t *testing.T) {
+	for _, tc := range []struct {
+		body, field string
+	}{
+		{body: `{"count":1}`},
+		{body: `{"count":20,"name_prefix":"worker"}`},
+		{body: `{"count":0}`, field: "count"},
+		{body: `{}`, field: "count"},
+		{body: `{"count":21}`, field: "count"},
+		{body: `{"count":2,"name_prefix":"bad name"}`, field: "name_prefix"},
+		{body: `{"count":2,"name_prefix":"` + strings.Repeat("a", 63) + `"}`, field: "name_prefix"},
+	} {
+		_, err := ParseFork([]byte(tc.body))
+		if tc.field == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tc.body, err)
+			}
+			continue
+		}
+		if fe := fault.As(err); fe == nil || fe.Fields["field"] != tc.field {
+			t.Errorf("%s: got %v; want invalid_field %s", tc.body, err, tc.field)
+		}
+	}
+}
+
+func TestParseSnapshotRestore(t *testing.T) {
+	if req, err := ParseSnapshotRestore(nil); err != nil || req.DiskOnly {
+		t.Fatalf("empty body: %+v, %v", req, err)
+	}
+	if req, err := ParseSnapshotRestore([]byte(`{"disk_only":true}`)); err != nil || !req.DiskOnly {
+		t.Fatalf("disk_only: %+v, %v", req, err)
+	}
+	if _, err := ParseSnapshotRestore([]byte(`{"disk":true}`)); err == nil {
+		t.Fatal("accepted an unknown field")
+	}
+}
+
+func FuzzParseSnapshotCreate(f *testing.F) {
+	f.Add([]byte(`{"comment":"x","memory":false,"retention":{"mode":"delete_oldest","max_count":5}}`))
+	f.Add([]byte(``))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req, err := ParseSnapshotCreate(b)
+		if err != nil {
+			return
+		}
+		if req.Memory == nil {
+			t.Fatal("accepted without a memory default")
+		}
+		if req.Comment != nil && len(*req.Comment) > MaxSnapshotComment {
+			t.Fatalf("accepted a comment of %d bytes", len(*req.Comment))
+		}
+		if r := req.Retention; r != nil && (r.Mode != "delete_oldest" || r.MaxCount < 1 || r.MaxCount > MaxRetentionCount) {
+			t.Fatalf("accepted retention %+v", *r)
+		}
+	})
+}
+
+func FuzzParseFork(f *testing.F) {
+	f.Add([]byte(`{"count":3,"name_prefix":"w"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req, err := ParseFork(b)
+		if err != nil {
+			return
+		}
+		if req.Count < 1 || req.Count > MaxForkCount {
+			t.Fatalf("accepted count %d", req.Count)
+		}
+		if req.NamePrefix != nil && ValidateSandboxName(ForkName(*req.NamePrefix, req.Count)) != nil {
+			t.Fatalf("accepted prefix %q that makes a bad name", *req.NamePrefix)
+		}
+	})
+}
