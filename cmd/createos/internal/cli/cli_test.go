@@ -271,7 +271,7 @@ func TestErrors(t *testing.T) {
 		{"missing --path", []string{"sandbox", "checkpoint", "create"}, 2, []string{`"path" not set`}},
 		{"too many args", []string{"sandbox", "checkpoint", "list", "a", "b"}, 2, []string{"accepts at most 1 arg"}},
 		{"bad output", []string{"sandbox", "checkpoint", "list", "-o", "yaml"}, 2, []string{"want table or json"}},
-		{"unknown command", []string{"sandbox", "snapshot"}, 2, nil},
+		{"unknown command", []string{"sandbox", "bogus"}, 2, []string{`unknown command "bogus"`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -106,7 +106,8 @@ func (a *app) rootCommand() *cobra.Command {
 		Short: "Directory checkpoints of CreateOS sandboxes",
 		Long: `createos drives the checkpoint API of a sandbox: capture a directory,
 list and draw its checkpoints, restore one, delete one, and manage the
-sandbox's access token.
+sandbox's access token. It also creates and runs sandboxes (microVMs),
+snapshots them whole, restores them and forks them.
 
 The API address comes from --api-url or $CREATEOS_API_URL, the key from
 --api-key or $CREATEOS_API_KEY, and SANDBOX defaults to $CREATEOS_SANDBOX_ID.
@@ -124,7 +125,7 @@ says which values came from there.`,
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
 
 	sandbox := group(&cobra.Command{Use: "sandbox", Short: "Work with a sandbox"})
-	sandbox.AddCommand(a.checkpointCommand(), a.tokenCommand())
+	sandbox.AddCommand(a.checkpointCommand(), a.snapshotCommand(), a.tokenCommand())
 	sandbox.AddCommand(a.sandboxCommands()...)
 	root.AddCommand(sandbox)
 	return root

@@ -131,8 +131,8 @@ func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest) (Exec
 	return res, raw, err
 }
 
-// sandboxCommands are the lifecycle commands beside checkpoint and
-// access-token under "createos sandbox".
+// sandboxCommands are the lifecycle commands (fork among them) beside
+// checkpoint, snapshot and access-token under "createos sandbox".
 func (a *app) sandboxCommands() []*cobra.Command {
 	cmds := []*cobra.Command{a.sandboxCreateCommand(), a.sandboxListCommand(), a.sandboxGetCommand(), a.sandboxRmCommand()}
 	for _, o := range []struct{ op, target, short string }{
@@ -143,7 +143,7 @@ func (a *app) sandboxCommands() []*cobra.Command {
 	} {
 		cmds = append(cmds, a.sandboxOpCommand(o.op, o.target, o.short))
 	}
-	return append(cmds, a.execCommand())
+	return append(cmds, a.execCommand(), a.forkCommand())
 }
 
 // waitFlags are --no-wait and --wait-timeout.
@@ -238,23 +238,7 @@ letter and not ending with '-', unique among the account's sandboxes.`,
 			if cmd.Flags().Changed("disk-gib") {
 				req.DiskGiB = &disk
 			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			sb, raw, delay, err := c.CreateSandbox(cmd.Context(), req)
-			if err != nil {
-				return wrap(err)
-			}
-			if !w.noWait && sb.State != api.SandboxRunning {
-				if sb, raw, err = w.wait(cmd.Context(), c, sb.ID, api.SandboxRunning, delay); err != nil {
-					return err
-				}
-			}
-			if a.output == "json" {
-				return a.writeJSON(raw)
-			}
-			return a.writeSandboxes([]Sandbox{sb})
+			return a.createSandbox(cmd.Context(), req, &w)
 		},
 	}
 	cmd.Flags().IntVar(&memory, "memory-mib", api.DefaultMemoryMiB, fmt.Sprintf("memory in MiB (%d to %d)", api.MinMemoryMiB, api.MaxMemoryMiB))
@@ -262,6 +246,28 @@ letter and not ending with '-', unique among the account's sandboxes.`,
 	cmd.Flags().IntVar(&disk, "disk-gib", api.DefaultDiskGiB, fmt.Sprintf("disk in GiB (%d to %d)", api.MinDiskGiB, api.MaxDiskGiB))
 	w.add(cmd, "runs")
 	return cmd
+}
+
+// createSandbox sends one create (a new sandbox or a fork), waits until
+// the sandbox runs unless w says not to, and prints its record.
+func (a *app) createSandbox(ctx context.Context, req api.SandboxCreateRequest, w *waitFlags) error {
+	c, err := a.client()
+	if err != nil {
+		return err
+	}
+	sb, raw, delay, err := c.CreateSandbox(ctx, req)
+	if err != nil {
+		return wrap(err)
+	}
+	if !w.noWait && sb.State != api.SandboxRunning {
+		if sb, raw, err = w.wait(ctx, c, sb.ID, api.SandboxRunning, delay); err != nil {
+			return err
+		}
+	}
+	if a.output == "json" {
+		return a.writeJSON(raw)
+	}
+	return a.writeSandboxes([]Sandbox{sb})
 }
 
 func (a *app) sandboxListCommand() *cobra.Command {

@@ -35,7 +35,8 @@ type pending struct {
 
 // fakeAPI is the sandbox routes of the public API as API.md states them,
 // on an httptest server: records kept in memory, every request recorded.
-// A sandbox named "broken" fails to boot.
+// A sandbox whose name starts with "broken" fails to boot. The VM
+// snapshot routes and forks are in snapshot_test.go.
 type fakeAPI struct {
 	t   *testing.T
 	url string
@@ -49,10 +50,16 @@ type fakeAPI struct {
 	polls     int      // GETs a transition takes
 	pollAfter string   // X-Poll-After of 202 answers and GETs in a transient state
 	exec      func(req api.ExecRequest) (api.ExecResult, error)
+
+	snaps        map[string]*fakeSnapshots // by sandbox id
+	snapLimit    map[bool]int              // by memory: 10 memory, 100 disk-only
+	snapStatus   string                    // of new snapshots: ready unless a test says
+	incompatible bool                      // memory snapshots cannot be restored
 }
 
 func startFakeAPI(t *testing.T) *fakeAPI {
-	f := &fakeAPI{t: t, sandboxes: map[string]*api.Sandbox{}, pending: map[string]*pending{}, polls: 2, pollAfter: "0"}
+	f := &fakeAPI{t: t, sandboxes: map[string]*api.Sandbox{}, pending: map[string]*pending{}, polls: 2, pollAfter: "0",
+		snaps: map[string]*fakeSnapshots{}, snapLimit: map[bool]int{true: 10, false: 100}, snapStatus: "ready"}
 	srv := httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
@@ -122,6 +129,23 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 
 var errNoSandbox = fault.New(fault.NotFound, "sandbox_not_found", "no such sandbox")
 
+// boot records a new sandbox with sb's resources, in state creating, on
+// its way to running (or to error, for a name starting with "broken").
+func (f *fakeAPI) boot(sb api.Sandbox, name *string) api.Sandbox {
+	sb.ID, sb.State, sb.CreatedAt = fmt.Sprintf("sb-%d", len(f.order)+1), api.SandboxCreating, "2026-11-05T10:00:00.000Z"
+	if name != nil {
+		sb.Name = *name
+	}
+	f.sandboxes[sb.ID] = &sb
+	f.order = append(f.order, sb.ID)
+	p := &pending{target: api.SandboxRunning, polls: f.polls}
+	if strings.HasPrefix(sb.Name, "broken") {
+		p.reason = "the guest did not answer within 120 s of boot"
+	}
+	f.pending[sb.ID] = p
+	return sb
+}
+
 func (f *fakeAPI) route(r *http.Request, body []byte) (any, int, error) {
 	parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/v1/sandboxes"), "/")
 	switch {
@@ -130,19 +154,14 @@ func (f *fakeAPI) route(r *http.Request, body []byte) (any, int, error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		sb := api.Sandbox{ID: fmt.Sprintf("sb-%d", len(f.order)+1), State: api.SandboxCreating,
-			MemoryMiB: *req.MemoryMiB, VCPUs: *req.VCPUs, DiskGiB: *req.DiskGiB, CreatedAt: "2026-11-05T10:00:00.000Z"}
-		if req.Name != nil {
-			sb.Name = *req.Name
+		if req.From != nil {
+			src, err := f.snapshotOf(req.From.Sandbox, req.From.Snapshot)
+			if err != nil {
+				return nil, 0, err
+			}
+			return f.fork(src, req.From.Snapshot, req.Name), http.StatusAccepted, nil
 		}
-		f.sandboxes[sb.ID] = &sb
-		f.order = append(f.order, sb.ID)
-		p := &pending{target: api.SandboxRunning, polls: f.polls}
-		if sb.Name == "broken" {
-			p.reason = "the guest did not answer within 120 s of boot"
-		}
-		f.pending[sb.ID] = p
-		return sb, http.StatusAccepted, nil
+		return f.boot(api.Sandbox{MemoryMiB: *req.MemoryMiB, VCPUs: *req.VCPUs, DiskGiB: *req.DiskGiB}, req.Name), http.StatusAccepted, nil
 	case r.URL.Path == "/v1/sandboxes" && r.Method == http.MethodGet:
 		limit, offset := 50, 0
 		for k, v := range r.URL.Query() {
@@ -168,6 +187,9 @@ func (f *fakeAPI) route(r *http.Request, body []byte) (any, int, error) {
 	sb := f.sandboxes[parts[1]]
 	if sb == nil {
 		return nil, 0, errNoSandbox.With("sandbox_id", parts[1])
+	}
+	if len(parts) > 2 && parts[2] == "snapshots" {
+		return f.snapshotRoute(r, sb, parts[3:], body)
 	}
 	op := strings.Join(parts[2:], "/")
 	state := func() map[string]string { return map[string]string{"id": sb.ID, "state": sb.State} }

@@ -1,0 +1,473 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/spf13/cobra"
+)
+
+// VM snapshots, as API.md's "VM snapshots and forks" states them. The
+// types live here until internal/api has them; hostproxy's are the
+// authority, and these only read what they send.
+
+// Snapshot is a VM snapshot record of the API. Memory tells a snapshot of
+// memory, devices and disk (processes come back running) from a
+// disk-only one (a fresh boot); Auto marks the ones a restore keeps of the
+// state it replaced.
+type Snapshot struct {
+	ID        string `json:"id"`
+	Sandbox   string `json:"sandbox"`
+	Comment   string `json:"comment"`
+	Memory    bool   `json:"memory"`
+	Auto      bool   `json:"auto"`
+	Pinned    bool   `json:"pinned"`
+	Status    string `json:"status"`
+	SizeBytes int64  `json:"size_bytes"`
+	CreatedAt string `json:"created_at"`
+}
+
+// Snapshot statuses.
+const (
+	SnapshotProcessing = "processing"
+	SnapshotReady      = "ready"
+	SnapshotFailed     = "failed"
+)
+
+// RetentionDeleteOldest is the one retention mode: at the limit, the
+// oldest snapshot of the same kind that is not pinned goes.
+const RetentionDeleteOldest = "delete_oldest"
+
+// SnapshotCreateRequest is the body of POST /v1/sandboxes/{id}/snapshots;
+// nil fields are left out (the API's defaults: no comment, memory kept,
+// no retention).
+type SnapshotCreateRequest struct {
+	Comment   *string    `json:"comment,omitempty"`
+	Memory    *bool      `json:"memory,omitempty"`
+	Retention *Retention `json:"retention,omitempty"`
+}
+
+// Retention lets a create delete old snapshots instead of failing with
+// snapshot_limit.
+type Retention struct {
+	Mode     string `json:"mode"`
+	MaxCount int    `json:"max_count"`
+}
+
+// SnapshotRestored is the answer of a snapshot restore: the snapshot, the
+// automatic snapshot that keeps the state it replaced, and the sandbox's
+// state after.
+type SnapshotRestored struct {
+	SnapshotID string `json:"snapshot_id"`
+	AutoID     string `json:"auto_id"`
+	State      string `json:"state"`
+}
+
+// ForkRequest is the body of POST …/snapshots/{snapshot}/fork.
+type ForkRequest struct {
+	Count      int     `json:"count"`
+	NamePrefix *string `json:"name_prefix,omitempty"`
+}
+
+// Forks is the answer of a fork of several sandboxes: each is made or
+// refused on its own. Sandboxes are the records of the ones made; Failed,
+// the ones refused, when some were made (API.md does not say how a
+// refused fork shows; hostproxy answers this; a fork that fails later
+// goes to state error).
+type Forks struct {
+	Sandboxes []Sandbox     `json:"sandboxes"`
+	Failed    []ForkRefusal `json:"failed,omitempty"`
+}
+
+// ForkRefusal is a fork of a batch that was not made, and why.
+type ForkRefusal struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// CreateSnapshot snapshots the sandbox.
+func (c *Client) CreateSnapshot(ctx context.Context, sandbox string, req SnapshotCreateRequest) (Snapshot, json.RawMessage, error) {
+	var s Snapshot
+	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "snapshots"), req, &s)
+	return s, raw, err
+}
+
+// ListSnapshots returns every snapshot of the sandbox, oldest first.
+func (c *Client) ListSnapshots(ctx context.Context, sandbox string) ([]Snapshot, json.RawMessage, error) {
+	var list []Snapshot
+	raw, err := c.call(ctx, http.MethodGet, sandboxPath(sandbox, "snapshots"), nil, &list)
+	return list, raw, err
+}
+
+// GetSnapshot returns one snapshot's record.
+func (c *Client) GetSnapshot(ctx context.Context, sandbox, id string) (Snapshot, json.RawMessage, error) {
+	var s Snapshot
+	raw, err := c.call(ctx, http.MethodGet, sandboxPath(sandbox, "snapshots", id), nil, &s)
+	return s, raw, err
+}
+
+// DeleteSnapshot deletes a snapshot; forks made from it are unaffected.
+func (c *Client) DeleteSnapshot(ctx context.Context, sandbox, id string) (json.RawMessage, error) {
+	return c.call(ctx, http.MethodDelete, sandboxPath(sandbox, "snapshots", id), nil, nil)
+}
+
+// RestoreSnapshot puts the sandbox back to the snapshot; with diskOnly,
+// only its disk, as a fresh boot. The body is sent only then.
+func (c *Client) RestoreSnapshot(ctx context.Context, sandbox, id string, diskOnly bool) (SnapshotRestored, json.RawMessage, error) {
+	var body any
+	if diskOnly {
+		body = map[string]bool{"disk_only": true}
+	}
+	var r SnapshotRestored
+	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "snapshots", id, "restore"), body, &r)
+	return r, raw, err
+}
+
+// PinSnapshot pins a snapshot (retention never deletes it), or unpins it.
+func (c *Client) PinSnapshot(ctx context.Context, sandbox, id string, pin bool) (Snapshot, json.RawMessage, error) {
+	op := "unpin"
+	if pin {
+		op = "pin"
+	}
+	var s Snapshot
+	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "snapshots", id, op), nil, &s)
+	return s, raw, err
+}
+
+// ForkSnapshot makes req.Count sandboxes from a snapshot in one call; the
+// records come back on their way to running, with the time to wait
+// before polling them.
+func (c *Client) ForkSnapshot(ctx context.Context, sandbox, id string, req ForkRequest) (Forks, json.RawMessage, time.Duration, error) {
+	var f Forks
+	var h http.Header
+	raw, err := c.exchange(ctx, http.MethodPost, sandboxPath(sandbox, "snapshots", id, "fork"), nil, req, &f, &h)
+	return f, raw, pollAfter(h), err
+}
+
+func (a *app) snapshotCommand() *cobra.Command {
+	cmd := group(&cobra.Command{
+		Use:     "snapshot",
+		Aliases: []string{"snapshots"},
+		Short:   "Snapshot a sandbox's VM; list, restore, pin and delete its snapshots",
+		Long: `A snapshot keeps a whole sandbox: its memory, devices and disk (processes
+come back running), or with --disk-only its disk alone (it comes back as a
+fresh boot). They are VM-level; 'createos sandbox checkpoint' keeps one
+directory. 'createos sandbox fork' makes new sandboxes from a snapshot.`,
+	})
+	cmd.AddCommand(a.snapshotCreateCommand(), a.snapshotListCommand(), a.snapshotGetCommand(),
+		a.snapshotRestoreCommand(), a.snapshotRmCommand(),
+		a.snapshotPinCommand(true), a.snapshotPinCommand(false))
+	return cmd
+}
+
+func (a *app) snapshotCreateCommand() *cobra.Command {
+	var comment string
+	var diskOnly bool
+	var maxCount int
+	cmd := &cobra.Command{
+		Use:   "create SANDBOX [--disk-only] [--comment TEXT] [--retention-max-count N]",
+		Short: "Snapshot a sandbox: its memory, devices and disk, or only its disk",
+		Long: `Snapshot a sandbox. By default the snapshot keeps memory, devices and disk,
+so that a restore or a fork has its processes running; --disk-only keeps
+the disk alone (a restore or fork of it boots afresh).
+
+A sandbox holds at most 10 memory and 100 disk-only snapshots (automatic
+ones not counted); at the limit the API answers snapshot_limit. With
+--retention-max-count N the API deletes the oldest snapshots of the same
+kind that are not pinned instead, keeping at most N; pinned ones never go.`,
+		Example: "  createos sandbox snapshot create sb-local --comment 'before the upgrade'\n" +
+			"  createos sandbox snapshot create sb-local --disk-only --retention-max-count 20",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var req SnapshotCreateRequest
+			if cmd.Flags().Changed("comment") {
+				req.Comment = &comment
+			}
+			if diskOnly {
+				memory := false
+				req.Memory = &memory
+			}
+			if cmd.Flags().Changed("retention-max-count") {
+				req.Retention = &Retention{Mode: RetentionDeleteOldest, MaxCount: maxCount}
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			s, raw, err := c.CreateSnapshot(cmd.Context(), args[0], req)
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			return a.writeSnapshots([]Snapshot{s})
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&diskOnly, "disk-only", false, "keep only the disk (sends memory: false); a restore of it is a fresh boot")
+	f.StringVar(&comment, "comment", "", "a note kept with the snapshot (at most 256 bytes)")
+	f.IntVar(&maxCount, "retention-max-count", 0, "keep at most N snapshots of this kind, deleting the oldest unpinned ones (1 to 100; sends retention delete_oldest)")
+	return cmd
+}
+
+func (a *app) snapshotListCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "list SANDBOX",
+		Aliases: []string{"ls"},
+		Short:   "List a sandbox's snapshots, oldest first",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			list, raw, err := c.ListSnapshots(cmd.Context(), args[0])
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			if len(list) == 0 {
+				_, err := fmt.Fprintln(a.stdout, "No snapshots.")
+				return err
+			}
+			return a.writeSnapshots(list)
+		},
+	}
+}
+
+func (a *app) snapshotGetCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "get SANDBOX SNAPSHOT",
+		Short: "Show a snapshot's record",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			s, raw, err := c.GetSnapshot(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			if err := a.writeSnapshots([]Snapshot{s}); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(a.stdout, "created: %s\n", s.CreatedAt)
+			return err
+		},
+	}
+	cmd.ValidArgsFunction = a.completeSnapshot
+	return cmd
+}
+
+func (a *app) snapshotRestoreCommand() *cobra.Command {
+	var diskOnly bool
+	cmd := &cobra.Command{
+		Use:   "restore SANDBOX SNAPSHOT [--disk-only]",
+		Short: "Put a sandbox back to a snapshot (its state before is kept as an automatic snapshot)",
+		Long: `Put a sandbox back to a snapshot. Its current state is kept first, as an
+automatic snapshot auto-N (disk-only when the sandbox is stopped; the
+newest 5 are kept), so a restore can itself be undone.
+
+A memory snapshot that the host's QEMU or guest image no longer matches
+fails with snapshot_incompatible; --disk-only restores its disk alone, as a
+fresh boot.`,
+		Example: "  createos sandbox snapshot restore sb-local v2\n" +
+			"  createos sandbox snapshot restore sb-local auto-1   # undo that restore",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			r, raw, err := c.RestoreSnapshot(cmd.Context(), args[0], args[1], diskOnly)
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			what := orDash(r.SnapshotID)
+			if diskOnly {
+				what = "the disk of " + what + " (a fresh boot)"
+			}
+			fmt.Fprintf(a.stdout, "Restored %s to %s; it is %s\n", args[0], what, orDash(r.State))
+			if r.AutoID != "" {
+				fmt.Fprintf(a.stdout, "Its state before is kept as %s: 'createos sandbox snapshot restore %s %s' undoes this\n", r.AutoID, args[0], r.AutoID)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&diskOnly, "disk-only", false, "restore only the snapshot's disk, as a fresh boot")
+	cmd.ValidArgsFunction = a.completeSnapshot
+	return cmd
+}
+
+func (a *app) snapshotRmCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "rm SANDBOX SNAPSHOT",
+		Aliases: []string{"delete"},
+		Short:   "Delete a snapshot (forks made from it are unaffected)",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			raw, err := c.DeleteSnapshot(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			_, err = fmt.Fprintf(a.stdout, "Deleted snapshot %s of %s\n", args[1], args[0])
+			return err
+		},
+	}
+	cmd.ValidArgsFunction = a.completeSnapshot
+	return cmd
+}
+
+// snapshotPinCommand is pin (pin true) or unpin.
+func (a *app) snapshotPinCommand(pin bool) *cobra.Command {
+	op, short := "unpin", "Unpin a snapshot: retention may delete it again"
+	if pin {
+		op, short = "pin", "Pin a snapshot: retention never deletes it"
+	}
+	cmd := &cobra.Command{
+		Use:   op + " SANDBOX SNAPSHOT",
+		Short: short,
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			s, raw, err := c.PinSnapshot(cmd.Context(), args[0], args[1], pin)
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			state := "pinned"
+			if !s.Pinned {
+				state = "not pinned"
+			}
+			_, err = fmt.Fprintf(a.stdout, "Snapshot %s of %s is %s\n", orDash(s.ID), args[0], state)
+			return err
+		},
+	}
+	cmd.ValidArgsFunction = a.completeSnapshot
+	return cmd
+}
+
+// writeSnapshots prints records as a table.
+func (a *app) writeSnapshots(list []Snapshot) error {
+	w := a.table()
+	fmt.Fprintln(w, "ID\tKIND\tAUTO\tPINNED\tSTATUS\tSIZE\tAGE\tCOMMENT")
+	for _, s := range list {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, snapshotKind(s), yes(s.Auto), yes(s.Pinned),
+			orDash(s.Status), snapshotSize(s), age(s.CreatedAt), cell(s.Comment))
+	}
+	return w.Flush()
+}
+
+func snapshotKind(s Snapshot) string {
+	if s.Memory {
+		return "memory"
+	}
+	return "disk"
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return ""
+}
+
+// snapshotSize is SIZE: "-" while a snapshot has no size yet (processing,
+// or failed, with size_bytes 0).
+func snapshotSize(s Snapshot) string {
+	if s.SizeBytes == 0 && s.Status != SnapshotReady {
+		return "-"
+	}
+	return humanSize(s.SizeBytes)
+}
+
+// humanSize is n bytes in binary units with one decimal: 512 B, 1.5 KiB,
+// 76.2 MiB.
+func humanSize(n int64) string {
+	if n < 0 {
+		return "-"
+	}
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	v := float64(n) / 1024
+	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	i := 0
+	// Compare the value as printed, so that 1048575 bytes is 1.0 MiB and
+	// not 1024.0 KiB.
+	for math.Round(v*10)/10 >= 1024 && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	return fmt.Sprintf("%.1f %s", v, units[i])
+}
+
+// cell shows free text in a table: "-" when empty, quoted when it has
+// control characters (a tab or newline would break the table) or spaces
+// at its ends.
+func cell(s string) string {
+	if s == "" {
+		return "-"
+	}
+	if strings.TrimSpace(s) != s || strings.IndexFunc(s, unicode.IsControl) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// completeSnapshot offers the sandbox's snapshot ids, newest first, with
+// their kind and comment as descriptions, when the API can be reached.
+func (a *app) completeSnapshot(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+	if len(args) != 1 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	c, err := a.client()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	list, _, err := c.ListSnapshots(cmd.Context(), args[0])
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var out []string
+	for i := len(list) - 1; i >= 0; i-- {
+		s := list[i]
+		if strings.HasPrefix(s.ID, toComplete) {
+			desc := snapshotKind(s)
+			if s.Comment != "" {
+				desc += " " + cell(s.Comment)
+			}
+			out = append(out, s.ID+"\t"+desc)
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
+}
