@@ -12,27 +12,17 @@ import (
 	"unicode"
 
 	"github.com/spf13/cobra"
+
+	"strata/internal/api"
 )
 
-// VM snapshots, as API.md's "VM snapshots and forks" states them. The
-// types live here until internal/api has them; hostproxy's are the
-// authority, and these only read what they send.
+// VM snapshots, as API.md's "VM snapshots and forks" states them.
 
 // Snapshot is a VM snapshot record of the API. Memory tells a snapshot of
 // memory, devices and disk (processes come back running) from a
 // disk-only one (a fresh boot); Auto marks the ones a restore keeps of the
 // state it replaced.
-type Snapshot struct {
-	ID        string `json:"id"`
-	Sandbox   string `json:"sandbox"`
-	Comment   string `json:"comment"`
-	Memory    bool   `json:"memory"`
-	Auto      bool   `json:"auto"`
-	Pinned    bool   `json:"pinned"`
-	Status    string `json:"status"`
-	SizeBytes int64  `json:"size_bytes"`
-	CreatedAt string `json:"created_at"`
-}
+type Snapshot = api.Snapshot
 
 // Snapshot statuses.
 const (
@@ -48,33 +38,19 @@ const RetentionDeleteOldest = "delete_oldest"
 // SnapshotCreateRequest is the body of POST /v1/sandboxes/{id}/snapshots;
 // nil fields are left out (the API's defaults: no comment, memory kept,
 // no retention).
-type SnapshotCreateRequest struct {
-	Comment   *string    `json:"comment,omitempty"`
-	Memory    *bool      `json:"memory,omitempty"`
-	Retention *Retention `json:"retention,omitempty"`
-}
+type SnapshotCreateRequest = api.SnapshotCreateRequest
 
 // Retention lets a create delete old snapshots instead of failing with
 // snapshot_limit.
-type Retention struct {
-	Mode     string `json:"mode"`
-	MaxCount int    `json:"max_count"`
-}
+type Retention = api.Retention
 
 // SnapshotRestored is the answer of a snapshot restore: the snapshot, the
 // automatic snapshot that keeps the state it replaced, and the sandbox's
 // state after.
-type SnapshotRestored struct {
-	SnapshotID string `json:"snapshot_id"`
-	AutoID     string `json:"auto_id"`
-	State      string `json:"state"`
-}
+type SnapshotRestored = api.SnapshotRestore
 
 // ForkRequest is the body of POST …/snapshots/{snapshot}/fork.
-type ForkRequest struct {
-	Count      int     `json:"count"`
-	NamePrefix *string `json:"name_prefix,omitempty"`
-}
+type ForkRequest = api.ForkRequest
 
 // Forks is the answer of a fork of several sandboxes: each is made or
 // refused on its own. Sandboxes are the records of the ones made; Failed,
@@ -123,7 +99,7 @@ func (c *Client) DeleteSnapshot(ctx context.Context, sandbox, id string) (json.R
 func (c *Client) RestoreSnapshot(ctx context.Context, sandbox, id string, diskOnly bool) (SnapshotRestored, json.RawMessage, error) {
 	var body any
 	if diskOnly {
-		body = map[string]bool{"disk_only": true}
+		body = api.SnapshotRestoreRequest{DiskOnly: true}
 	}
 	var r SnapshotRestored
 	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "snapshots", id, "restore"), body, &r)

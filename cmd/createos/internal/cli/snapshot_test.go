@@ -11,7 +11,6 @@ import (
 
 	"strata/internal/api"
 	"strata/internal/fault"
-	"strata/internal/jsend"
 )
 
 // The VM snapshot routes of the fake API, as API.md's "VM snapshots and
@@ -138,13 +137,9 @@ func (f *fakeAPI) snapshotRoute(r *http.Request, sb *api.Sandbox, rest []string,
 		s.Pinned = rest[1] == "pin"
 		return *s, 0, nil
 	case len(rest) == 2 && r.Method == http.MethodPost && rest[1] == "restore":
-		var req struct {
-			DiskOnly bool `json:"disk_only"`
-		}
-		if len(body) > 0 {
-			if err := jsend.DecodeBytes(body, &req); err != nil {
-				return nil, 0, err
-			}
+		req, err := api.ParseSnapshotRestore(body)
+		if err != nil {
+			return nil, 0, err
 		}
 		if s.Memory && !req.DiskOnly && f.incompatible {
 			return nil, 0, fault.New(fault.Conflict, "snapshot_incompatible", "this host's QEMU cannot restore the snapshot's memory; restore its disk only").
@@ -162,21 +157,15 @@ func (f *fakeAPI) snapshotRoute(r *http.Request, sb *api.Sandbox, rest []string,
 		sb.State = api.SandboxRunning
 		return SnapshotRestored{SnapshotID: s.ID, AutoID: auto.ID, State: sb.State}, 0, nil
 	case len(rest) == 2 && r.Method == http.MethodPost && rest[1] == "fork":
-		var req struct {
-			Count      int     `json:"count"`
-			NamePrefix *string `json:"name_prefix"`
-		}
-		if err := jsend.DecodeBytes(body, &req); err != nil {
+		req, err := api.ParseFork(body)
+		if err != nil {
 			return nil, 0, err
-		}
-		if req.Count < 1 || req.Count > 20 {
-			return nil, 0, jsend.InvalidField("count", "count must be 1 to 20")
 		}
 		out := Forks{Sandboxes: []Sandbox{}}
 		for n := 1; n <= req.Count; n++ {
 			var name *string
 			if req.NamePrefix != nil {
-				v := fmt.Sprintf("%s-%d", *req.NamePrefix, n)
+				v := api.ForkName(*req.NamePrefix, n)
 				name = &v
 			}
 			out.Sandboxes = append(out.Sandboxes, f.fork(sb, s.ID, name))
@@ -190,29 +179,14 @@ func (f *fakeAPI) snapshotRoute(r *http.Request, sb *api.Sandbox, rest []string,
 // with snapshot_limit, unless retention lets the oldest unpinned snapshot
 // of that kind go (as many as keep at most max_count with the new one).
 func (f *fakeAPI) createSnapshot(sb *api.Sandbox, body []byte) (any, int, error) {
-	var req struct {
-		Comment   *string `json:"comment"`
-		Memory    *bool   `json:"memory"`
-		Retention *struct {
-			Mode     string `json:"mode"`
-			MaxCount int    `json:"max_count"`
-		} `json:"retention"`
-	}
-	if err := jsend.DecodeBytes(body, &req); err != nil {
+	req, err := api.ParseSnapshotCreate(body)
+	if err != nil {
 		return nil, 0, err
 	}
-	memory := req.Memory == nil || *req.Memory
+	memory := *req.Memory
 	comment := ""
 	if req.Comment != nil {
 		comment = *req.Comment
-	}
-	switch {
-	case len(comment) > 256:
-		return nil, 0, jsend.InvalidField("comment", "comment must be at most 256 bytes")
-	case req.Retention != nil && req.Retention.Mode != RetentionDeleteOldest:
-		return nil, 0, jsend.InvalidField("retention.mode", `retention.mode must be "delete_oldest"`)
-	case req.Retention != nil && (req.Retention.MaxCount < 1 || req.Retention.MaxCount > 100):
-		return nil, 0, jsend.InvalidField("retention.max_count", "retention.max_count must be 1 to 100")
 	}
 	limit := f.snapLimit[memory]
 	keep := limit
