@@ -198,9 +198,11 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 		if status != SnapshotReady {
 			return nil
 		}
+		// victims counts the snapshot to come: this one is in already.
+		others := Record{Snapshots: slices.DeleteFunc(slices.Clone(rec.Snapshots), func(s Snapshot) bool { return s.ID == snap.ID })}
 		if auto {
 			pruneAutos(rec)
-		} else if gone, verr := victims(*rec, req); verr == nil {
+		} else if gone, verr := victims(others, req); verr == nil {
 			rec.Snapshots = slices.DeleteFunc(rec.Snapshots, func(s Snapshot) bool { return slices.Contains(gone, s.ID) })
 		}
 		return nil
