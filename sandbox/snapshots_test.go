@@ -1,0 +1,1247 @@
+package sandbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"strata/internal/fault"
+	"strata/sandbox"
+	"strata/vmm"
+)
+
+// These tests run VM snapshots, restores and forks over fakeDriver
+// (fake_test.go): a fake Save writes which machine it saved and its disk's
+// top, a fake Load reads them back, so a test can tell which memory a
+// machine came back from and over which disk. Every test ends with the
+// host's store holding exactly what the records name (checkStore).
+
+// qemuVersion is the host's QEMU as these tests' Managers report it: a
+// memory snapshot records it.
+const qemuVersion = "QEMU emulator version 9.2.0"
+
+// snapshotHarness starts a Manager (reporting qemuVersion) with sandbox
+// sb-1 running.
+func snapshotHarness(t *testing.T) (*harness, *sandbox.Manager) {
+	t.Helper()
+	h := newHarness(t)
+	m := h.manager(func(c *sandbox.Config) { c.QEMUVersion = qemuVersion })
+	h.running(m, "sb-1")
+	return h, m
+}
+
+// checkStore fails t unless the host's store holds exactly what the
+// records name: no file missing, none orphaned, no snapshot unfinished.
+func checkStore(t *testing.T, m *sandbox.Manager) sandbox.StoreReport {
+	t.Helper()
+	rep, err := m.Check(context.Background())
+	if err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	if !rep.Clean() {
+		t.Errorf("store not clean: %d files, missing %v, orphans %v, unfinished %v", rep.Files, rep.Missing, rep.Orphans, rep.Unfinished)
+	}
+	return rep
+}
+
+func (h *harness) layerPath(id string) string { return filepath.Join(h.dir, "store", id+".qcow2") }
+func (h *harness) statePath(id string) string { return filepath.Join(h.dir, "store", id+".state") }
+
+// chainPaths is the disk QEMU must get for layers (top first): their
+// files in the store, then the image's base.
+func (h *harness) chainPaths(layers []string) []string {
+	var out []string
+	for _, id := range layers {
+		out = append(out, h.layerPath(id))
+	}
+	return append(out, h.image.Disk)
+}
+
+// diskPaths is the disk a fake machine was started with.
+func diskPaths(fm *fakeMachine) []string {
+	var out []string
+	for _, l := range fm.cfg.Disk {
+		out = append(out, l.Path)
+	}
+	return out
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// snapshotIDs are the ids of a record's snapshots, oldest first.
+func snapshotIDs(r sandbox.Record) []string {
+	ids := []string{}
+	for _, s := range r.Snapshots {
+		ids = append(ids, s.ID)
+	}
+	return ids
+}
+
+// takeSnapshot takes a snapshot of id and fails t if it is refused.
+func takeSnapshot(t *testing.T, m *sandbox.Manager, id string, req sandbox.SnapshotRequest) sandbox.Snapshot {
+	t.Helper()
+	s, err := m.Snapshot(context.Background(), id, req)
+	if err != nil {
+		t.Fatalf("Snapshot of %s (%+v): %v", id, req, err)
+	}
+	return s
+}
+
+// copyDiskSnapshots takes one disk-only snapshot of sb-1 and records n-1
+// copies of it by hand (over the same frozen disk): taking
+// MaxDiskSnapshots through the Manager takes seconds, each one deepening
+// the chain.
+func copyDiskSnapshots(t *testing.T, h *harness, m *sandbox.Manager, n int) {
+	t.Helper()
+	s := takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	if _, err := h.recs.Update(context.Background(), "sb-1", func(r *sandbox.Record) error {
+		for range n - 1 {
+			r.SnapshotSeq++
+			c := s
+			c.ID, c.Disk = fmt.Sprintf("v%d", r.SnapshotSeq), slices.Clone(s.Disk)
+			r.Snapshots = append(r.Snapshots, c)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// takeSnapshots takes n snapshots of sb-1 of one kind.
+func takeSnapshots(t *testing.T, m *sandbox.Manager, n int, memory bool) {
+	t.Helper()
+	for range n {
+		takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: memory})
+	}
+}
+
+func restore(t *testing.T, m *sandbox.Manager, id, snapID string, diskOnly bool) sandbox.RestoreResult {
+	t.Helper()
+	res, err := m.Restore(context.Background(), id, snapID, diskOnly)
+	if err != nil {
+		t.Fatalf("Restore %s to %s: %v", id, snapID, err)
+	}
+	return res
+}
+
+func pin(t *testing.T, m *sandbox.Manager, id string, snapIDs ...string) {
+	t.Helper()
+	for _, s := range snapIDs {
+		if _, err := m.PinSnapshot(context.Background(), id, s, true); err != nil {
+			t.Fatalf("pin %s: %v", s, err)
+		}
+	}
+}
+
+// editSnapshot changes a snapshot in its sandbox's record by hand, as a
+// crash or an older host would have left it.
+func editSnapshot(t *testing.T, h *harness, id, snapID string, edit func(*sandbox.Snapshot)) {
+	t.Helper()
+	if _, err := h.recs.Update(context.Background(), id, func(r *sandbox.Record) error {
+		s, ok := r.Snapshot(snapID)
+		if !ok {
+			return fmt.Errorf("no snapshot %s", snapID)
+		}
+		edit(s)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recordJSON is a record as the registry keeps it, for comparing a record
+// before and after an operation that must change nothing.
+func recordJSON(t *testing.T, h *harness, id string) string {
+	t.Helper()
+	b, err := json.Marshal(h.get(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// The places a running sandbox is moved to before a snapshot or a restore.
+func pauseIt(t *testing.T, h *harness, m *sandbox.Manager) {
+	t.Helper()
+	if _, err := m.Pause(context.Background(), "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-1", sandbox.Paused)
+}
+
+func stopIt(t *testing.T, h *harness, m *sandbox.Manager) {
+	t.Helper()
+	if _, err := m.Stop(context.Background(), "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func killIt(t *testing.T, h *harness, m *sandbox.Manager) {
+	t.Helper()
+	h.drv.last("sb-1").Kill()
+	h.waitState("sb-1", sandbox.Error)
+}
+
+// TestSnapshot takes one snapshot of each kind of a sandbox in each place
+// it can be: the snapshot freezes the disk as it was (its chain is the
+// sandbox's previous one) and the sandbox goes on over a new empty top; a
+// memory snapshot keeps a state that needs this host's QEMU; a running
+// sandbox runs on in the same machine, switched to the new top; the next
+// boot uses the new chain.
+func TestSnapshot(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name   string
+		to     func(*testing.T, *harness, *sandbox.Manager) // nil: running
+		state  sandbox.State
+		memory bool
+		code   string // the fault wanted, or ""
+	}{
+		{name: "running_memory", state: sandbox.Running, memory: true},
+		{name: "running_disk_only", state: sandbox.Running},
+		// A paused sandbox's memory is in the store already: the
+		// snapshot shares it.
+		{name: "paused_memory", to: pauseIt, state: sandbox.Paused, memory: true},
+		{name: "paused_disk_only", to: pauseIt, state: sandbox.Paused},
+		{name: "stopped_disk_only", to: stopIt, state: sandbox.Stopped},
+		{name: "stopped_memory", to: stopIt, state: sandbox.Stopped, memory: true, code: "sandbox_not_running"},
+		{name: "error_disk_only", to: killIt, state: sandbox.Error},
+		{name: "error_memory", to: killIt, state: sandbox.Error, memory: true, code: "sandbox_not_running"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := snapshotHarness(t)
+			if tc.to != nil {
+				tc.to(t, h, m)
+			}
+			fm := h.drv.last("sb-1")
+			before := h.get("sb-1")
+			t0 := time.Now()
+			s, err := m.Snapshot(ctx, "sb-1", sandbox.SnapshotRequest{Comment: "before the upgrade", Memory: tc.memory})
+			if tc.code != "" {
+				wantFault(t, "Snapshot", err, tc.code, tc.state)
+				if after := recordJSON(t, h, "sb-1"); after != mustJSON(t, before) {
+					t.Errorf("a refused snapshot changed the record:\n%s\nwas\n%s", after, mustJSON(t, before))
+				}
+				checkStore(t, m)
+				return
+			}
+			if err != nil {
+				t.Fatalf("Snapshot: %v", err)
+			}
+			after := h.get("sb-1")
+			if stored, ok := after.Snapshot("v1"); !ok || !reflect.DeepEqual(*stored, s) {
+				t.Errorf("recorded snapshot %+v, answered %+v", stored, s)
+			}
+			if s.ID != "v1" || s.Status != sandbox.SnapshotReady || s.Memory != tc.memory || s.Auto || s.Pinned || s.Comment != "before the upgrade" {
+				t.Errorf("snapshot %+v; want v1, ready, memory %v, neither auto nor pinned, with its comment", s, tc.memory)
+			}
+			if s.SizeBytes < 0 || s.CreatedAt.Before(t0.Add(-time.Second)) || s.CreatedAt.After(time.Now().Add(time.Second)) {
+				t.Errorf("snapshot size %d, created at %v (taken at %v)", s.SizeBytes, s.CreatedAt, t0)
+			}
+			if s.MemoryMiB != 256 || s.VCPUs != 1 || s.DiskGiB != 1 {
+				t.Errorf("snapshot of a 256 MiB, 1 vCPU, 1 GiB sandbox records %d MiB, %d vCPUs, %d GiB", s.MemoryMiB, s.VCPUs, s.DiskGiB)
+			}
+			// The disk as it was is frozen; the sandbox goes on over a
+			// new top above it.
+			if !slices.Equal(s.Disk, before.Machine.Disk) || s.BaseDisk != h.image.Disk {
+				t.Errorf("snapshot disk %v over %s; want the sandbox's chain %v over %s", s.Disk, s.BaseDisk, before.Machine.Disk, h.image.Disk)
+			}
+			top := after.Machine.Disk[0]
+			if !slices.Equal(after.Machine.Disk[1:], before.Machine.Disk) || slices.Contains(before.Machine.Disk, top) || !exists(h.layerPath(top)) {
+				t.Errorf("sandbox disk %v after the snapshot; want a new top over %v", after.Machine.Disk, before.Machine.Disk)
+			}
+			if after.State != tc.state {
+				t.Errorf("state %q after the snapshot, want %q", after.State, tc.state)
+			}
+			if tc.memory {
+				want := sandbox.Needs{QEMU: qemuVersion, DeviceSet: vmm.DeviceSet, Accel: vmm.TCG, Image: h.image.Key}
+				if s.State == "" || !exists(h.statePath(s.State)) || s.Needs == nil || *s.Needs != want {
+					t.Errorf("memory snapshot state %q (needs %+v); want a state in the store that needs %+v", s.State, s.Needs, want)
+				}
+				if tc.state == sandbox.Paused && s.State != before.Machine.Saved {
+					t.Errorf("snapshot of a paused sandbox has state %q; want the pause's %q, shared", s.State, before.Machine.Saved)
+				}
+			} else if s.State != "" || s.Needs != nil {
+				t.Errorf("disk-only snapshot has state %q, needs %+v", s.State, s.Needs)
+			}
+			if tc.state == sandbox.Running {
+				// The same machine runs on, switched to the new top.
+				if h.drv.starts("sb-1") != 1 || fm.exited() || fm.Top0() != "l"+top {
+					t.Errorf("%d machines started, first exited %v, its top %q; want the first running over l%s", h.drv.starts("sb-1"), fm.exited(), fm.Top0(), top)
+				}
+				if running, _ := fm.Running(ctx); !running {
+					t.Error("the machine's CPUs are stopped after the snapshot")
+				}
+				if tc.memory && fm.saves.Load() != 1 {
+					t.Errorf("%d saves, want 1", fm.saves.Load())
+				}
+				checkHealth(t, m, "sb-1")
+			}
+			checkStore(t, m)
+
+			// The next boot goes on over the new top.
+			switch tc.state {
+			case sandbox.Running:
+				stopIt(t, h, m)
+				fallthrough
+			case sandbox.Stopped, sandbox.Error:
+				if _, err := m.Start(ctx, "sb-1"); err != nil {
+					t.Fatal(err)
+				}
+			case sandbox.Paused:
+				if _, err := m.Resume(ctx, "sb-1"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.waitState("sb-1", sandbox.Running)
+			next := h.drv.last("sb-1")
+			if got, want := diskPaths(next), h.chainPaths(after.Machine.Disk); !slices.Equal(got, want) {
+				t.Errorf("next boot's disk %v, want %v", got, want)
+			}
+			if tc.state == sandbox.Paused && next.loaded.Load() != "sb-1" {
+				t.Error("the paused sandbox did not come back from its saved memory")
+			}
+			if tc.memory && !exists(h.statePath(s.State)) {
+				t.Errorf("the snapshot's state is gone from the store once the sandbox ran again")
+			}
+			checkStore(t, m)
+		})
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestSnapshotIDs: snapshots are v1, v2… and a restore's automatic ones
+// auto-1, auto-2…, each numbered on from the last given, so an id is
+// never given twice, whatever was deleted.
+func TestSnapshotIDs(t *testing.T) {
+	ctx := context.Background()
+	h, m := snapshotHarness(t)
+	snap := func(memory bool) func() (string, error) {
+		return func() (string, error) {
+			s, err := m.Snapshot(ctx, "sb-1", sandbox.SnapshotRequest{Memory: memory})
+			return s.ID, err
+		}
+	}
+	del := func(ids ...string) func() (string, error) {
+		return func() (string, error) {
+			for _, id := range ids {
+				if err := m.DeleteSnapshot(ctx, "sb-1", id); err != nil {
+					return "", err
+				}
+			}
+			return "", nil
+		}
+	}
+	rest := func(id string) func() (string, error) {
+		return func() (string, error) {
+			res, err := m.Restore(ctx, "sb-1", id, false)
+			return res.AutoID, err
+		}
+	}
+	steps := []struct {
+		name   string
+		do     func() (string, error)
+		made   string // the id of the snapshot the step made, or ""
+		memory bool   // whether it keeps memory
+		ids    []string
+	}{
+		{"memory", snap(true), "v1", true, []string{"v1"}},
+		{"disk_only", snap(false), "v2", false, []string{"v1", "v2"}},
+		{"memory_again", snap(true), "v3", true, []string{"v1", "v2", "v3"}},
+		{"delete_the_newest", del("v3", "v2"), "", false, []string{"v1"}},
+		{"after_deletes", snap(false), "v4", false, []string{"v1", "v4"}},
+		{"restore", rest("v1"), "auto-1", true, []string{"v1", "v4", "auto-1"}},
+		{"restore_again", rest("v4"), "auto-2", true, []string{"v1", "v4", "auto-1", "auto-2"}},
+		{"delete_the_newest_auto", del("auto-2"), "", false, []string{"v1", "v4", "auto-1"}},
+		{"restore_after_delete", rest("v1"), "auto-3", true, []string{"v1", "v4", "auto-1", "auto-3"}},
+		{"delete_all", del("v1", "v4", "auto-1", "auto-3"), "", false, []string{}},
+		{"after_all_deleted", snap(true), "v5", true, []string{"v5"}},
+		{"restore_after_all_deleted", rest("v5"), "auto-4", true, []string{"v5", "auto-4"}},
+	}
+	for _, st := range steps {
+		made, err := st.do()
+		if err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		r := h.get("sb-1")
+		if made != st.made || !slices.Equal(snapshotIDs(r), st.ids) {
+			t.Fatalf("%s: made %q, snapshots %v; want %q, %v", st.name, made, snapshotIDs(r), st.made, st.ids)
+		}
+		if made != "" {
+			s, _ := r.Snapshot(made)
+			auto := strings.HasPrefix(made, "auto-")
+			if s.Auto != auto || s.Memory != st.memory || s.Status != sandbox.SnapshotReady || s.CreatedAt.IsZero() || s.SizeBytes < 0 {
+				t.Errorf("%s: %+v; want auto %v, memory %v, ready, with its time and size", st.name, s, auto, st.memory)
+			}
+		}
+		checkStore(t, m)
+	}
+	if r := h.get("sb-1"); r.SnapshotSeq != 5 || r.AutoSeq != 4 {
+		t.Errorf("record's numbers %d, %d; want 5 and 4", r.SnapshotSeq, r.AutoSeq)
+	}
+}
+
+// TestSnapshotLimits: a sandbox keeps at most MaxMemorySnapshots memory
+// snapshots and MaxDiskSnapshots disk-only ones, each kind counted on its
+// own and automatic ones not at all. One more is refused with
+// snapshot_limit, deleting nothing; with RetentionMax, the oldest of the
+// kind that are neither pinned nor automatic go (as many as needed to
+// keep RetentionMax), and when too few can, it is refused all the same.
+//
+// Regression: the retention that ran once the snapshot was ready counted
+// the new snapshot twice (it was in the record already, and victims adds
+// the one to come), so one snapshot too many went: RetentionMax 3 kept 2,
+// a snapshot at the limit took the two oldest, and with only itself left
+// eligible the new snapshot deleted itself after answering success.
+func TestSnapshotLimits(t *testing.T) {
+	ctx := context.Background()
+	mem := sandbox.MaxMemorySnapshots
+	seq := func(from, to int) []string {
+		var ids []string
+		for i := from; i <= to; i++ {
+			ids = append(ids, fmt.Sprintf("v%d", i))
+		}
+		return ids
+	}
+	cases := []struct {
+		name  string
+		setup func(t *testing.T, h *harness, m *sandbox.Manager)
+		req   sandbox.SnapshotRequest
+		code  string   // the fault wanted, or ""
+		ids   []string // the snapshots after
+	}{
+		{
+			name:  "memory_under_the_limit",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) { takeSnapshots(t, m, mem-1, true) },
+			req:   sandbox.SnapshotRequest{Memory: true},
+			ids:   seq(1, mem),
+		},
+		{
+			name:  "memory_over_the_limit",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) { takeSnapshots(t, m, mem, true) },
+			req:   sandbox.SnapshotRequest{Memory: true},
+			code:  "snapshot_limit",
+			ids:   seq(1, mem),
+		},
+		{
+			name:  "retention_at_the_limit",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) { takeSnapshots(t, m, mem, true) },
+			req:   sandbox.SnapshotRequest{Memory: true, RetentionMax: mem},
+			ids:   seq(2, mem+1),
+		},
+		{
+			name:  "retention_below_the_limit",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) { takeSnapshots(t, m, 5, true) },
+			req:   sandbox.SnapshotRequest{Memory: true, RetentionMax: 3},
+			ids:   seq(4, 6),
+		},
+		{
+			name:  "retention_not_reached",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) { takeSnapshots(t, m, 2, true) },
+			req:   sandbox.SnapshotRequest{Memory: true, RetentionMax: 3},
+			ids:   seq(1, 3),
+		},
+		{
+			name: "retention_skips_pinned",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) {
+				takeSnapshots(t, m, mem, true)
+				pin(t, m, "sb-1", "v1", "v2")
+			},
+			req: sandbox.SnapshotRequest{Memory: true, RetentionMax: mem},
+			ids: append([]string{"v1", "v2"}, seq(4, mem+1)...),
+		},
+		{
+			name: "retention_skips_autos",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) {
+				takeSnapshots(t, m, 1, true)
+				restore(t, m, "sb-1", "v1", false) // auto-1, with memory
+			},
+			req: sandbox.SnapshotRequest{Memory: true, RetentionMax: 1},
+			ids: []string{"auto-1", "v2"},
+		},
+		{
+			name: "autos_not_counted",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) {
+				takeSnapshots(t, m, mem-1, true)
+				restore(t, m, "sb-1", "v1", false)
+			},
+			req: sandbox.SnapshotRequest{Memory: true},
+			ids: append(seq(1, mem-1), "auto-1", fmt.Sprintf("v%d", mem)),
+		},
+		{
+			name: "retention_none_eligible",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) {
+				takeSnapshots(t, m, mem, true)
+				pin(t, m, "sb-1", seq(1, mem)...)
+			},
+			req:  sandbox.SnapshotRequest{Memory: true, RetentionMax: mem},
+			code: "snapshot_limit",
+			ids:  seq(1, mem),
+		},
+		{
+			name: "retention_too_few_eligible",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) {
+				takeSnapshots(t, m, mem, true)
+				pin(t, m, "sb-1", seq(2, mem)...)
+			},
+			req:  sandbox.SnapshotRequest{Memory: true, RetentionMax: mem - 2},
+			code: "snapshot_limit",
+			ids:  seq(1, mem),
+		},
+		{
+			name:  "disk_only_not_counted_against_memory",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) { takeSnapshots(t, m, mem, true) },
+			req:   sandbox.SnapshotRequest{},
+			ids:   seq(1, mem+1),
+		},
+		{
+			name: "memory_retention_spares_disk_only",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) {
+				takeSnapshots(t, m, 1, false)
+				takeSnapshots(t, m, mem, true)
+			},
+			req: sandbox.SnapshotRequest{Memory: true, RetentionMax: mem},
+			ids: append([]string{"v1"}, seq(3, mem+2)...),
+		},
+		{
+			name: "disk_only_over_the_limit",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) {
+				copyDiskSnapshots(t, h, m, sandbox.MaxDiskSnapshots)
+			},
+			req:  sandbox.SnapshotRequest{},
+			code: "snapshot_limit",
+			ids:  seq(1, sandbox.MaxDiskSnapshots),
+		},
+		{
+			name: "memory_beside_disk_only_at_the_limit",
+			setup: func(t *testing.T, h *harness, m *sandbox.Manager) {
+				copyDiskSnapshots(t, h, m, sandbox.MaxDiskSnapshots)
+			},
+			req: sandbox.SnapshotRequest{Memory: true},
+			ids: seq(1, sandbox.MaxDiskSnapshots+1),
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := snapshotHarness(t)
+			tc.setup(t, h, m)
+			before := h.get("sb-1")
+			files := checkStore(t, m).Files
+			s, err := m.Snapshot(ctx, "sb-1", tc.req)
+			after := h.get("sb-1")
+			if got := snapshotIDs(after); !slices.Equal(got, tc.ids) {
+				t.Errorf("snapshots %v, want %v", got, tc.ids)
+			}
+			if tc.code != "" {
+				wantFault(t, "Snapshot", err, tc.code, "")
+				limit := sandbox.MaxDiskSnapshots
+				if tc.req.Memory {
+					limit = sandbox.MaxMemorySnapshots
+				}
+				if f := fault.As(err).Fields; f["limit"] != limit || f["memory"] != tc.req.Memory {
+					t.Errorf("fields %v; want limit %d, memory %v", f, limit, tc.req.Memory)
+				}
+				if mustJSON(t, after) != mustJSON(t, before) {
+					t.Error("a refused snapshot changed the record")
+				}
+				if rep := checkStore(t, m); rep.Files != files {
+					t.Errorf("%d store files after a refused snapshot, %d before", rep.Files, files)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Snapshot: %v", err)
+			}
+			if want := fmt.Sprintf("v%d", before.SnapshotSeq+1); s.ID != want || s.Memory != tc.req.Memory {
+				t.Errorf("made %s (memory %v), want %s (memory %v)", s.ID, s.Memory, want, tc.req.Memory)
+			}
+			// What retention deleted, it deleted whole: the store holds
+			// no file of it that nothing else names.
+			checkStore(t, m)
+		})
+	}
+}
+
+// TestRestore restores sb-1 to its first snapshot, v1, from each place it
+// can be. The current state is kept first as auto-1 (with its memory
+// when it has one); the sandbox then runs on a new machine over a new top
+// above v1's disk, from v1's memory unless it is restored disk-only or
+// has none. v1 itself is never written: a second restore finds it as it
+// was.
+func TestRestore(t *testing.T) {
+	cases := []struct {
+		name       string
+		memory     bool                                         // v1 keeps memory
+		to         func(*testing.T, *harness, *sandbox.Manager) // nil: running
+		diskOnly   bool
+		autoMemory bool // auto-1 keeps memory
+	}{
+		{name: "running_memory", memory: true, autoMemory: true},
+		{name: "running_memory_disk_only", memory: true, diskOnly: true, autoMemory: true},
+		{name: "running_disk_only_snapshot", autoMemory: true},
+		{name: "paused_memory", memory: true, to: pauseIt, autoMemory: true},
+		{name: "paused_disk_only_snapshot", to: pauseIt, autoMemory: true},
+		{name: "stopped_memory", memory: true, to: stopIt},
+		{name: "stopped_memory_disk_only", memory: true, to: stopIt, diskOnly: true},
+		{name: "error_memory", memory: true, to: killIt},
+		{name: "error_disk_only_snapshot", to: killIt},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := snapshotHarness(t)
+			takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: tc.memory})
+			// The top v1's memory was saved over, and a second snapshot:
+			// the disk has moved on from v1's.
+			v1Top := h.get("sb-1").Machine.Disk[0]
+			takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+			if tc.to != nil {
+				tc.to(t, h, m)
+			}
+			before := h.get("sb-1")
+			v1, _ := before.Snapshot("v1")
+			old := h.drv.last("sb-1")
+			starts := h.drv.starts("sb-1")
+
+			res := restore(t, m, "sb-1", "v1", tc.diskOnly)
+			if want := (sandbox.RestoreResult{SnapshotID: "v1", AutoID: "auto-1", State: sandbox.Running}); res != want {
+				t.Errorf("Restore answered %+v, want %+v", res, want)
+			}
+			r := h.get("sb-1")
+			if got := snapshotIDs(r); !slices.Equal(got, []string{"v1", "v2", "auto-1"}) {
+				t.Errorf("snapshots %v, want v1, v2, auto-1", got)
+			}
+			// What it was is auto-1.
+			auto, _ := r.Snapshot("auto-1")
+			if !auto.Auto || auto.Memory != tc.autoMemory || auto.Status != sandbox.SnapshotReady || !slices.Equal(auto.Disk, before.Machine.Disk) || auto.Comment != "before restoring v1" {
+				t.Errorf("auto-1 %+v; want automatic, memory %v, ready, over the chain %v", auto, tc.autoMemory, before.Machine.Disk)
+			}
+			if before.State == sandbox.Paused && auto.State != before.Machine.Saved {
+				t.Errorf("auto-1 of a paused sandbox has state %q, want the pause's %q", auto.State, before.Machine.Saved)
+			}
+			// It runs a new machine over a new top above v1's disk.
+			fm := h.drv.last("sb-1")
+			if h.drv.starts("sb-1") != starts+1 || r.State != sandbox.Running || r.Error != "" || r.Machine.Process == nil || *r.Machine.Process != fm.proc {
+				t.Fatalf("after the restore: %d machines started (%d before), record %+v; want a new one running", h.drv.starts("sb-1"), starts, r)
+			}
+			if old != nil && !old.exited() {
+				t.Error("the machine of before the restore still runs")
+			}
+			top := r.Machine.Disk[0]
+			if !slices.Equal(r.Machine.Disk[1:], v1.Disk) || slices.Contains(before.Machine.Disk, top) {
+				t.Errorf("disk %v after the restore; want a new top over v1's %v", r.Machine.Disk, v1.Disk)
+			}
+			if got, want := diskPaths(fm), h.chainPaths(r.Machine.Disk); !slices.Equal(got, want) {
+				t.Errorf("machine's disk %v, want %v", got, want)
+			}
+			loads := tc.memory && !tc.diskOnly
+			if fm.cfg.Incoming != loads || (loads && (fm.loaded.Load() != "sb-1" || fm.loadedTop.Load() != "l"+v1Top)) {
+				t.Errorf("machine incoming %v, loaded %v saved over %v; want loading %v (v1's state, saved over l%s)", fm.cfg.Incoming, fm.loaded.Load(), fm.loadedTop.Load(), loads, v1Top)
+			}
+			if r.Machine.Saved != "" {
+				t.Errorf("running record still names a state to load: %q", r.Machine.Saved)
+			}
+			if now, _ := r.Snapshot("v1"); !reflect.DeepEqual(now, v1) {
+				t.Errorf("v1 changed by its restore: %+v, was %+v", now, v1)
+			}
+			checkHealth(t, m, "sb-1")
+			checkStore(t, m)
+
+			// Again: v1 is as it was, and the restore before it is kept
+			// with its memory.
+			res = restore(t, m, "sb-1", "v1", tc.diskOnly)
+			r2 := h.get("sb-1")
+			auto2, _ := r2.Snapshot(res.AutoID)
+			if res.AutoID != "auto-2" || !auto2.Memory || !slices.Equal(r2.Machine.Disk[1:], v1.Disk) || r2.Machine.Disk[0] == top {
+				t.Errorf("second restore: %+v, auto %+v, disk %v; want auto-2 with memory, a newer top over %v", res, auto2, r2.Machine.Disk, v1.Disk)
+			}
+			checkStore(t, m)
+		})
+	}
+}
+
+// TestRestoreKeepsFiveAutos: each restore makes an automatic snapshot; the
+// newest KeepAutoSnapshots unpinned ones are kept, older ones go (files
+// and all), pinned ones stay beyond them, and no other snapshot goes.
+func TestRestoreKeepsFiveAutos(t *testing.T) {
+	cases := []struct {
+		name     string
+		restores int
+		pinned   string // an auto pinned once made
+		autos    []string
+	}{
+		{name: "five", restores: 5, autos: []string{"auto-1", "auto-2", "auto-3", "auto-4", "auto-5"}},
+		{name: "sixth_prunes_the_oldest", restores: 6, autos: []string{"auto-2", "auto-3", "auto-4", "auto-5", "auto-6"}},
+		{name: "pinned_kept", restores: 7, pinned: "auto-1", autos: []string{"auto-1", "auto-3", "auto-4", "auto-5", "auto-6", "auto-7"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := snapshotHarness(t)
+			takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+			takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+			var states []string // of every auto made, oldest first
+			for i := range tc.restores {
+				res := restore(t, m, "sb-1", []string{"v1", "v2"}[i%2], false)
+				if res.AutoID == tc.pinned {
+					pin(t, m, "sb-1", tc.pinned)
+				}
+				r := h.get("sb-1")
+				if s, ok := r.Snapshot(res.AutoID); ok {
+					states = append(states, s.State)
+				}
+			}
+			r := h.get("sb-1")
+			if got, want := snapshotIDs(r), append([]string{"v1", "v2"}, tc.autos...); !slices.Equal(got, want) {
+				t.Errorf("snapshots %v, want %v", got, want)
+			}
+			kept := map[string]bool{}
+			for _, s := range r.Snapshots {
+				kept[s.State] = true
+			}
+			for i, st := range states {
+				if !kept[st] && exists(h.statePath(st)) {
+					t.Errorf("the state of pruned auto-%d is still in the store", i+1)
+				}
+			}
+			checkStore(t, m)
+		})
+	}
+}
+
+// TestRestoreRefused: a restore that cannot be done answers why and
+// changes nothing: no automatic snapshot, the same machine running.
+func TestRestoreRefused(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name   string
+		id     string
+		snapID string
+		setup  func(t *testing.T, h *harness)
+		code   string
+	}{
+		{name: "unknown_snapshot", id: "sb-1", snapID: "v9", code: "snapshot_not_found"},
+		{name: "unknown_sandbox", id: "sb-nope", snapID: "v1", code: "sandbox_not_found"},
+		{name: "processing", id: "sb-1", snapID: "v1", code: "snapshot_not_ready", setup: func(t *testing.T, h *harness) {
+			editSnapshot(t, h, "sb-1", "v1", func(s *sandbox.Snapshot) { s.Status = sandbox.SnapshotProcessing })
+		}},
+		{name: "failed", id: "sb-1", snapID: "v1", code: "snapshot_not_ready", setup: func(t *testing.T, h *harness) {
+			editSnapshot(t, h, "sb-1", "v1", func(s *sandbox.Snapshot) { s.Status, s.State, s.Disk = sandbox.SnapshotFailed, "", nil })
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := snapshotHarness(t)
+			takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+			if tc.setup != nil {
+				tc.setup(t, h)
+			}
+			before := recordJSON(t, h, "sb-1")
+			fm := h.drv.last("sb-1")
+			_, err := m.Restore(ctx, tc.id, tc.snapID, false)
+			wantFault(t, "Restore", err, tc.code, "")
+			if _, err := m.Fork(ctx, tc.id, tc.snapID, sandbox.Record{ID: "sb-fork", Account: "acct"}); fault.CodeOf(err) != tc.code {
+				t.Errorf("Fork: %v, want %s", err, tc.code)
+			}
+			if after := recordJSON(t, h, "sb-1"); after != before {
+				t.Errorf("record changed:\n%s\nwas\n%s", after, before)
+			}
+			if h.drv.starts("sb-1") != 1 || fm.exited() || h.drv.starts("sb-fork") != 0 {
+				t.Error("a refused restore or fork touched a machine")
+			}
+			// v1 goes, with what the hand edits left unnamed (a failed
+			// snapshot's state): the store is clean again.
+			editSnapshot(t, h, "sb-1", "v1", func(s *sandbox.Snapshot) {
+				if s.Status == sandbox.SnapshotProcessing {
+					s.Status, s.State, s.Disk = sandbox.SnapshotFailed, "", nil
+				}
+			})
+			if err := m.DeleteSnapshot(ctx, "sb-1", "v1"); err != nil {
+				t.Fatal(err)
+			}
+			checkStore(t, m)
+		})
+	}
+}
+
+// TestRestoreIncompatible: a memory snapshot loads only into what it was
+// saved from (the same QEMU, device set, accelerator and image). When the
+// host has changed, a restore of its memory (or a fork) answers
+// snapshot_incompatible saying what differs, and changes nothing; a
+// restore of its disk alone goes ahead.
+func TestRestoreIncompatible(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		edit func(*sandbox.Needs)
+		what string // the key of the differs detail
+	}{
+		{"qemu", func(n *sandbox.Needs) { n.QEMU = "QEMU emulator version 8.2.2" }, "qemu"},
+		{"device_set", func(n *sandbox.Needs) { n.DeviceSet = "microvm-0" }, "device_set"},
+		{"accel", func(n *sandbox.Needs) { n.Accel = vmm.KVM }, "accel"},
+		{"image", func(n *sandbox.Needs) { n.Image = "an-older-image" }, "image"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := snapshotHarness(t)
+			takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+			editSnapshot(t, h, "sb-1", "v1", func(s *sandbox.Snapshot) { tc.edit(s.Needs) })
+			checkIncompatible(t, h, m, tc.what)
+		})
+	}
+	// The host's QEMU upgraded under a running sandbox: a new Manager
+	// (hostproxy restarted) reports the new version.
+	t.Run("host_qemu_upgraded", func(t *testing.T) {
+		h, m1 := snapshotHarness(t)
+		takeSnapshot(t, m1, "sb-1", sandbox.SnapshotRequest{Memory: true})
+		m1.Close()
+		m2 := h.manager(func(c *sandbox.Config) { c.QEMUVersion = "QEMU emulator version 10.0.0" })
+		if err := m2.Recover(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkIncompatible(t, h, m2, "qemu")
+	})
+}
+
+// checkIncompatible checks that v1 of sb-1 (running) is refused as
+// incompatible for what, changing nothing, and then restores its disk.
+func checkIncompatible(t *testing.T, h *harness, m *sandbox.Manager, what string) {
+	t.Helper()
+	ctx := context.Background()
+	fm := h.drv.last("sb-1")
+	before := recordJSON(t, h, "sb-1")
+	_, err := m.Restore(ctx, "sb-1", "v1", false)
+	wantFault(t, "Restore", err, "snapshot_incompatible", "")
+	differs, _ := fault.As(err).Fields["differs"].(map[string]string)
+	if len(differs) != 1 || !strings.Contains(differs[what], "snapshot needs") {
+		t.Errorf("differs %v; want only %s, saying what the snapshot needs", fault.As(err).Fields["differs"], what)
+	}
+	_, err = m.Fork(ctx, "sb-1", "v1", sandbox.Record{ID: "sb-fork", Account: "acct"})
+	wantFault(t, "Fork", err, "snapshot_incompatible", "")
+	if after := recordJSON(t, h, "sb-1"); after != before {
+		t.Errorf("an incompatible restore changed the record:\n%s\nwas\n%s", after, before)
+	}
+	if _, err := h.recs.Get(ctx, "sb-fork"); fault.CodeOf(err) != "sandbox_not_found" {
+		t.Errorf("an incompatible fork was recorded: %v", err)
+	}
+	if h.drv.starts("sb-1") != 1 || fm.exited() || h.drv.starts("sb-fork") != 0 {
+		t.Error("an incompatible restore or fork touched a machine")
+	}
+	checkStore(t, m)
+
+	res := restore(t, m, "sb-1", "v1", true)
+	r := h.get("sb-1")
+	v1, _ := r.Snapshot("v1")
+	restored := h.drv.last("sb-1")
+	if res.AutoID != "auto-1" || restored == fm || restored.cfg.Incoming || !slices.Equal(r.Machine.Disk[1:], v1.Disk) {
+		t.Errorf("disk-only restore: %+v, machine incoming %v, disk %v; want a fresh boot over v1's disk %v", res, restored.cfg.Incoming, r.Machine.Disk, v1.Disk)
+	}
+	checkHealth(t, m, "sb-1")
+	checkStore(t, m)
+}
+
+// TestFork: a fork is a new sandbox booted from a snapshot of another: it
+// loads the snapshot's memory (when it has some), runs as a uid of its
+// own over a top of its own above the snapshot's disk, and names every
+// file it needs in its own record, so that it outlives the snapshot and
+// its source sandbox.
+func TestFork(t *testing.T) {
+	ctx := context.Background()
+	deleteSource := func(t *testing.T, h *harness, m *sandbox.Manager) {
+		if err := m.Delete(ctx, "sb-1"); err != nil {
+			t.Fatal(err)
+		}
+		checkDeleted(t, h, "sb-1")
+	}
+	cases := []struct {
+		name   string
+		memory bool
+		then   func(t *testing.T, h *harness, m *sandbox.Manager) // what becomes of the source
+	}{
+		{name: "memory_source_deleted", memory: true, then: deleteSource},
+		{name: "memory_snapshot_then_source_deleted", memory: true, then: func(t *testing.T, h *harness, m *sandbox.Manager) {
+			if err := m.DeleteSnapshot(ctx, "sb-1", "v1"); err != nil {
+				t.Fatal(err)
+			}
+			deleteSource(t, h, m)
+		}},
+		{name: "disk_only_source_deleted", then: deleteSource},
+		{name: "memory_source_restored_elsewhere", memory: true, then: func(t *testing.T, h *harness, m *sandbox.Manager) {
+			restore(t, m, "sb-1", "v2", false)
+			for _, id := range []string{"v1", "v2", "auto-1"} {
+				if err := m.DeleteSnapshot(ctx, "sb-1", id); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := snapshotHarness(t)
+			src := h.get("sb-1")
+			takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: tc.memory})
+			v1Top := h.get("sb-1").Machine.Disk[0]
+			takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+			srcRec := h.get("sb-1")
+			v1, _ := srcRec.Snapshot("v1")
+
+			f, err := m.Fork(ctx, "sb-1", "v1", sandbox.Record{ID: "sb-fork", Account: "acct", Name: "forked"})
+			if err != nil {
+				t.Fatalf("Fork: %v", err)
+			}
+			if f.State != sandbox.Creating || f.MemoryMiB != v1.MemoryMiB || f.VCPUs != v1.VCPUs || f.DiskGiB != v1.DiskGiB {
+				t.Errorf("Fork answered %+v; want creating, the snapshot's size", f)
+			}
+			f = h.waitState("sb-fork", sandbox.Running)
+			ffm := h.drv.last("sb-fork")
+			if f.Machine.Uid == src.Machine.Uid || ffm.cfg.Uid != f.Machine.Uid {
+				t.Errorf("fork runs as uid %d (machine %d), its source as %d; want one of its own", f.Machine.Uid, ffm.cfg.Uid, src.Machine.Uid)
+			}
+			top := f.Machine.Disk[0]
+			if !slices.Equal(f.Machine.Disk[1:], v1.Disk) || slices.Contains(h.get("sb-1").Machine.Disk, top) {
+				t.Errorf("fork's disk %v; want a top of its own over v1's %v", f.Machine.Disk, v1.Disk)
+			}
+			if got, want := diskPaths(ffm), h.chainPaths(f.Machine.Disk); !slices.Equal(got, want) {
+				t.Errorf("fork's machine disk %v, want %v", got, want)
+			}
+			if ffm.cfg.Incoming != tc.memory || (tc.memory && (ffm.loaded.Load() != "sb-1" || ffm.loadedTop.Load() != "l"+v1Top)) {
+				t.Errorf("fork incoming %v, loaded %v over %v; want loading %v (sb-1's v1, over l%s)", ffm.cfg.Incoming, ffm.loaded.Load(), ffm.loadedTop.Load(), tc.memory, v1Top)
+			}
+			if f.Machine.Saved != "" || len(f.Snapshots) != 0 || f.Name != "forked" || f.Account != "acct" {
+				t.Errorf("fork's record %+v (machine %+v)", f, f.Machine)
+			}
+			if want := (sandbox.From{Sandbox: "sb-1", Snapshot: "v1"}); f.From == nil || *f.From != want {
+				t.Errorf("fork's record says it is from %+v, want %+v", f.From, want)
+			}
+			if h.drv.last("sb-1").exited() || h.get("sb-1").State != sandbox.Running {
+				t.Error("the fork stopped its source")
+			}
+			checkHealth(t, m, "sb-fork")
+			checkStore(t, m)
+
+			tc.then(t, h, m)
+
+			// The fork runs on, and every file it names is there: a
+			// cold boot opens its whole chain.
+			if r := h.get("sb-fork"); r.State != sandbox.Running || ffm.exited() {
+				t.Fatalf("fork %q, machine exited %v; want it running on", r.State, ffm.exited())
+			}
+			checkHealth(t, m, "sb-fork")
+			checkStore(t, m)
+			for _, p := range h.chainPaths(f.Machine.Disk) {
+				if !exists(p) {
+					t.Errorf("the fork's layer %s is gone", p)
+				}
+			}
+			if _, err := m.Stop(ctx, "sb-fork"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := m.Start(ctx, "sb-fork"); err != nil {
+				t.Fatal(err)
+			}
+			h.waitState("sb-fork", sandbox.Running)
+			if got, want := diskPaths(h.drv.last("sb-fork")), h.chainPaths(f.Machine.Disk); !slices.Equal(got, want) {
+				t.Errorf("fork's cold boot disk %v, want %v", got, want)
+			}
+			checkStore(t, m)
+		})
+	}
+}
+
+// TestForkSiblings: two forks of one snapshot share its files but nothing
+// they write: each has a uid and a top of its own; deleting one leaves
+// the other whole.
+func TestForkSiblings(t *testing.T) {
+	ctx := context.Background()
+	h, m := snapshotHarness(t)
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+	for _, id := range []string{"sb-a", "sb-b"} {
+		if _, err := m.Fork(ctx, "sb-1", "v1", sandbox.Record{ID: id, Account: "acct"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := h.waitState("sb-a", sandbox.Running), h.waitState("sb-b", sandbox.Running)
+	if a.Machine.Uid == b.Machine.Uid || a.Machine.Disk[0] == b.Machine.Disk[0] || !slices.Equal(a.Machine.Disk[1:], b.Machine.Disk[1:]) {
+		t.Errorf("siblings' uids %d, %d and disks %v, %v; want their own uid and top over one chain", a.Machine.Uid, b.Machine.Uid, a.Machine.Disk, b.Machine.Disk)
+	}
+	for _, id := range []string{"sb-a", "sb-b"} {
+		if h.drv.last(id).loaded.Load() != "sb-1" {
+			t.Errorf("%s did not load sb-1's memory", id)
+		}
+	}
+	checkStore(t, m)
+	for _, id := range []string{"sb-1", "sb-a"} {
+		if err := m.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := h.get("sb-b"); r.State != sandbox.Running || h.drv.last("sb-b").exited() {
+		t.Errorf("sb-b %q once its sibling and source are deleted; want running", r.State)
+	}
+	checkHealth(t, m, "sb-b")
+	checkStore(t, m)
+}
+
+// TestSnapshotPinAndDelete: pinning changes only the pin; deleting a
+// snapshot deletes its files unless something else names them, and never
+// touches the sandbox; what cannot be done is refused with a code.
+func TestSnapshotPinAndDelete(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		run  func(t *testing.T, h *harness, m *sandbox.Manager)
+	}{
+		{"pin_unpin", func(t *testing.T, h *harness, m *sandbox.Manager) {
+			for _, pinned := range []bool{true, false, true} {
+				s, err := m.PinSnapshot(ctx, "sb-1", "v1", pinned)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r := h.get("sb-1")
+				stored, _ := r.Snapshot("v1")
+				if s.Pinned != pinned || !reflect.DeepEqual(*stored, s) {
+					t.Errorf("pin %v: answered %+v, recorded %+v", pinned, s, stored)
+				}
+			}
+		}},
+		{"pin_unknown", func(t *testing.T, h *harness, m *sandbox.Manager) {
+			_, err := m.PinSnapshot(ctx, "sb-1", "v9", true)
+			wantFault(t, "PinSnapshot", err, "snapshot_not_found", "")
+			_, err = m.PinSnapshot(ctx, "sb-nope", "v1", true)
+			wantFault(t, "PinSnapshot", err, "sandbox_not_found", "")
+		}},
+		{"delete_unknown", func(t *testing.T, h *harness, m *sandbox.Manager) {
+			before := recordJSON(t, h, "sb-1")
+			wantFault(t, "DeleteSnapshot", m.DeleteSnapshot(ctx, "sb-1", "v9"), "snapshot_not_found", "")
+			wantFault(t, "DeleteSnapshot", m.DeleteSnapshot(ctx, "sb-nope", "v1"), "sandbox_not_found", "")
+			if recordJSON(t, h, "sb-1") != before {
+				t.Error("a refused delete changed the record")
+			}
+		}},
+		{"delete_processing", func(t *testing.T, h *harness, m *sandbox.Manager) {
+			editSnapshot(t, h, "sb-1", "v1", func(s *sandbox.Snapshot) { s.Status = sandbox.SnapshotProcessing })
+			before := recordJSON(t, h, "sb-1")
+			wantFault(t, "DeleteSnapshot", m.DeleteSnapshot(ctx, "sb-1", "v1"), "operation_in_progress", "")
+			if recordJSON(t, h, "sb-1") != before {
+				t.Error("a refused delete changed the record")
+			}
+			// Check tells of the snapshot still being taken.
+			rep, err := m.Check(ctx)
+			if err != nil || !slices.Equal(rep.Unfinished, []string{"sb-1/v1"}) || len(rep.Missing)+len(rep.Orphans) != 0 {
+				t.Errorf("Check: %+v, %v; want sb-1/v1 unfinished, nothing else", rep, err)
+			}
+			editSnapshot(t, h, "sb-1", "v1", func(s *sandbox.Snapshot) { s.Status = sandbox.SnapshotReady })
+		}},
+		{"delete_pinned", func(t *testing.T, h *harness, m *sandbox.Manager) {
+			pin(t, m, "sb-1", "v1")
+			if err := m.DeleteSnapshot(ctx, "sb-1", "v1"); err != nil {
+				t.Fatalf("a pinned snapshot is deleted when asked: %v", err)
+			}
+		}},
+		{"delete_frees_its_files", func(t *testing.T, h *harness, m *sandbox.Manager) {
+			fm := h.drv.last("sb-1")
+			before := h.get("sb-1")
+			v1, _ := before.Snapshot("v1")
+			if err := m.DeleteSnapshot(ctx, "sb-1", "v1"); err != nil {
+				t.Fatal(err)
+			}
+			after := h.get("sb-1")
+			if exists(h.statePath(v1.State)) {
+				t.Error("the deleted snapshot's state is still in the store")
+			}
+			// Its disk is the lower part of the sandbox's: kept.
+			for _, p := range h.chainPaths(after.Machine.Disk) {
+				if !exists(p) {
+					t.Errorf("the sandbox's layer %s went with its snapshot", p)
+				}
+			}
+			if !slices.Equal(after.Machine.Disk, before.Machine.Disk) || after.State != sandbox.Running || fm.exited() || h.drv.starts("sb-1") != 1 {
+				t.Errorf("deleting a snapshot touched the sandbox: %+v", after)
+			}
+			checkHealth(t, m, "sb-1")
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m := snapshotHarness(t)
+			takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+			tc.run(t, h, m)
+			checkStore(t, m)
+		})
+	}
+}
+
+// TestRecoverFailsUnfinishedSnapshot plays a crash in the middle of a
+// memory snapshot: the record names the snapshot (processing, its state
+// half-written) and the sandbox's new top, and the guest is stopped for
+// the switch-over. The next Manager adopts the machine, lets the guest
+// run again, marks the snapshot failed with no files, and collects its
+// half-written state; a snapshot of a sandbox whose machine is gone is
+// failed the same way.
+func TestRecoverFailsUnfinishedSnapshot(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name  string
+		crash func(t *testing.T, h *harness, fm *fakeMachine) // what else the crash left
+		state sandbox.State
+	}{
+		{name: "guest_stopped_for_the_switch", state: sandbox.Running, crash: func(t *testing.T, h *harness, fm *fakeMachine) {
+			fm.Pause(ctx)
+		}},
+		{name: "guest_running", state: sandbox.Running},
+		{name: "machine_gone", state: sandbox.Error, crash: func(t *testing.T, h *harness, fm *fakeMachine) {
+			fm.Kill()
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h, m1 := snapshotHarness(t)
+			takeSnapshot(t, m1, "sb-1", sandbox.SnapshotRequest{Memory: true})
+			m1.Close()
+			fm := h.drv.last("sb-1")
+
+			// What the snapshot had done when the host service died: a
+			// new top over the frozen disk, the snapshot recorded
+			// (processing), half its state written.
+			frozen := h.get("sb-1").Machine.Disk
+			top, state := "00000000000000a1", "00000000000000b2"
+			qemuImg(t, "create", "-q", "-f", "qcow2", "-u", "-b", h.layerPath(frozen[0]), "-F", "qcow2", h.layerPath(top), "64M")
+			if err := os.WriteFile(h.statePath(state), []byte(`{"machine":"sb-`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := h.recs.Update(ctx, "sb-1", func(r *sandbox.Record) error {
+				r.SnapshotSeq++
+				r.Snapshots = append(r.Snapshots, sandbox.Snapshot{
+					ID: "v2", Memory: true, Status: sandbox.SnapshotProcessing, CreatedAt: time.Now().UTC(),
+					Disk: frozen, BaseDisk: r.Machine.BaseDisk, State: state,
+					Needs:     &sandbox.Needs{QEMU: qemuVersion, DeviceSet: vmm.DeviceSet, Accel: vmm.TCG, Image: h.image.Key},
+					MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs, DiskGiB: r.DiskGiB,
+				})
+				r.Machine.Disk = append([]string{top}, frozen...)
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.crash != nil {
+				tc.crash(t, h, fm)
+			}
+
+			m2 := h.manager(func(c *sandbox.Config) { c.QEMUVersion = qemuVersion })
+			if err := m2.Recover(ctx); err != nil {
+				t.Fatalf("Recover: %v", err)
+			}
+			r := h.get("sb-1")
+			v2, _ := r.Snapshot("v2")
+			if v2.Status != sandbox.SnapshotFailed || v2.State != "" || v2.Disk != nil || v2.SizeBytes != 0 {
+				t.Errorf("interrupted snapshot %+v; want failed, naming no files", v2)
+			}
+			if exists(h.statePath(state)) {
+				t.Error("the half-written state is still in the store")
+			}
+			if v1, _ := r.Snapshot("v1"); v1.Status != sandbox.SnapshotReady || !exists(h.statePath(v1.State)) {
+				t.Errorf("the snapshot before it %+v lost its state", v1)
+			}
+			if !slices.Equal(r.Machine.Disk, append([]string{top}, frozen...)) || !exists(h.layerPath(top)) {
+				t.Errorf("disk %v after Recover; want the new top %s kept over %v", r.Machine.Disk, top, frozen)
+			}
+			if r.State != tc.state {
+				t.Fatalf("state %q after Recover, want %q", r.State, tc.state)
+			}
+			checkStore(t, m2)
+			if tc.state == sandbox.Running {
+				running, _ := fm.Running(ctx)
+				if h.drv.starts("sb-1") != 1 || fm.exited() || !running || *r.Machine.Process != fm.proc {
+					t.Errorf("%d machines started, exited %v, CPUs running %v; want the first adopted and running", h.drv.starts("sb-1"), fm.exited(), running)
+				}
+				checkHealth(t, m2, "sb-1")
+			}
+			// The failed one is deleted as any other; the next is v3.
+			if err := m2.DeleteSnapshot(ctx, "sb-1", "v2"); err != nil {
+				t.Fatal(err)
+			}
+			if tc.state == sandbox.Running {
+				if s := takeSnapshot(t, m2, "sb-1", sandbox.SnapshotRequest{Memory: true}); s.ID != "v3" {
+					t.Errorf("next snapshot %s, want v3", s.ID)
+				}
+			}
+			checkStore(t, m2)
+		})
+	}
+}
+
+func qemuImg(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("qemu-img", args...).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img %v: %v: %s", args, err, out)
+	}
+}
+
+// TestDeleteSnapshotDuringItsRestore: a snapshot deleted while a restore
+// of it is under way (the delete answered after the restore's automatic
+// snapshot) must leave the sandbox either restored or refused, never
+// booting from files the store has collected.
+//
+// Known bug (pinned here, skipped until fixed): Restore reads the
+// snapshot before taking its automatic one and holds storeMu only from
+// after it, so a DeleteSnapshot in between collects the snapshot's layers
+// and Restore then records a chain over missing files: the boot fails and
+// the sandbox is left in error.
+func TestDeleteSnapshotDuringItsRestore(t *testing.T) {
+	t.Skip("known bug: Restore does not hold its snapshot's files against a concurrent DeleteSnapshot (snapshots.go, Restore)")
+	ctx := context.Background()
+	h, m := snapshotHarness(t)
+	// v2's top layer comes to be named by v2 alone: the sandbox is
+	// restored to v1 (over another lineage) and the auto that kept the
+	// chain through v2 is deleted.
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	stopIt(t, h, m)
+	gate := make(chan struct{})
+	h.drv.setPlan(plan{saveGate: gate})
+	restore(t, m, "sb-1", "v1", false)
+	if err := m.DeleteSnapshot(ctx, "sb-1", "auto-1"); err != nil {
+		t.Fatal(err)
+	}
+	fm := h.drv.last("sb-1")
+	restored := make(chan error, 1)
+	go func() { _, err := m.Restore(ctx, "sb-1", "v2", false); restored <- err }()
+	for fm.saves.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- m.DeleteSnapshot(ctx, "sb-1", "v2") }()
+	for {
+		if r := h.get("sb-1"); !slices.Contains(snapshotIDs(r), "v2") {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // the delete's collect waits for the store
+	close(gate)
+	rerr, derr := <-restored, <-deleted
+	if rerr != nil && derr != nil {
+		t.Errorf("both refused: restore %v, delete %v", rerr, derr)
+	}
+	if r := h.get("sb-1"); r.State != sandbox.Running {
+		t.Errorf("sandbox %q (%s) after a restore raced a delete of its snapshot (restore: %v, delete: %v)", r.State, r.Error, rerr, derr)
+	}
+	checkStore(t, m)
+}
