@@ -215,7 +215,13 @@ func (h *Host) run(ctx context.Context) {
 			continue
 		}
 		backoff = 10 * time.Millisecond
-		s, err := yamux.Client(conn, config(h.log))
+		hs, err := hostHandshake(ctx, conn)
+		if err != nil {
+			h.log.Debug("channel handshake", "socket", h.path, "err", err)
+			conn.Close()
+			continue
+		}
+		s, err := yamux.Client(hs, config(h.log))
 		if err != nil {
 			conn.Close()
 			continue
@@ -264,7 +270,11 @@ func (g *Guest) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		port, err := g.open()
 		if err == nil {
-			s, serr := yamux.Server(port, config(g.log))
+			var s *yamux.Session
+			hs, serr := guestHandshake(port)
+			if serr == nil {
+				s, serr = yamux.Server(hs, config(g.log))
+			}
 			if serr == nil {
 				stop := context.AfterFunc(ctx, func() { s.Close() })
 				g.serve(s)

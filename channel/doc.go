@@ -23,6 +23,11 @@
 // Keep-alives are off: a paused guest must not have its session closed
 // under it, and a dead QEMU is seen by its process ending, not by pings.
 //
+// Every session starts with a handshake (handshake.go): the guest starts
+// its session only on a HELLO from the host, answered READY, then GO.
+// A memory snapshot loaded into a new QEMU leaves the guest in its old
+// session without an EOF; the HELLO ends that session.
+//
 // Races: a port has one host end at a time. Bytes written by one session
 // and read by the next (a reconnection in flight) fail yamux's framing,
 // which ends that session on both sides; the next one starts clean.

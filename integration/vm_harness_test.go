@@ -301,6 +301,15 @@ func (s *vmStack) sh(id, line string) string {
 // qemuPid is the pid of a sandbox's QEMU, from the machines directory.
 func (s *vmStack) qemuPid(id string) int {
 	s.t.Helper()
+	pid := s.findQEMU(id)
+	if pid == 0 {
+		s.t.Fatalf("no QEMU runs for %s", id)
+	}
+	return pid
+}
+
+// findQEMU is the pid of a sandbox's QEMU, or 0 when none runs.
+func (s *vmStack) findQEMU(id string) int {
 	procs, _ := os.ReadDir("/proc")
 	needle := []byte(filepath.Join(s.machines, id) + "/")
 	for _, p := range procs {
@@ -313,7 +322,6 @@ func (s *vmStack) qemuPid(id string) int {
 			return pid
 		}
 	}
-	s.t.Fatalf("no QEMU runs for %s", id)
 	return 0
 }
 
@@ -325,7 +333,7 @@ func (s *vmStack) console(id string) string {
 
 // checkConfined checks a sandbox's QEMU as the host sees it: not root,
 // with its seccomp filter on, and holding no descriptor but its own
-// (its devices, logs, sockets, the disk and its base).
+// (its devices, logs, sockets, its disk's layers and the base).
 func (s *vmStack) checkConfined(id string) {
 	s.t.Helper()
 	pid := s.qemuPid(id)
@@ -357,6 +365,8 @@ func (s *vmStack) checkConfined(id string) {
 		}
 		switch {
 		case strings.HasPrefix(target, filepath.Join(s.machines, id)+"/"),
+			// its disk's layers, handed over as descriptors
+			strings.HasPrefix(target, filepath.Join(s.machines, "store")+"/"),
 			strings.HasSuffix(target, "/base.qcow2"), // the image's shared base, read-only
 			strings.HasPrefix(target, "/dev/"),
 			strings.HasPrefix(target, "socket:"),

@@ -126,14 +126,17 @@ func TestSandboxEndToEnd(t *testing.T) {
 
 	// Delete: the VM, its disk and its records are gone.
 	dir := filepath.Join(s.machines, id)
-	if _, err := os.Stat(filepath.Join(dir, "disk.qcow2")); err != nil {
-		t.Fatalf("disk before delete: %v", err)
+	if layers, _ := filepath.Glob(filepath.Join(s.machines, "store", "*.qcow2")); len(layers) == 0 {
+		t.Fatal("no disk layer in the store before the delete")
 	}
 	if r := s.must(200, "DELETE", "/v1/sandboxes/"+id, ""); r.data()["state"] != "destroyed" {
 		t.Fatalf("delete: %s", r.Raw)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("the sandbox's directory after delete: %v", err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(s.machines, "store")); len(left) != 0 {
+		t.Fatalf("the store after the only sandbox's delete holds %d files", len(left))
 	}
 	if r := s.call(s.key, "GET", "/v1/sandboxes/"+id, ""); r.Status != 404 || r.code() != "sandbox_not_found" {
 		t.Fatalf("get after delete: %d %s", r.Status, r.Raw)

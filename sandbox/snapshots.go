@@ -57,7 +57,7 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 		return Snapshot{}, err
 	}
 	defer done()
-	s, err := m.snapshot(ctx, id, req, false)
+	s, err := m.snapshot(ctx, id, req, false, "")
 	if cerr := m.collect(context.WithoutCancel(ctx)); cerr != nil {
 		m.log.Warn("store not collected after a snapshot", "sandbox", id, "err", cerr)
 	}
@@ -66,7 +66,9 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 
 // snapshot is Snapshot's work, also a restore's automatic one; the caller
 // holds the sandbox's operation mark.
-func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, auto bool) (Snapshot, error) {
+// For an automatic one, keep names a snapshot the pruning of old automatic
+// ones must leave (the one being restored).
+func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, auto bool, keep string) (Snapshot, error) {
 	m.storeMu.RLock()
 	defer m.storeMu.RUnlock()
 	r, err := m.cfg.Records.Get(ctx, id)
@@ -201,7 +203,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 		// victims counts the snapshot to come: this one is in already.
 		others := Record{Snapshots: slices.DeleteFunc(slices.Clone(rec.Snapshots), func(s Snapshot) bool { return s.ID == snap.ID })}
 		if auto {
-			pruneAutos(rec)
+			pruneAutos(rec, keep)
 		} else if gone, verr := victims(others, req); verr == nil {
 			rec.Snapshots = slices.DeleteFunc(rec.Snapshots, func(s Snapshot) bool { return slices.Contains(gone, s.ID) })
 		}
@@ -263,12 +265,12 @@ func victims(r Record, req SnapshotRequest) ([]string, error) {
 }
 
 // pruneAutos keeps the newest KeepAutoSnapshots automatic snapshots
-// (pinned ones are kept beyond them).
-func pruneAutos(rec *Record) {
+// (pinned ones, and keep, are kept beyond them).
+func pruneAutos(rec *Record, keep string) {
 	n := 0
 	for i := len(rec.Snapshots) - 1; i >= 0; i-- {
 		s := rec.Snapshots[i]
-		if !s.Auto || s.Pinned || s.Status == SnapshotProcessing {
+		if !s.Auto || s.Pinned || s.Status == SnapshotProcessing || s.ID == keep {
 			continue
 		}
 		n++
@@ -367,7 +369,7 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	_, live := m.live[id]
 	m.mu.Unlock()
 	keepMemory := live && (r.State == Running || r.State == Paused) || r.State == Paused && r.Machine.Saved != ""
-	auto, err := m.snapshot(ctx, id, SnapshotRequest{Memory: keepMemory, Comment: "before restoring " + snapID}, true)
+	auto, err := m.snapshot(ctx, id, SnapshotRequest{Memory: keepMemory, Comment: "before restoring " + snapID}, true, snapID)
 	if err != nil {
 		return RestoreResult{}, fmt.Errorf("keeping the current state before the restore: %w", err)
 	}
@@ -376,7 +378,20 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	// then the old QEMU ends. A crash in between is finished by Recover:
 	// the old QEMU is no record's and is killed, the boot runs.
 	m.storeMu.RLock()
-	top, err := m.newLayer(ctx, target.BaseDisk, target.Disk[0], m.diskBytes(target.DiskGiB))
+	// The snapshot again, under storeMu: a delete of it since the first
+	// read may have let collect take its files; now none can.
+	r, err = m.cfg.Records.Get(ctx, id)
+	if err == nil {
+		if s, ok := r.Snapshot(snapID); !ok || s.Status != SnapshotReady {
+			err = ErrSnapshotNotFound
+		} else {
+			target = *s
+		}
+	}
+	var top string
+	if err == nil {
+		top, err = m.newLayer(ctx, target.BaseDisk, target.Disk[0], m.diskBytes(target.DiskGiB))
+	}
 	if err == nil {
 		_, err = m.cfg.Records.Update(ctx, id, func(rec *Record) error {
 			rec.State, rec.Error = Creating, ""

@@ -1199,13 +1199,11 @@ func qemuImg(t *testing.T, args ...string) {
 // snapshot) must leave the sandbox either restored or refused, never
 // booting from files the store has collected.
 //
-// Known bug (pinned here, skipped until fixed): Restore reads the
-// snapshot before taking its automatic one and holds storeMu only from
-// after it, so a DeleteSnapshot in between collects the snapshot's layers
-// and Restore then records a chain over missing files: the boot fails and
-// the sandbox is left in error.
+// Regression: Restore read the snapshot before taking its automatic one
+// and held storeMu only from after it, so a DeleteSnapshot in between
+// collected the snapshot's layers and Restore recorded a chain over
+// missing files: the boot failed and the sandbox was left in error.
 func TestDeleteSnapshotDuringItsRestore(t *testing.T) {
-	t.Skip("known bug: Restore does not hold its snapshot's files against a concurrent DeleteSnapshot (snapshots.go, Restore)")
 	ctx := context.Background()
 	h, m := snapshotHarness(t)
 	// v2's top layer comes to be named by v2 alone: the sandbox is

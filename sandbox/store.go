@@ -37,7 +37,7 @@ const (
 	stateExt = ".state"
 )
 
-func (m *Manager) storeDir() string { return filepath.Join(m.cfg.Dir, "store") }
+func (m *Manager) storeDir() string { return StoreDir(m.cfg.Dir) }
 
 // layerPath and statePath are the files of a layer and a memory state.
 func (m *Manager) layerPath(id string) string {
@@ -207,12 +207,21 @@ func (r StoreReport) Clean() bool {
 func (m *Manager) Check(ctx context.Context) (StoreReport, error) {
 	m.storeMu.Lock()
 	defer m.storeMu.Unlock()
-	var rep StoreReport
 	records, err := m.cfg.Records.List(ctx)
 	if err != nil {
-		return rep, err
+		return StoreReport{}, err
 	}
-	entries, err := os.ReadDir(m.storeDir())
+	return CheckStore(m.storeDir(), records)
+}
+
+// StoreDir is the store of the sandboxes of state directory dir.
+func StoreDir(dir string) string { return filepath.Join(dir, "store") }
+
+// CheckStore compares a store directory with the records that name its
+// files (a Manager's, or a stopped hostproxy's registry's).
+func CheckStore(storeDir string, records []Record) (StoreReport, error) {
+	var rep StoreReport
+	entries, err := os.ReadDir(storeDir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return rep, err
 	}

@@ -233,12 +233,27 @@ func blockdev(layers []Layer) string {
 	for i := len(layers) - 1; i >= 0; i-- {
 		node = map[string]any{
 			"driver": "qcow2", "node-name": layers[i].Node, "read-only": i > 0,
-			"file":    map[string]any{"driver": "file", "filename": fmt.Sprintf("/dev/fdset/%d", i+1), "read-only": i > 0},
+			"file":    fileNode(i+1, i > 0),
 			"backing": node,
 		}
 	}
 	b, _ := json.Marshal(node)
 	return string(b)
+}
+
+// fileNode is the file node of a layer whose descriptors are fd set set.
+// QEMU's image locking is off: it takes its locks on the open file
+// descriptions of the set, and a layer reopened read-only when it becomes
+// a backing layer keeps its read-write description (and that one's locks)
+// in the set, so the next activation (a cont after a save) conflicts with
+// itself. Exclusion is the caller's: each layer is written by one machine
+// only (its top), and shared layers are never written.
+func fileNode(set int, readOnly bool) map[string]any {
+	n := map[string]any{"driver": "file", "filename": fmt.Sprintf("/dev/fdset/%d", set), "locking": "off"}
+	if readOnly {
+		n["read-only"] = true
+	}
+	return n
 }
 
 // ValidNode tells whether s can name a QEMU block node.

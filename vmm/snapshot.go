@@ -292,7 +292,7 @@ func (m *qemuMachine) addLayer(ctx context.Context, q *QMP, l Layer) (string, er
 	}
 	_, err = q.Execute(ctx, "blockdev-add", map[string]any{
 		"driver": "qcow2", "node-name": l.Node,
-		"file":    map[string]any{"driver": "file", "filename": fmt.Sprintf("/dev/fdset/%d", *set)},
+		"file":    fileNode(*set, false),
 		"backing": nil,
 	})
 	if err != nil {

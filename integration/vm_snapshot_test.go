@@ -1,0 +1,264 @@
+package integration
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"strata/hostproxy"
+	"strata/sandbox"
+)
+
+// counterLine starts a process that counts in memory (/dev/shm, a tmpfs:
+// only a memory snapshot keeps it), ten times a second, in a session of
+// its own so that the exec that starts it does not end it.
+const counterLine = `setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/counter; sleep 0.1; done' </dev/null >/dev/null 2>&1 &`
+
+// counter reads the counter of a sandbox; -1 when there is none.
+func (s *vmStack) counter(id string) int {
+	s.t.Helper()
+	res := s.exec(id, "cat", "/dev/shm/counter")
+	if res.ExitCode != 0 {
+		return -1
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(res.Stdout))
+	if err != nil {
+		s.t.Fatalf("counter of %s: %q", id, res.Stdout)
+	}
+	return n
+}
+
+// counting checks that a sandbox's counter runs: it grows within a few
+// seconds. It returns the first value read.
+func (s *vmStack) counting(id string) int {
+	s.t.Helper()
+	first := s.counter(id)
+	for wait := time.Now().Add(5 * time.Second); first < 0 && time.Now().Before(wait); first = s.counter(id) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if first < 0 {
+		res := s.exec(id, "sh", "-c", "ls -la /dev/shm; command -v setsid; ps -ef")
+		s.t.Fatalf("%s has no counter: %+v", id, res)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.counter(id) <= first {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("the counter of %s stays at %d", id, first)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return first
+}
+
+// checkStore stops hostproxy, compares the host's store with the records
+// its registry keeps (no orphan, nothing missing, no snapshot still
+// processing), and starts it again.
+func (s *vmStack) checkStore() {
+	s.t.Helper()
+	s.stop()
+	defer s.start()
+	reg, err := hostproxy.OpenRegistry(context.Background(), s.data)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer reg.Close()
+	recs, err := reg.List(context.Background())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	rep, err := sandbox.CheckStore(sandbox.StoreDir(s.machines), recs)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if !rep.Clean() {
+		s.t.Fatalf("the host's store does not match the records: %+v", rep)
+	}
+	s.t.Logf("store: %d files, clean", rep.Files)
+}
+
+// TestVMSnapshots drives VM snapshots through the public API: a memory
+// snapshot keeps a running process, its restore brings back that moment
+// (processes, files and the guest's directory checkpoints) and keeps the
+// moment before as auto-1, which restores too; a disk-only restore boots
+// fresh; forks run the source's processes, are isolated from it and from
+// each other, and outlive the source and the snapshot; pause frees the
+// host's memory and resume brings the processes back.
+func TestVMSnapshots(t *testing.T) {
+	s := startVMStack(t, "60s")
+	id := s.create(s.key, `{"name":"snap"}`)
+	snaps := "/v1/sandboxes/" + id + "/snapshots"
+	cps := "/v1/sandboxes/" + id + "/checkpoints"
+
+	s.sh(id, counterLine)
+	s.counting(id)
+	s.sh(id, "mkdir -p /workspace/p && echo one > /workspace/p/f")
+	cp1 := s.must(200, "POST", cps, `{"path":"/workspace/p","name":"one"}`).data()["id"].(string)
+
+	// A memory snapshot: the sandbox runs on, the counter too.
+	t0 := time.Now()
+	v1 := s.must(200, "POST", snaps, `{"comment":"counter running"}`).data()
+	t.Logf("memory snapshot: %v", time.Since(t0))
+	if v1["id"] != "v1" || v1["memory"] != true || v1["auto"] != false || v1["status"] != "ready" || v1["comment"] != "counter running" || v1["size_bytes"].(float64) <= 0 || v1["sandbox"] != id {
+		t.Fatalf("snapshot record: %v", v1)
+	}
+	atSnapshot := s.counting(id)
+	if st := s.must(200, "GET", "/v1/sandboxes/"+id, "").data()["state"]; st != "running" {
+		t.Fatalf("state after a snapshot: %v", st)
+	}
+
+	// Later: a new file and a second directory checkpoint.
+	s.sh(id, "echo two > /workspace/p/after")
+	cp2 := s.must(200, "POST", cps, `{"path":"/workspace/p","name":"two"}`).data()["id"].(string)
+	time.Sleep(2 * time.Second)
+	beforeRestore := s.counter(id)
+
+	// Restore v1: the counter runs again from about the snapshot's
+	// value, the later file and checkpoint are gone.
+	t0 = time.Now()
+	res := s.must(200, "POST", snaps+"/v1/restore", "").data()
+	t.Logf("memory restore: %v", time.Since(t0))
+	if res["snapshot_id"] != "v1" || res["auto_id"] != "auto-1" || res["state"] != "running" {
+		t.Fatalf("restore: %v", res)
+	}
+	back := s.counting(id)
+	if back >= beforeRestore || back < atSnapshot-50 {
+		t.Fatalf("counter after the restore: %d; at the snapshot about %d, before the restore %d", back, atSnapshot, beforeRestore)
+	}
+	if r := s.exec(id, "test", "-e", "/workspace/p/after"); r.ExitCode == 0 {
+		t.Fatal("a file written after the snapshot is there after its restore")
+	}
+	list := s.must(200, "GET", cps, "").Body["data"].([]any)
+	if len(list) != 1 || list[0].(map[string]any)["id"] != cp1 {
+		t.Fatalf("directory checkpoints after the restore: %v, want only %s", list, cp1)
+	}
+	s.sh(id, "echo scratch > /workspace/p/f")
+	s.must(200, "POST", cps+"/"+cp1+"/restore", "")
+	if out := s.sh(id, "cat /workspace/p/f"); out != "one\n" {
+		t.Fatalf("directory restore after the VM restore: %q", out)
+	}
+
+	// auto-1 is the moment before the restore: the file, the second
+	// checkpoint and the counter's value are back.
+	auto := s.must(200, "GET", snaps+"/auto-1", "").data()
+	if auto["auto"] != true || auto["memory"] != true || auto["status"] != "ready" {
+		t.Fatalf("auto-1: %v", auto)
+	}
+	s.must(200, "POST", snaps+"/auto-1/restore", "")
+	if out := s.sh(id, "cat /workspace/p/after"); out != "two\n" {
+		t.Fatalf("after restoring auto-1: %q", out)
+	}
+	if n := s.counting(id); n < beforeRestore {
+		t.Fatalf("counter after restoring auto-1: %d, want at least %d", n, beforeRestore)
+	}
+	ids := map[string]bool{}
+	for _, c := range s.must(200, "GET", cps, "").Body["data"].([]any) {
+		ids[c.(map[string]any)["id"].(string)] = true
+	}
+	if !ids[cp1] || !ids[cp2] {
+		t.Fatalf("directory checkpoints after restoring auto-1: %v", ids)
+	}
+
+	// A disk-only snapshot restores as a fresh boot: files, no counter.
+	v2 := s.must(200, "POST", snaps, `{"memory":false}`).data()
+	if v2["id"] != "v2" || v2["memory"] != false || v2["status"] != "ready" {
+		t.Fatalf("disk-only snapshot: %v", v2)
+	}
+	t0 = time.Now()
+	s.must(200, "POST", snaps+"/v2/restore", "")
+	t.Logf("disk-only restore (a cold boot): %v", time.Since(t0))
+	if n := s.counter(id); n != -1 {
+		t.Fatalf("a counter runs after a disk-only restore: %d", n)
+	}
+	if out := s.sh(id, "cat /workspace/p/after"); out != "two\n" {
+		t.Fatalf("files after a disk-only restore: %q", out)
+	}
+	list = s.must(200, "GET", snaps, "").Body["data"].([]any)
+	var got []string
+	for _, v := range list {
+		got = append(got, v.(map[string]any)["id"].(string))
+	}
+	if strings.Join(got, ",") != "v1,auto-1,auto-2,v2,auto-3" {
+		t.Fatalf("snapshots: %v", got)
+	}
+
+	// Forks of a memory snapshot: the counter runs in each; writes stay
+	// in their own sandbox; they outlive the source and the snapshot.
+	s.sh(id, counterLine)
+	s.counting(id)
+	s.must(200, "POST", snaps, `{"comment":"for forks"}`)
+	t0 = time.Now()
+	f1 := s.call(s.key, "POST", "/v1/sandboxes", `{"name":"fork-one","from":{"sandbox":"`+id+`","snapshot":"v3"}}`)
+	if f1.Status != 202 || f1.data()["from"] == nil {
+		t.Fatalf("fork: %d %s", f1.Status, f1.Raw)
+	}
+	fork1 := f1.data()["id"].(string)
+	s.waitState(s.key, fork1, "running", 2*time.Minute)
+	t.Logf("fork to running: %v", time.Since(t0))
+	many := s.call(s.key, "POST", snaps+"/v3/fork", `{"count":2,"name_prefix":"many"}`)
+	if many.Status != 202 {
+		t.Fatalf("fork count 2: %d %s", many.Status, many.Raw)
+	}
+	var forks []string
+	for _, f := range many.data()["sandboxes"].([]any) {
+		forks = append(forks, f.(map[string]any)["id"].(string))
+	}
+	if len(forks) != 2 {
+		t.Fatalf("fork count 2 made %v", forks)
+	}
+	forks = append(forks, fork1)
+	for _, f := range forks {
+		s.waitState(s.key, f, "running", 2*time.Minute)
+		s.counting(f)
+		if out := s.sh(f, "hostname"); strings.TrimSpace(out) == "snap" {
+			t.Fatalf("fork %s kept the source's hostname", f)
+		}
+		s.sh(f, "echo "+f+" > /workspace/p/mine")
+	}
+	for _, sb := range append([]string{id}, forks...) {
+		out := s.exec(sb, "cat", "/workspace/p/mine")
+		if sb == id && out.ExitCode == 0 || sb != id && out.Stdout != sb+"\n" {
+			t.Fatalf("%s sees /workspace/p/mine as %q", sb, out.Stdout)
+		}
+	}
+	// A token of the source, as the fork's memory holds it, does not act
+	// on the source from inside the fork.
+	tok := s.must(200, "POST", "/v1/sandboxes/"+id+"/access-token", "").data()["token"].(string)
+	line := `curl -sS -o /dev/null -w '%{http_code}' -H 'X-Api-Key: ` + tok + `' "$CREATEOS_API_URL/v1/sandboxes/` + id + `/checkpoints"`
+	if out := s.sh(fork1, ". /run/strata/credentials.env; "+line); out != "403" {
+		t.Fatalf("the source's token from inside a fork: %q, want 403", out)
+	}
+
+	s.must(200, "DELETE", snaps+"/v3", "")
+	if r := s.call(s.key, "GET", snaps+"/v3", ""); r.Status != 404 || r.code() != "snapshot_not_found" {
+		t.Fatalf("get of a deleted snapshot: %d %s", r.Status, r.Raw)
+	}
+	s.must(200, "DELETE", "/v1/sandboxes/"+id, "")
+	for _, f := range forks {
+		s.counting(f)
+		if out := s.sh(f, "cat /workspace/p/mine /workspace/p/after"); out != f+"\ntwo\n" {
+			t.Fatalf("fork %s after its source's delete: %q", f, out)
+		}
+	}
+
+	// Pause frees the host's memory (QEMU ends); resume brings the
+	// counter back where it was.
+	f := forks[0]
+	s.call(s.key, "POST", "/v1/sandboxes/"+f+"/pause", "")
+	s.waitState(s.key, f, "paused", time.Minute)
+	if pid := s.findQEMU(f); pid != 0 {
+		t.Fatalf("a paused sandbox's QEMU still runs (pid %d)", pid)
+	}
+	if r := s.call(s.key, "GET", "/v1/sandboxes/"+f+"/snapshots", ""); r.Status != 200 {
+		t.Fatalf("snapshots of a paused sandbox: %d %s", r.Status, r.Raw)
+	}
+	if st := s.must(200, "GET", "/v1/sandboxes/"+f, "").data()["state"]; st != "paused" {
+		t.Fatalf("listing snapshots woke a paused sandbox: %v", st)
+	}
+	s.call(s.key, "POST", "/v1/sandboxes/"+f+"/resume", "")
+	s.waitState(s.key, f, "running", time.Minute)
+	s.counting(f)
+
+	s.checkStore()
+}
