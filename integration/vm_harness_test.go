@@ -33,9 +33,14 @@ type vmStack struct {
 	key      string
 	client   *http.Client
 
-	mu    sync.Mutex
-	proxy *exec.Cmd
-	plog  *syncBuffer
+	// env is added to hostproxy's environment at its next start
+	// (failpoints).
+	env []string
+
+	mu     sync.Mutex
+	proxy  *exec.Cmd
+	exited chan struct{} // closed once proxy has exited (and is reaped)
+	plog   *syncBuffer
 }
 
 // syncBuffer is a bytes.Buffer safe for a process's output and a test's reads.
@@ -131,8 +136,17 @@ func (s *vmStack) start() {
 	s.plog = &syncBuffer{}
 	s.proxy = exec.Command(filepath.Join(bins, "hostproxy"), "--config", s.config, "--debug")
 	s.proxy.Env = append(os.Environ(), "TEST_KEY_A="+s.key, "TEST_KEY_B="+s.keyB())
+	s.proxy.Env = append(s.proxy.Env, s.env...)
 	s.proxy.Stdout, s.proxy.Stderr = s.plog, s.plog
 	err := s.proxy.Start()
+	if err == nil {
+		exited, proxy := make(chan struct{}), s.proxy
+		s.exited = exited
+		go func() {
+			proxy.Wait()
+			close(exited)
+		}()
+	}
 	s.mu.Unlock()
 	if err != nil {
 		s.t.Fatal(err)
@@ -157,7 +171,7 @@ func (s *vmStack) stop() {
 		return
 	}
 	s.proxy.Process.Signal(syscall.SIGTERM)
-	s.proxy.Wait()
+	<-s.exited
 	s.proxy = nil
 }
 
@@ -186,6 +200,16 @@ func (s *vmStack) call(key, method, path, body string) reply {
 // callWith is call with extra headers.
 func (s *vmStack) callWith(key, method, path, body string, headers map[string]string) reply {
 	s.t.Helper()
+	r, err := s.send(key, method, path, body, headers)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return r
+}
+
+// send is callWith that returns what goes wrong (hostproxy killed under
+// the request).
+func (s *vmStack) send(key, method, path, body string, headers map[string]string) (reply, error) {
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
@@ -200,15 +224,15 @@ func (s *vmStack) callWith(key, method, path, body string, headers map[string]st
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		s.t.Fatalf("%s %s: %v", method, path, err)
+		return reply{}, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
 	r := reply{Status: resp.StatusCode, Header: resp.Header, Raw: raw}
 	if err := json.Unmarshal(raw, &r.Body); err != nil {
-		s.t.Fatalf("%s %s: not JSON (%d): %s", method, path, resp.StatusCode, raw)
+		return r, fmt.Errorf("%s %s: not JSON (%d): %s", method, path, resp.StatusCode, raw)
 	}
-	return r
+	return r, nil
 }
 
 // must sends a request that must succeed with want.

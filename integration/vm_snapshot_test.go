@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"strata/hostproxy"
 	"strata/sandbox"
+	"strata/vmm"
 )
 
 // counterLine starts a process that counts in memory (/dev/shm, a tmpfs:
@@ -261,4 +263,113 @@ func TestVMSnapshots(t *testing.T) {
 	s.counting(f)
 
 	s.checkStore()
+}
+
+// TestVMSnapshotFaults kills hostproxy right after each step of a
+// snapshot (memory and disk-only), a restore, a fork and a pause. After
+// each restart: no sandbox is lost and each runs its processes on, no
+// snapshot is left processing (an interrupted one is failed, never
+// ready), and the host's store holds exactly what the records name.
+func TestVMSnapshotFaults(t *testing.T) {
+	s := startVMStack(t, "60s")
+	id := s.create(s.key, `{"name":"faults"}`)
+	snaps := "/v1/sandboxes/" + id + "/snapshots"
+	s.sh(id, counterLine)
+	s.counting(id)
+	s.must(200, "POST", snaps, `{"comment":"base"}`)
+
+	type op struct {
+		name, method, path, body string
+		points                   []string
+	}
+	ops := []op{
+		{"memory snapshot", "POST", snaps, `{}`, []string{sandbox.FailpointSnapshotRecorded, vmm.FailpointSwitchover, sandbox.FailpointSnapshotSaved}},
+		{"disk-only snapshot", "POST", snaps, `{"memory":false}`, []string{sandbox.FailpointSnapshotRecorded, sandbox.FailpointSnapshotSaved}},
+		{"restore", "POST", snaps + "/v1/restore", "", []string{sandbox.FailpointRestoreAuto, sandbox.FailpointRestoreRecorded, sandbox.FailpointRestoreEnded, sandbox.FailpointBootLoaded}},
+		{"fork", "POST", "/v1/sandboxes", `{"from":{"sandbox":"` + id + `","snapshot":"v1"}}`, []string{sandbox.FailpointForkRecorded, sandbox.FailpointBootLoaded}},
+		{"pause", "POST", "/v1/sandboxes/" + id + "/pause", "", []string{sandbox.FailpointPauseSaved}},
+	}
+	for _, o := range ops {
+		for _, point := range o.points {
+			t.Logf("%s, killed at %s", o.name, point)
+			before := map[string]bool{}
+			for _, sb := range s.sandboxes("acct-a") {
+				before[sb] = true
+			}
+			s.stop()
+			s.env = []string{"STRATA_FAILPOINTS=" + point}
+			s.start()
+			r, err := s.send(s.key, o.method, o.path, o.body, nil)
+			if err == nil && r.Status != 202 {
+				t.Fatalf("%s: answered %d %s although hostproxy was to die at %s", o.name, r.Status, r.Raw, point)
+			}
+			// A 202 comes before the background work dies: wait for
+			// the kill.
+			deadline := time.Now().Add(time.Minute)
+			for s.alive() && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if s.alive() {
+				t.Fatalf("%s: hostproxy did not reach %s", o.name, point)
+			}
+			s.stop()
+			s.env = nil
+			s.start()
+			for _, sb := range s.sandboxes("acct-a") {
+				st := s.waitSettled(sb)
+				if st == "paused" {
+					s.call(s.key, "POST", "/v1/sandboxes/"+sb+"/resume", "")
+					st = s.waitSettled(sb)
+				}
+				if st != "running" {
+					t.Fatalf("%s killed at %s: sandbox %s is %s", o.name, point, sb, st)
+				}
+				if sb == id || !before[sb] {
+					s.counting(sb)
+				}
+				for _, sn := range s.must(200, "GET", "/v1/sandboxes/"+sb+"/snapshots", "").Body["data"].([]any) {
+					if st := sn.(map[string]any)["status"]; st == "processing" {
+						t.Fatalf("%s killed at %s: snapshot %v of %s still processing", o.name, point, sn, sb)
+					}
+				}
+			}
+			if !slices.Contains(s.sandboxes("acct-a"), id) {
+				t.Fatalf("%s killed at %s: the sandbox is gone", o.name, point)
+			}
+			s.checkStore()
+		}
+	}
+}
+
+// alive tells whether the hostproxy process still runs.
+func (s *vmStack) alive() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proxy == nil {
+		return false
+	}
+	select {
+	case <-s.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// waitSettled waits until a sandbox is in a state no operation is taking
+// it out of, and returns it.
+func (s *vmStack) waitSettled(id string) string {
+	s.t.Helper()
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		st, _ := s.call(s.key, "GET", "/v1/sandboxes/"+id, "").data()["state"].(string)
+		switch st {
+		case "running", "paused", "stopped", "error":
+			return st
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("sandbox %s stays %s", id, st)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

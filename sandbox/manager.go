@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"strata/channel"
+	"strata/internal/failpoint"
 	"strata/vmm"
 )
 
@@ -420,6 +421,9 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 			return
 		}
 	}
+	if cfg.Incoming {
+		failpoint.Hit(FailpointBootLoaded)
+	}
 	mc := m.adopt(id, vm, cfg)
 	if err := m.waitGuest(ctx, mc); err != nil {
 		fail(errBootFailed, fmt.Errorf("%w%s", err, consoleTail(cfg.ConsoleLog())))
@@ -661,6 +665,7 @@ func (m *Manager) saveAndQuit(ctx context.Context, mc *machine) error {
 	if err == nil {
 		err = f.Sync()
 	}
+	failpoint.Hit(FailpointPauseSaved)
 	if err == nil {
 		_, err = m.cfg.Records.Update(ctx, mc.id, func(r *Record) error {
 			r.Machine.Saved = sid

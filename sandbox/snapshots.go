@@ -11,7 +11,21 @@ import (
 	"slices"
 	"time"
 
+	"strata/internal/failpoint"
 	"strata/vmm"
+)
+
+// Failpoints of the snapshot operations (internal/failpoint): a crash test
+// kills hostproxy right after each step.
+const (
+	FailpointSnapshotRecorded = "vm.snapshot.recorded" // processing, new top named
+	FailpointSnapshotSaved    = "vm.snapshot.saved"    // state written, not yet ready
+	FailpointRestoreAuto      = "vm.restore.auto"      // the automatic snapshot taken
+	FailpointRestoreRecorded  = "vm.restore.recorded"  // the record is the snapshot's
+	FailpointRestoreEnded     = "vm.restore.ended"     // the old QEMU ended
+	FailpointForkRecorded     = "vm.fork.recorded"     // the fork's record inserted
+	FailpointBootLoaded       = "vm.boot.loaded"       // a saved state loaded, guest running
+	FailpointPauseSaved       = "vm.pause.saved"       // memory written, not yet named
 )
 
 // Snapshot limits per sandbox (automatic ones are not counted), and the
@@ -151,6 +165,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	if err != nil {
 		return Snapshot{}, err
 	}
+	failpoint.Hit(FailpointSnapshotRecorded)
 	t0 := time.Now()
 	var pause time.Duration
 	layer := vmm.Layer{Node: "l" + top, Path: m.layerPath(top)}
@@ -178,6 +193,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	if err == nil {
 		err = syncFile(m.layerPath(frozen[0]))
 	}
+	failpoint.Hit(FailpointSnapshotSaved)
 	status := SnapshotReady
 	if err != nil {
 		status = SnapshotFailed
@@ -373,6 +389,7 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	if err != nil {
 		return RestoreResult{}, fmt.Errorf("keeping the current state before the restore: %w", err)
 	}
+	failpoint.Hit(FailpointRestoreAuto)
 	// The sandbox becomes the snapshot: recorded first (creating, no
 	// process, a new top over the snapshot's disk, the memory to load),
 	// then the old QEMU ends. A crash in between is finished by Recover:
@@ -411,7 +428,9 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	if err != nil {
 		return RestoreResult{}, err
 	}
+	failpoint.Hit(FailpointRestoreRecorded)
 	m.teardown(id)
+	failpoint.Hit(FailpointRestoreEnded)
 	m.log.Info("sandbox restoring", "sandbox", id, "snapshot", snapID, "memory", withMemory, "auto", auto.ID)
 	m.boot(ctx, id, Creating)
 	if err := m.collect(ctx); err != nil {
@@ -462,6 +481,7 @@ func (m *Manager) Fork(ctx context.Context, srcID, snapID string, r Record) (Rec
 		os.Remove(m.layerPath(top))
 		return Record{}, err
 	}
+	failpoint.Hit(FailpointForkRecorded)
 	m.log.Info("sandbox forked", "sandbox", r.ID, "from", srcID, "snapshot", snapID, "memory", snap.Memory)
 	return r, nil
 }

@@ -8,7 +8,13 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"strata/internal/failpoint"
 )
+
+// FailpointSwitchover is hit in a live save once the disk has switched,
+// with the guest stopped and the migration held before its device state.
+const FailpointSwitchover = "vm.save.switchover"
 
 // SaveOptions says how Save writes a machine's state.
 type SaveOptions struct {
@@ -125,6 +131,7 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 				return fail(err)
 			}
 			st.Switched = true
+			failpoint.Hit(FailpointSwitchover)
 			if _, err := q.Execute(ctx, "migrate-continue", map[string]any{"state": migPreSwitchover}); err != nil {
 				return fail(err)
 			}
