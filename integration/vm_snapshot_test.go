@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -230,6 +232,23 @@ func TestVMSnapshots(t *testing.T) {
 	line := `curl -sS -o /dev/null -w '%{http_code}' -H 'X-Api-Key: ` + tok + `' "$CREATEOS_API_URL/v1/sandboxes/` + id + `/checkpoints"`
 	if out := s.sh(fork1, ". /run/strata/credentials.env; "+line); out != "403" {
 		t.Fatalf("the source's token from inside a fork: %q, want 403", out)
+	}
+
+	// The forks map the snapshot's template privately; a fork's own
+	// memory snapshot is a whole one, and restores.
+	for _, f := range forks {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", s.qemuPid(f)))
+		if !strings.Contains(string(cmdline), "memory-backend-file,id=microvm.ram") || !strings.Contains(string(cmdline), "share=off") {
+			t.Fatalf("fork %s does not start from a template: %q", f, strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	fs := "/v1/sandboxes/" + fork1 + "/snapshots"
+	s.must(200, "POST", fs, "")
+	s.sh(fork1, "echo later > /workspace/p/later")
+	s.must(200, "POST", fs+"/v1/restore", "")
+	s.counting(fork1)
+	if r := s.exec(fork1, "test", "-e", "/workspace/p/later"); r.ExitCode == 0 {
+		t.Fatal("a fork's restore kept a file written after its snapshot")
 	}
 
 	s.must(200, "DELETE", snaps+"/v3", "")

@@ -329,13 +329,26 @@ func (m *fakeMachine) Save(ctx context.Context, f *os.File, opts vmm.SaveOptions
 	if !opts.Live {
 		m.paused.Store(true)
 	}
-	return st, json.NewEncoder(f).Encode(fakeState{Machine: m.cfg.Name, Top: m.Top0()})
+	state := fakeState{Machine: m.cfg.Name, Top: m.Top0()}
+	if m.cfg.RAM != nil && m.cfg.RAM.Shared {
+		// A template: it never ran, its memory is the state it loaded.
+		loaded, _ := m.loaded.Load().(string)
+		top, _ := m.loadedTop.Load().(string)
+		state = fakeState{Machine: loaded, Top: top}
+	}
+	return st, json.NewEncoder(f).Encode(state)
 }
 
 // Load reads a fakeState into a machine started to load one.
 func (m *fakeMachine) Load(ctx context.Context, f *os.File) error {
 	if !m.cfg.Incoming {
 		return errors.New("fake qemu: not started with -incoming")
+	}
+	if m.cfg.RAM != nil {
+		// The RAM file must be there, as QEMU maps it.
+		if _, err := os.Stat(m.cfg.RAM.Path); err != nil {
+			return fmt.Errorf("fake qemu: RAM file: %w", err)
+		}
 	}
 	var st fakeState
 	if err := json.NewDecoder(f).Decode(&st); err != nil {

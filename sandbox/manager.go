@@ -70,7 +70,8 @@ type Manager struct {
 	creating sync.Mutex
 	// storeMu keeps collect from deleting a store file between its
 	// making and the record that names it (store.go).
-	storeMu sync.RWMutex
+	storeMu   sync.RWMutex
+	templates templateLocks
 
 	mu   sync.Mutex
 	live map[string]*machine
@@ -197,7 +198,24 @@ func (m *Manager) vmConfig(r Record) vmm.Config {
 		Accel:    m.cfg.Accel.Accel, TSCKHz: m.cfg.Accel.TSCKHz,
 		KernelArgs: []string{"strata.hostname=" + hostname(r)},
 		Uid:        r.Machine.Uid, Gid: r.Machine.Gid,
+		RAM:        m.ramFile(r.Machine),
+		Groups:     ramGroups(r.Machine),
 	}
+}
+
+// ramFile is the template RAM a machine maps, if any.
+func (m *Manager) ramFile(mach *Machine) *vmm.RAMFile {
+	if mach.RAM == "" {
+		return nil
+	}
+	return &vmm.RAMFile{Path: m.ramPath(mach.RAM)}
+}
+
+func ramGroups(mach *Machine) []uint32 {
+	if mach.RAM == "" {
+		return nil
+	}
+	return []uint32{mach.RAMGid}
 }
 
 func hostname(r Record) string {
@@ -335,6 +353,7 @@ func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
 		// A start is a cold boot from the disk, whatever memory was
 		// saved (an error may have come from loading it).
 		r.State, r.Error, r.Machine.Saved = Creating, "", ""
+		r.Machine.RAM, r.Machine.RAMGid, r.Machine.FromTemplate = "", 0, nil
 		return nil
 	})
 	if err != nil || r.State == Running {
@@ -393,6 +412,17 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 	if r, err = m.prepare(ctx, r); err != nil {
 		fail(errStartFailedOnHost, err)
 		return
+	}
+	if r.Machine.FromTemplate != nil {
+		tr, err := m.startFromTemplate(ctx, r)
+		if err != nil {
+			fail(errStartFailedOnHost, err)
+			return
+		}
+		if tr.Machine.RAM == "" {
+			m.log.Warn("fork loads the snapshot's whole state: no template", "sandbox", id)
+		}
+		r = tr
 	}
 	cfg := m.vmConfig(r)
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -668,7 +698,9 @@ func (m *Manager) saveAndQuit(ctx context.Context, mc *machine) error {
 	failpoint.Hit(FailpointPauseSaved)
 	if err == nil {
 		_, err = m.cfg.Records.Update(ctx, mc.id, func(r *Record) error {
-			r.Machine.Saved = sid
+			// The whole memory is in the state now: the next boot needs
+			// no template.
+			r.Machine.Saved, r.Machine.RAM, r.Machine.RAMGid = sid, "", 0
 			return nil
 		})
 	}
@@ -790,7 +822,7 @@ func (m *Manager) Stop(ctx context.Context, id string) (Record, error) {
 		}
 		r.State = Stopping
 		// A stopped sandbox boots cold: memory a pause saved goes.
-		r.Machine.Saved = ""
+		r.Machine.Saved, r.Machine.RAM, r.Machine.RAMGid, r.Machine.FromTemplate = "", "", 0, nil
 		return nil
 	})
 	if err != nil || r.State == Stopped {

@@ -281,7 +281,7 @@ func TestCreate(t *testing.T) {
 		mode os.FileMode
 	}{
 		{filepath.Join(h.dir, "sb-1"), 0, 0o711 | os.ModeDir},
-		{filepath.Join(h.dir, "store"), 0, 0o700 | os.ModeDir},
+		{filepath.Join(h.dir, "store"), 0, 0o711 | os.ModeDir},
 		{top, 0, 0o600},
 		{filepath.Join(h.dir, "sb-1", "run"), r.Machine.Uid, 0o700 | os.ModeDir},
 	} {

@@ -97,6 +97,23 @@ type Machine struct {
 	// instead of booting the kernel: a pause that freed the host's
 	// memory, or a restore or fork of a memory snapshot.
 	Saved string `json:"saved,omitempty"`
+	// FromTemplate asks the next boot to start from the template of this
+	// snapshot (making it first if the snapshot has none): a fork.
+	FromTemplate *From `json:"from_template,omitempty"`
+	// RAM is the template RAM file the running QEMU maps (privately),
+	// and RAMGid the group that may open it.
+	RAM    string `json:"ram,omitempty"`
+	RAMGid uint32 `json:"ram_gid,omitempty"`
+}
+
+// Template is a memory snapshot made ready for fast forks: its RAM as a
+// file that forks map copy-on-write (they share the pages they only
+// read), and the device state that goes with it.
+type Template struct {
+	RAM   string `json:"ram"`
+	State string `json:"state"`
+	// Gid is the group of the RAM file: the forks' QEMUs get it.
+	Gid uint32 `json:"gid"`
 }
 
 // SnapshotStatus is where a snapshot is in its making.
@@ -127,6 +144,8 @@ type Snapshot struct {
 	State string `json:"state,omitempty"`
 	// Needs is what loading State needs of the host.
 	Needs *Needs `json:"needs,omitempty"`
+	// Template is made at the first fork of a memory snapshot.
+	Template *Template `json:"template,omitempty"`
 	// MemoryMiB, VCPUs and DiskGiB are the sandbox's size when it was
 	// taken: a fork gets them.
 	MemoryMiB int `json:"memory_mib"`

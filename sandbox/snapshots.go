@@ -415,7 +415,7 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 			rec.Machine.Process = nil
 			rec.Machine.Disk = append([]string{top}, target.Disk...)
 			rec.Machine.BaseDisk = target.BaseDisk
-			rec.Machine.Saved = ""
+			rec.Machine.Saved, rec.Machine.RAM, rec.Machine.RAMGid, rec.Machine.FromTemplate = "", "", 0, nil
 			if withMemory {
 				rec.Machine.Saved = target.State
 				rec.MemoryMiB, rec.VCPUs = target.MemoryMiB, target.VCPUs
@@ -473,7 +473,10 @@ func (m *Manager) Fork(ctx context.Context, srcID, snapID string, r Record) (Rec
 	r.From = &From{Sandbox: srcID, Snapshot: snapID}
 	mach := Machine{BaseDisk: snap.BaseDisk, Image: m.cfg.Image.Key, Disk: append([]string{top}, snap.Disk...)}
 	if snap.Memory {
+		// From the snapshot's template (made at the first fork); its
+		// whole state if the template cannot be made.
 		mach.Saved = snap.State
+		mach.FromTemplate = &From{Sandbox: srcID, Snapshot: snapID}
 		mach.Image = snap.Needs.Image
 	}
 	r, err = m.create(ctx, r, mach)

@@ -20,8 +20,11 @@ import (
 )
 
 // The host's store holds every disk layer and memory state of every
-// sandbox, in one directory (<Dir>/store, root's, 0700): <id>.qcow2 and
-// <id>.state. A file is shared by reference: a sandbox's disk chain, a
+// sandbox, in one directory (<Dir>/store, root's, 0711: no one else may
+// list it): <id>.qcow2 and <id>.state (root's, 0600: QEMU gets them as
+// descriptors), and the RAM files of templates, <id>.ram (root and the
+// template's group, 0660: QEMU opens them by name, and only the QEMUs
+// given that group can). A file is shared by reference: a sandbox's disk chain, a
 // snapshot and a fork each name the files they need in their records,
 // and a file no record names is garbage (collect). So deleting a source
 // sandbox or a snapshot never breaks a fork, and nothing needs a counter
@@ -35,6 +38,7 @@ import (
 const (
 	layerExt = ".qcow2"
 	stateExt = ".state"
+	ramExt   = ".ram"
 )
 
 func (m *Manager) storeDir() string { return StoreDir(m.cfg.Dir) }
@@ -46,6 +50,19 @@ func (m *Manager) layerPath(id string) string {
 
 func (m *Manager) statePath(id string) string {
 	return filepath.Join(m.storeDir(), id+stateExt)
+}
+
+func (m *Manager) ramPath(id string) string {
+	return filepath.Join(m.storeDir(), id+ramExt)
+}
+
+// mkStore makes the store directory: traversable by the QEMUs (a
+// template's RAM file is opened by name), listable by root alone.
+func (m *Manager) mkStore() error {
+	if err := os.Mkdir(m.storeDir(), 0o711); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	return os.Chmod(m.storeDir(), 0o711)
 }
 
 // newFileID is a new store file id: 16 hex digits (the layer's QEMU node
@@ -78,7 +95,7 @@ func (m *Manager) chain(mach *Machine) []vmm.Layer {
 // for the base) and returns its id. The caller holds storeMu for reading
 // until a record names it.
 func (m *Manager) newLayer(ctx context.Context, base, below string, sizeBytes int64) (string, error) {
-	if err := os.MkdirAll(m.storeDir(), 0o700); err != nil {
+	if err := m.mkStore(); err != nil {
 		return "", err
 	}
 	id := newFileID()
@@ -110,7 +127,7 @@ func (m *Manager) newLayer(ctx context.Context, base, below string, sizeBytes in
 // newState makes an empty memory state file and returns it, open for
 // writing, with its id.
 func (m *Manager) newState() (string, *os.File, error) {
-	if err := os.MkdirAll(m.storeDir(), 0o700); err != nil {
+	if err := m.mkStore(); err != nil {
 		return "", nil, err
 	}
 	id := newFileID()
@@ -138,6 +155,9 @@ func references(records []Record) map[string]bool {
 			if r.Machine.Saved != "" {
 				refs[r.Machine.Saved+stateExt] = true
 			}
+			if r.Machine.RAM != "" {
+				refs[r.Machine.RAM+ramExt] = true
+			}
 		}
 		for _, s := range r.Snapshots {
 			for _, id := range s.Disk {
@@ -145,6 +165,10 @@ func references(records []Record) map[string]bool {
 			}
 			if s.State != "" {
 				refs[s.State+stateExt] = true
+			}
+			if t := s.Template; t != nil {
+				refs[t.RAM+ramExt] = true
+				refs[t.State+stateExt] = true
 			}
 		}
 	}
@@ -303,7 +327,7 @@ func (m *Manager) adoptLegacyDisk(ctx context.Context, r Record) error {
 	if _, err := os.Lstat(top); err == nil {
 		return nil
 	}
-	if err := os.MkdirAll(m.storeDir(), 0o700); err != nil {
+	if err := m.mkStore(); err != nil {
 		return err
 	}
 	if err := os.Rename(legacy, top); err != nil {
@@ -322,6 +346,9 @@ func isStoreName(name string) bool {
 	id, ok := strings.CutSuffix(name, layerExt)
 	if !ok {
 		id, ok = strings.CutSuffix(name, stateExt)
+	}
+	if !ok {
+		id, ok = strings.CutSuffix(name, ramExt)
 	}
 	return ok && validFileID(id)
 }

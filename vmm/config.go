@@ -55,13 +55,33 @@ type Config struct {
 	TSCKHz int
 	// KernelArgs are added to the kernel command line (strata.hostname=…).
 	KernelArgs []string
-	// Uid and Gid run QEMU; never 0.
+	// Uid and Gid run QEMU; never 0. Groups are supplementary groups
+	// (a template's, whose RAM file QEMU opens).
 	Uid, Gid uint32
+	Groups   []uint32
+	// RAM, when set, is a file that holds the guest's RAM (a template):
+	// shared, QEMU writes the guest's memory into it; private, the guest
+	// starts from its content and its writes stay its own (copy on
+	// write), so that many machines share the pages they only read.
+	// Either way a save or a load skips the RAM (x-ignore-shared): it
+	// writes or reads the devices only.
+	RAM *RAMFile
 	// Incoming starts QEMU waiting for a migration stream
 	// (-incoming defer), for a restore from a memory snapshot; the guest
 	// stays stopped once the stream is in (-S).
 	Incoming bool
 }
+
+// RAMFile is a file that holds a machine's RAM.
+type RAMFile struct {
+	Path   string
+	Shared bool
+}
+
+// RAMID is the id of the guest RAM's memory backend: microvm's own, so
+// that a state saved with QEMU's default RAM loads into a file-backed one
+// (a migration stream names its RAM blocks by it).
+const RAMID = "microvm.ram"
 
 // Layer is one qcow2 file of a disk chain.
 type Layer struct {
@@ -92,6 +112,9 @@ func (c Config) ConsoleLog() string { return filepath.Join(c.Dir, consoleLog) }
 func (c Config) Validate() error {
 	var errs []error
 	paths := map[string]string{"Dir": c.Dir, "Kernel": c.Kernel, "Initrd": c.Initrd}
+	if c.RAM != nil {
+		paths["RAM"] = c.RAM.Path
+	}
 	if len(c.Disk) == 0 {
 		errs = append(errs, errors.New("vmm config: no disk"))
 	}
@@ -175,9 +198,13 @@ func (c Config) Argv() ([]string, error) {
 		// before it drops privileges and is then killed by its own
 		// setgid; the caller starts it as the unprivileged user instead.
 		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-		"-M", "microvm,pit=on,pic=on,rtc=on",
+		"-M", c.machine(),
 		"-m", strconv.Itoa(c.MemoryMiB),
 		"-smp", strconv.Itoa(c.VCPUs),
+	}
+	if c.RAM != nil {
+		argv = append(argv, "-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s",
+			RAMID, c.MemoryMiB, c.RAM.Path, onOff(c.RAM.Shared)))
 	}
 	switch c.Accel {
 	case KVM:
@@ -223,6 +250,22 @@ func diskFDs(i int) []int {
 		return []int{3, 4}
 	}
 	return []int{4 + i}
+}
+
+// machine is the -M value.
+func (c Config) machine() string {
+	m := "microvm,pit=on,pic=on,rtc=on"
+	if c.RAM != nil {
+		m += ",memory-backend=" + RAMID
+	}
+	return m
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }
 
 // blockdev is the -blockdev JSON of the disk: the whole chain spelled out,

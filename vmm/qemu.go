@@ -127,7 +127,7 @@ func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
 	// Nothing the caller holds may leak into a QEMU that outlives it:
 	// every descriptor beyond stdio becomes close-on-exec (Go's own are).
 	unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
-	groups := []uint32{}
+	groups := append([]uint32{}, cfg.Groups...)
 	if cfg.Accel == KVM {
 		// QEMU opens /dev/kvm as the machine's uid: through its group.
 		var st unix.Stat_t

@@ -61,6 +61,8 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 	}
 	caps := []map[string]any{
 		{"capability": "pause-before-switchover", "state": opts.Live && opts.Overlay != nil},
+		// A shared RAM file is the RAM's copy: only devices are saved.
+		{"capability": "x-ignore-shared", "state": m.cfg.RAM != nil && m.cfg.RAM.Shared},
 	}
 	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}); err != nil {
 		return st, err
@@ -194,6 +196,13 @@ func (m *qemuMachine) SwitchDisk(ctx context.Context, top Layer) error {
 func (m *qemuMachine) Load(ctx context.Context, state *os.File) error {
 	q, err := m.monitor(ctx)
 	if err != nil {
+		return err
+	}
+	// A machine started from a template's RAM (private) has its memory
+	// already: the stream carries its devices only. One that makes a
+	// template (shared) loads a whole state into the file.
+	caps := []map[string]any{{"capability": "x-ignore-shared", "state": m.cfg.RAM != nil && !m.cfg.RAM.Shared}}
+	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}); err != nil {
 		return err
 	}
 	if _, err := q.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "incoming"}, state); err != nil {
