@@ -198,8 +198,8 @@ func (m *Manager) vmConfig(r Record) vmm.Config {
 		Accel:    m.cfg.Accel.Accel, TSCKHz: m.cfg.Accel.TSCKHz,
 		KernelArgs: []string{"strata.hostname=" + hostname(r)},
 		Uid:        r.Machine.Uid, Gid: r.Machine.Gid,
-		RAM:        m.ramFile(r.Machine),
-		Groups:     ramGroups(r.Machine),
+		RAM:    m.ramFile(r.Machine),
+		Groups: ramGroups(r.Machine),
 	}
 }
 
