@@ -28,8 +28,10 @@ const (
 	helloLine = "STRATA-CHANNEL HELLO "
 	readyLine = "STRATA-CHANNEL READY "
 	goLine    = "STRATA-CHANNEL GO "
-	// helloEvery is how often the host says HELLO until it is answered.
-	helloEvery = 200 * time.Millisecond
+	// helloEvery is how often the host says HELLO until it is answered:
+	// the first one may land in a stale session, which it ends, and the
+	// guest's next session starts from the next one.
+	helloEvery = 25 * time.Millisecond
 	// maxLine bounds a handshake line; longer runs of bytes are skipped.
 	maxLine = 128
 )
@@ -99,9 +101,13 @@ func guestHandshake(port io.ReadWriteCloser) (io.ReadWriteCloser, error) {
 			return nil, err
 		}
 		if n, ok := bytes.CutPrefix(line, []byte(helloLine)); ok && validNonce(n) {
-			nonce = string(n)
-			if _, err := port.Write([]byte(readyLine + nonce + "\n")); err != nil {
-				return nil, err
+			// Once per nonce: the host reads no further than the first
+			// READY, and what follows it is the session's.
+			if string(n) != nonce {
+				nonce = string(n)
+				if _, err := port.Write([]byte(readyLine + nonce + "\n")); err != nil {
+					return nil, err
+				}
 			}
 			continue
 		}

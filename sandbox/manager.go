@@ -83,6 +83,7 @@ type Manager struct {
 	ops     uint64
 	running map[string]*running // background operations, by sandbox
 	wg      sync.WaitGroup      // background transitions
+	syncs   sync.WaitGroup      // snapshots being written to disk
 	ctx     context.Context     // ends with Close
 	stop    context.CancelFunc
 }
@@ -442,6 +443,7 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 		fail(errStartFailedOnHost, err)
 		return
 	}
+	var loadedIn time.Duration
 	if cfg.Incoming {
 		if err := m.load(ctx, vm, r.Machine.Saved); err != nil {
 			vm.Kill()
@@ -452,6 +454,7 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 		}
 	}
 	if cfg.Incoming {
+		loadedIn = time.Since(t0)
 		failpoint.Hit(FailpointBootLoaded)
 	}
 	mc := m.adopt(id, vm, cfg)
@@ -473,10 +476,9 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 			fail(errStartFailedOnHost, err)
 			return
 		}
-		// The state goes unless a snapshot or a fork names it.
-		if err := m.collect(ctx); err != nil {
-			m.log.Warn("store not collected after a load", "sandbox", id, "err", err)
-		}
+		// The state goes unless a snapshot or a fork names it; not on
+		// the way to running.
+		m.collectLater()
 	}
 	if m.cfg.Booted != nil {
 		if err := m.cfg.Booted(ctx, r); err != nil {
@@ -488,7 +490,18 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 		}
 	}
 	m.setState(id, Running, "", via)
-	m.log.Info("sandbox running", "sandbox", id, "boot", time.Since(t0).Round(time.Millisecond), "loaded", cfg.Incoming)
+	m.log.Info("sandbox running", "sandbox", id, "boot", time.Since(t0).Round(time.Millisecond), "loaded", cfg.Incoming, "loaded_in", loadedIn.Round(time.Millisecond))
+}
+
+// collectLater collects the store in the background.
+func (m *Manager) collectLater() {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		if err := m.collect(m.ctx); err != nil && m.ctx.Err() == nil {
+			m.log.Warn("store not collected", "err", err)
+		}
+	}()
 }
 
 // leaveBoot leaves a boot that the Manager's Close interrupted as it is:
@@ -1008,6 +1021,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 	m.killStrays(claimed)
 	for _, r := range records {
 		m.failUnfinished(ctx, r, adopted[r.ID])
+		m.failTorn(ctx, r)
 	}
 	for _, r := range records {
 		if r.Machine == nil {
@@ -1022,6 +1036,35 @@ func (m *Manager) Recover(ctx context.Context) error {
 		m.log.Error("store not collected", "err", err)
 	}
 	return ctx.Err()
+}
+
+// failTorn fails the ready snapshots whose files had not reached the disk
+// when the host went down (a boot id not this boot's), and writes back
+// the others' (a restart of the host service only).
+func (m *Manager) failTorn(ctx context.Context, r Record) {
+	boot := bootID()
+	var torn []string
+	for _, s := range r.Snapshots {
+		switch {
+		case s.Unsynced == "" || s.Status != SnapshotReady:
+		case s.Unsynced == boot:
+			m.syncLater(r.ID, s)
+		default:
+			torn = append(torn, s.ID)
+		}
+	}
+	if len(torn) == 0 {
+		return
+	}
+	m.cfg.Records.Update(ctx, r.ID, func(rec *Record) error {
+		for i := range rec.Snapshots {
+			if s := &rec.Snapshots[i]; slices.Contains(torn, s.ID) {
+				s.Status, s.State, s.Disk, s.SizeBytes, s.Template, s.Unsynced = SnapshotFailed, "", nil, 0, nil, ""
+				m.log.Warn("snapshot not on disk when the host went down: failed", "sandbox", r.ID, "snapshot", s.ID)
+			}
+		}
+		return nil
+	})
 }
 
 // failUnfinished marks the snapshots a crash interrupted as failed (their

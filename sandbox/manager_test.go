@@ -371,8 +371,16 @@ func TestLifecycle(t *testing.T) {
 			if r := h.get("sb-1"); r.Machine.Saved != "" {
 				t.Errorf("running record still names a state to load: %+v", r.Machine)
 			}
-			if _, err := os.Stat(saved); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("the loaded state is still in the store: %v", err)
+			// The store is collected in the background once the state is
+			// loaded.
+			for deadline := time.Now().Add(waitFor); ; time.Sleep(5 * time.Millisecond) {
+				_, err := os.Stat(saved)
+				if errors.Is(err, os.ErrNotExist) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the loaded state is still in the store: %v", err)
+				}
 			}
 			if r, err := m.Resume(ctx, "sb-1"); err != nil || r.State != sandbox.Running {
 				t.Fatalf("second Resume: %+v, %v; want running", r, err)

@@ -146,6 +146,9 @@ type Snapshot struct {
 	Needs *Needs `json:"needs,omitempty"`
 	// Template is made at the first fork of a memory snapshot.
 	Template *Template `json:"template,omitempty"`
+	// Unsynced is the host's boot id while a ready snapshot's files are
+	// still being written to disk: after a reboot it may be torn.
+	Unsynced string `json:"unsynced,omitempty"`
 	// MemoryMiB, VCPUs and DiskGiB are the sandbox's size when it was
 	// taken: a fork gets them.
 	MemoryMiB int `json:"memory_mib"`

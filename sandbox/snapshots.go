@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -172,11 +173,11 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	switch {
 	case how == "qemu" && req.Memory:
 		var st vmm.SaveStats
-		st, err = mc.vm.Save(ctx, sf, vmm.SaveOptions{Live: r.State == Running, Overlay: &layer})
+		// A restore's automatic snapshot is of a machine about to end:
+		// stopping it first is quicker than copying it live.
+		st, err = mc.vm.Save(ctx, sf, vmm.SaveOptions{Live: r.State == Running && !auto, Overlay: &layer})
 		pause = st.Pause
-		if err == nil {
-			err = sf.Sync()
-		}
+		m.log.Debug("memory saved", "sandbox", id, "snapshot", snap.ID, "took", st.Total, "transferred", st.Transferred, "passes", st.Passes)
 		if err != nil && !st.Switched {
 			m.unswitch(id, top, frozen)
 		}
@@ -190,9 +191,6 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 			m.unswitch(id, top, frozen)
 		}
 	}
-	if err == nil {
-		err = syncFile(m.layerPath(frozen[0]))
-	}
 	failpoint.Hit(FailpointSnapshotSaved)
 	status := SnapshotReady
 	if err != nil {
@@ -203,12 +201,19 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	if state != "" && how == "qemu" {
 		size += allocated(m.statePath(state))
 	}
+	// Ready before its files are on disk: they are written back in the
+	// background (syncLater); until then the record carries this boot's
+	// id, and a Recover after a power cut fails the snapshot.
+	boot := bootID()
 	r, uerr := m.cfg.Records.Update(context.WithoutCancel(ctx), id, func(rec *Record) error {
 		s, ok := rec.Snapshot(snap.ID)
 		if !ok {
 			return nil
 		}
 		s.Status, s.SizeBytes = status, size
+		if status == SnapshotReady {
+			s.Unsynced = boot
+		}
 		if status == SnapshotFailed {
 			s.State, s.Disk, s.SizeBytes = "", nil, 0
 		}
@@ -231,6 +236,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	if err != nil {
 		return snap, fmt.Errorf("snapshot %s of %s: %w", snap.ID, id, err)
 	}
+	m.syncLater(id, snap)
 	m.log.Info("snapshot taken", "sandbox", id, "snapshot", snap.ID, "memory", req.Memory, "took", time.Since(t0).Round(time.Millisecond), "pause", pause.Round(time.Millisecond), "size_bytes", size)
 	_ = r
 	return snap, nil
@@ -426,6 +432,9 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	}
 	m.storeMu.RUnlock()
 	if err != nil {
+		if mc := m.machineOf(id); mc != nil && r.State == Running {
+			mc.vm.Resume(ctx) // the automatic snapshot stopped it
+		}
 		return RestoreResult{}, err
 	}
 	failpoint.Hit(FailpointRestoreRecorded)
@@ -549,3 +558,63 @@ func hostLabel(h string) bool {
 	}
 	return true
 }
+
+// bootID is the host's boot id: a snapshot marked with it is not yet on
+// disk, which after a reboot (another id) means it may be torn.
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "unknown"
+	}
+	return string(bytes.TrimSpace(b))
+}
+
+// syncLater writes a ready snapshot's files to disk in the background
+// and then clears its mark.
+func (m *Manager) syncLater(id string, s Snapshot) {
+	if s.Unsynced == "" {
+		return
+	}
+	var files []string
+	if len(s.Disk) > 0 {
+		files = append(files, m.layerPath(s.Disk[0]))
+	}
+	if s.State != "" {
+		files = append(files, m.statePath(s.State))
+	}
+	m.wg.Add(1)
+	m.syncs.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer m.syncs.Done()
+		t0 := time.Now()
+		for _, f := range files {
+			if err := syncFile(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+				m.log.Error("snapshot not written to disk", "sandbox", id, "snapshot", s.ID, "err", err)
+				return
+			}
+		}
+		if err := syncDir(m.storeDir()); err != nil {
+			m.log.Error("store not synced", "err", err)
+			return
+		}
+		m.cfg.Records.Update(context.Background(), id, func(rec *Record) error {
+			if sn, ok := rec.Snapshot(s.ID); ok {
+				sn.Unsynced = ""
+			}
+			return nil
+		})
+		m.log.Debug("snapshot on disk", "sandbox", id, "snapshot", s.ID, "took", time.Since(t0).Round(time.Millisecond))
+	}()
+}
+
+// machineOf is the running machine of a sandbox, or nil.
+func (m *Manager) machineOf(id string) *machine {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.live[id]
+}
+
+// Synced waits until the snapshots taken so far are on disk (their files
+// written back, their records unmarked).
+func (m *Manager) Synced() { m.syncs.Wait() }

@@ -40,6 +40,11 @@ type SaveStats struct {
 	// Switched tells whether Overlay became the disk's top: once it has,
 	// it stays so even if the save then fails.
 	Switched bool
+	// Transferred is what QEMU wrote; Passes is how many times it went
+	// over the guest's dirty memory (a live save goes over it again
+	// while the guest writes).
+	Transferred int64
+	Passes      int
 }
 
 // The migration states QEMU reports.
@@ -126,6 +131,9 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 		}
 		switch status {
 		case migPreSwitchover:
+			if st.Switched {
+				break // seen again before QEMU moved on
+			}
 			// The guest has just stopped, for good: the disk's top
 			// changes now, before the device state is written.
 			stopped = time.Now()
@@ -138,6 +146,7 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 				return fail(err)
 			}
 		case migCompleted:
+			st.Transferred, st.Passes = migrationTotals(ctx, q)
 			if opts.Live {
 				// After a completed migration the source is stopped
 				// with its images inactive; cont takes them back.
@@ -368,6 +377,21 @@ func migrationError(ctx context.Context, q *QMP) string {
 		return ""
 	}
 	return ": " + info.Desc
+}
+
+func migrationTotals(ctx context.Context, q *QMP) (transferred int64, passes int) {
+	ret, err := q.Execute(ctx, "query-migrate", nil)
+	if err != nil {
+		return 0, 0
+	}
+	var info struct {
+		RAM struct {
+			Transferred int64 `json:"transferred"`
+			Syncs       int   `json:"dirty-sync-count"`
+		} `json:"ram"`
+	}
+	json.Unmarshal(ret, &info)
+	return info.RAM.Transferred, info.RAM.Syncs
 }
 
 func migrationDowntime(ctx context.Context, q *QMP) time.Duration {

@@ -46,6 +46,9 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 	if err := b.start(bin); err != nil {
 		return nil, err
 	}
+	if *vmSnapOnly {
+		return b.snapshotRows()
+	}
 
 	// Boots one at a time, each measured from create to running (guestd
 	// answered through the channel) and to the first exec answered.
@@ -120,8 +123,21 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 	}
 	rows = append(rows, row{fmt.Sprintf("create to running beside %d idle sandboxes", len(ids)), dur(extra), "", fmt.Sprintf("%.1fx the boot alone (goal: under 2x)", float64(extra)/float64(median(alone)))})
 	rows = append(rows, inOne...)
-
-	return rows, nil
+	if !*vmSnapshots {
+		return rows, nil
+	}
+	// The idle ones go: the snapshot figures are of a host to itself.
+	if data, err := b.call("GET", "/v1/sandboxes?limit=500", ""); err == nil {
+		list, _ := data["data"].([]any)
+		for _, v := range list {
+			b.call("DELETE", "/v1/sandboxes/"+v.(map[string]any)["id"].(string), "")
+		}
+	}
+	snap, err := b.snapshotRows()
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, snap...), nil
 }
 
 func (b *vmBench) start(bin string) error {
@@ -187,6 +203,13 @@ func (b *vmBench) close() {
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
 		if bytes.Contains(cmdline, []byte("qemu-system")) && bytes.Contains(cmdline, dir) {
 			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	// hostproxy's log outlives the run, for a look after a failure.
+	if log, err := os.ReadFile(filepath.Join(b.base, "hostproxy.log")); err == nil {
+		kept := filepath.Join(os.TempDir(), "strata-bench-hostproxy.log")
+		if os.WriteFile(kept, log, 0o600) == nil {
+			fmt.Fprintln(os.Stderr, "hostproxy's log:", kept)
 		}
 	}
 	cleanup(b.base)
@@ -268,17 +291,24 @@ func (b *vmBench) qemuMemory() (rss, pss int64) {
 		if !bytes.Contains(cmdline, []byte("qemu-system")) || !bytes.Contains(cmdline, dir) {
 			continue
 		}
-		roll, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "smaps_rollup"))
-		for _, line := range strings.Split(string(roll), "\n") {
-			f := strings.Fields(line)
-			if len(f) >= 2 {
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				switch f[0] {
-				case "Rss:":
-					rss += kb << 10
-				case "Pss:":
-					pss += kb << 10
-				}
+		r, s := smapsRollup(filepath.Join("/proc", p.Name(), "smaps_rollup"))
+		rss, pss = rss+r, pss+s
+	}
+	return rss, pss
+}
+
+// smapsRollup reads a process's RSS and PSS in bytes.
+func smapsRollup(path string) (rss, pss int64) {
+	roll, _ := os.ReadFile(path)
+	for _, line := range strings.Split(string(roll), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			switch f[0] {
+			case "Rss:":
+				rss += kb << 10
+			case "Pss:":
+				pss += kb << 10
 			}
 		}
 	}

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+var (
+	vmSnapshots = flag.Bool("vm-snapshots", true, "measure VM snapshots, restores, forks and pauses")
+	vmSnapOnly  = flag.Bool("vm-snapshots-only", false, "measure only VM snapshots, restores, forks and pauses")
+	vmForks     = flag.Int("vm-forks", 10, "forks of one snapshot made at once")
+)
+
+// snapshotRows measures VM snapshots on a 1 GiB sandbox with 400 MiB of
+// its memory written (random bytes: nothing for QEMU to skip), through the
+// public API; the guest's pause and the load of a restore are the
+// figures hostproxy logs for each.
+func (b *vmBench) snapshotRows() ([]row, error) {
+	fmt.Fprintln(os.Stderr, "VM snapshots: booting a 1 GiB sandbox…")
+	data, err := b.call("POST", "/v1/sandboxes", `{"name":"snapshots","memory_mib":1024}`)
+	if err != nil {
+		return nil, err
+	}
+	id := data["id"].(string)
+	if _, err := b.wait(id, "running", 5*time.Minute); err != nil {
+		return nil, err
+	}
+	if _, err := b.exec(id, "sh", "-c", `setsid python3 -c "import os,time; b=bytearray(os.urandom(1<<20))*400; open('/dev/shm/ready','w').close(); time.sleep(1e9)" </dev/null >/dev/null 2>&1 & while [ ! -e /dev/shm/ready ]; do sleep 0.2; done`); err != nil {
+		return nil, err
+	}
+	snaps := "/v1/sandboxes/" + id + "/snapshots"
+	var rows []row
+	const n = 5
+
+	// Memory snapshots: the API's time, and the pause.
+	// Each on a quiet host: the one before has reached the disk (its
+	// files are written back in the background; back to back, each
+	// save waits on the writeback of the one before).
+	quiet := func() { time.Sleep(4 * time.Second) }
+	var snapT []time.Duration
+	var sizes []int64
+	for range n {
+		quiet()
+		t0 := time.Now()
+		d, err := b.call("POST", snaps, `{"retention":{"mode":"delete_oldest","max_count":8}}`)
+		if err != nil {
+			return nil, err
+		}
+		snapT = append(snapT, time.Since(t0))
+		sizes = append(sizes, int64(d["size_bytes"].(float64)))
+	}
+	pauses, err := b.logged(`msg="snapshot taken" .*sandbox=`+id+` snapshot=v\d+ memory=true .*pause=(\S+)`, n)
+	if err != nil {
+		return nil, err
+	}
+	rows = append(rows,
+		row{"memory snapshot (1 GiB guest, 400 MiB written), through the API", dur(median(snapT)), dur(p99(snapT)), fmt.Sprintf("%d runs, 4 s apart; the guest runs on (live copy, disk switched at the switch-over); %s each, written back to disk after the answer (goal ≤ 250 ms)", n, human(sizes[len(sizes)-1]))},
+		row{"… the pause the guest sees", dur(median(pauses)), dur(p99(pauses)), "stop to cont, as hostproxy measures it (goal ≤ 60 ms)"},
+	)
+
+	// Restores of the last one: the automatic snapshot first, then the
+	// load (QEMU started, state read, guest running and answering).
+	var restT []time.Duration
+	for range n {
+		quiet()
+		t0 := time.Now()
+		if _, err := b.call("POST", snaps+"/v5/restore", ""); err != nil {
+			return nil, err
+		}
+		restT = append(restT, time.Since(t0))
+	}
+	loads, err := b.logged(`msg="sandbox running" .*sandbox=`+id+` .*loaded=true loaded_in=(\S+)`, n)
+	if err != nil {
+		return nil, err
+	}
+	boots, err := b.logged(`msg="sandbox running" .*sandbox=`+id+` boot=(\S+) loaded=true`, n)
+	if err != nil {
+		return nil, err
+	}
+	rows = append(rows,
+		row{"memory restore, through the API", dur(median(restT)), dur(p99(restT)), fmt.Sprintf("%d runs: keeping the current state as auto-N (a memory snapshot of the stopped guest), then the load", n)},
+		row{"… the load: QEMU started, the state read, the guest running", dur(median(loads)), dur(p99(loads)), "as hostproxy logs it (goal ≤ 200 ms)"},
+		row{"… to running: the channel again, guestd answering, clock and RNG, credentials", dur(median(boots)), dur(p99(boots)), "as hostproxy logs it"},
+	)
+
+	var diskT []time.Duration
+	for range n {
+		t0 := time.Now()
+		if _, err := b.call("POST", snaps, `{"memory":false}`); err != nil {
+			return nil, err
+		}
+		diskT = append(diskT, time.Since(t0))
+	}
+	rows = append(rows, row{"disk-only snapshot, through the API", dur(median(diskT)), dur(p99(diskT)), fmt.Sprintf("%d runs: guest sync, then the disk's top frozen under a new one", n)})
+
+	// Forks of one snapshot: the first makes its template.
+	fork := func(body string) ([]string, time.Duration, error) {
+		t0 := time.Now()
+		d, err := b.call("POST", snaps+"/v5/fork", body)
+		if err != nil {
+			return nil, 0, err
+		}
+		var ids []string
+		for _, s := range d["sandboxes"].([]any) {
+			ids = append(ids, s.(map[string]any)["id"].(string))
+		}
+		for _, f := range ids {
+			if _, err := b.wait(f, "running", 5*time.Minute); err != nil {
+				return nil, 0, err
+			}
+		}
+		return ids, time.Since(t0), nil
+	}
+	first, firstT, err := fork(`{"count":1}`)
+	if err != nil {
+		return nil, err
+	}
+	var forkT []time.Duration
+	forks := first
+	for range n {
+		ids, d, err := fork(`{"count":1}`)
+		if err != nil {
+			return nil, err
+		}
+		forks, forkT = append(forks, ids...), append(forkT, d)
+	}
+	forkLoads, err := b.logged(`msg="sandbox running" .*sandbox=(?:`+strings.Join(forks[1:], "|")+`) .*loaded=true loaded_in=(\S+)`, n)
+	if err != nil {
+		return nil, err
+	}
+	rows = append(rows,
+		row{"first fork of a snapshot, to running", dur(firstT), "", "makes the snapshot's template (its RAM in a file, its devices apart) on the way"},
+		row{"fork from the template, to running, through the API", dur(median(forkT)), dur(p99(forkT)), fmt.Sprintf("%d runs, one at a time, create to the API saying running", n)},
+		row{"… the fork's start: QEMU on the template's RAM, its devices loaded, the guest running", dur(median(forkLoads)), dur(p99(forkLoads)), "as hostproxy logs it (goal ≤ 50 ms)"},
+	)
+	for _, f := range forks {
+		b.call("DELETE", "/v1/sandboxes/"+f, "")
+	}
+	many, manyT, err := fork(fmt.Sprintf(`{"count":%d}`, *vmForks))
+	if err != nil {
+		return nil, err
+	}
+	time.Sleep(3 * time.Second)
+	_, forksPSS := b.qemuMemoryOf(many)
+	_, srcPSS := b.qemuMemoryOf([]string{id})
+	rows = append(rows,
+		row{fmt.Sprintf("%d forks of one snapshot at once, to all running", *vmForks), dur(manyT), "", ""},
+		row{fmt.Sprintf("host memory of those %d forks, together", *vmForks), human(forksPSS), "", fmt.Sprintf("PSS; the source sandbox alone: %s, 3 such sandboxes %s (goal: the forks under that)", human(srcPSS), human(3*srcPSS))},
+	)
+	for _, f := range many {
+		b.call("DELETE", "/v1/sandboxes/"+f, "")
+	}
+
+	// Pause (memory to the store, QEMU ends) and resume.
+	var pauseT, resumeT []time.Duration
+	for range n {
+		t0 := time.Now()
+		if _, err := b.call("POST", "/v1/sandboxes/"+id+"/pause", ""); err != nil {
+			return nil, err
+		}
+		if _, err := b.wait(id, "paused", time.Minute); err != nil {
+			return nil, err
+		}
+		pauseT = append(pauseT, time.Since(t0))
+		t0 = time.Now()
+		if _, err := b.call("POST", "/v1/sandboxes/"+id+"/resume", ""); err != nil {
+			return nil, err
+		}
+		if _, err := b.wait(id, "running", time.Minute); err != nil {
+			return nil, err
+		}
+		resumeT = append(resumeT, time.Since(t0))
+	}
+	rows = append(rows,
+		row{"pause (memory to disk, QEMU ended), to paused", dur(median(pauseT)), dur(p99(pauseT)), fmt.Sprintf("%d runs; a paused sandbox costs the host no memory", n)},
+		row{"resume, to running", dur(median(resumeT)), dur(p99(resumeT)), fmt.Sprintf("%d runs", n)},
+	)
+	return rows, nil
+}
+
+// wait polls a sandbox until it reaches state.
+func (b *vmBench) wait(id, state string, timeout time.Duration) (map[string]any, error) {
+	t0 := time.Now()
+	for {
+		d, err := b.call("GET", "/v1/sandboxes/"+id, "")
+		if err != nil {
+			return nil, err
+		}
+		if d["state"] == state {
+			return d, nil
+		}
+		if d["state"] == "error" || time.Since(t0) > timeout {
+			return nil, fmt.Errorf("sandbox %s: %v, waiting for %s", id, d, state)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// logged reads durations from hostproxy's log: the first group of the
+// last n lines that match pattern.
+func (b *vmBench) logged(pattern string, n int) ([]time.Duration, error) {
+	re := regexp.MustCompile(pattern)
+	f, err := os.Open(filepath.Join(b.base, "hostproxy.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var all []time.Duration
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			if d, err := time.ParseDuration(m[1]); err == nil {
+				all = append(all, d)
+			}
+		}
+	}
+	if len(all) < n {
+		return nil, fmt.Errorf("hostproxy's log has %d lines matching %q, want %d", len(all), pattern, n)
+	}
+	return all[len(all)-n:], nil
+}
+
+// qemuMemoryOf sums RSS and PSS of the QEMUs of the given sandboxes.
+func (b *vmBench) qemuMemoryOf(ids []string) (rss, pss int64) {
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		if _, err := strconv.Atoi(p.Name()); err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if !bytes.Contains(cmdline, []byte("qemu-system")) || !slices.ContainsFunc(ids, func(id string) bool {
+			return bytes.Contains(cmdline, []byte(filepath.Join(b.base, "vms", id)+"/"))
+		}) {
+			continue
+		}
+		r, s := smapsRollup(filepath.Join("/proc", p.Name(), "smaps_rollup"))
+		rss, pss = rss+r, pss+s
+	}
+	return rss, pss
+}
