@@ -65,11 +65,11 @@ func snapshotView(sandboxID string, sn sandbox.Snapshot) api.Snapshot {
 func snapshotOf(c echo.Context, sb Sandbox) (sandbox.Snapshot, error) {
 	id := c.Param("snapshot")
 	if !api.ValidSnapshotID(id) {
-		return sandbox.Snapshot{}, sandbox.ErrSnapshotNotFound
+		return sandbox.Snapshot{}, sandbox.ErrSnapshotNotFound.With("snapshot_id", id)
 	}
 	sn, ok := sb.Snapshot(id)
 	if !ok {
-		return sandbox.Snapshot{}, sandbox.ErrSnapshotNotFound
+		return sandbox.Snapshot{}, sandbox.ErrSnapshotNotFound.With("snapshot_id", id)
 	}
 	return *sn, nil
 }

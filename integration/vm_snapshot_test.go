@@ -281,6 +281,10 @@ func TestVMSnapshots(t *testing.T) {
 	s.waitState(s.key, f, "running", time.Minute)
 	s.counting(f)
 
+	// Every disk-only snapshot synced the guest first.
+	if log := s.plog.String(); strings.Contains(log, "guest not synced") || strings.Contains(log, "not resynced") {
+		t.Fatal("a guest was not synced before a disk-only snapshot, or not resynced after a load (hostproxy's log)")
+	}
 	s.checkStore()
 }
 

@@ -5,9 +5,10 @@
 //
 // A sandbox is one QEMU machine (package vmm) booted from the guest image,
 // with its own copy-on-write disk over the image's shared read-only base
-// (a qcow2 overlay: a create copies nothing), guestd inside it, and one
-// host↔guest channel (package channel) that carries both the host's calls
-// to guestd and the guest's calls to the public API.
+// (a chain of qcow2 layers in the host's store: a create copies nothing),
+// guestd inside it, and one host↔guest channel (package channel) that
+// carries both the host's calls to guestd and the guest's calls to the
+// public API.
 //
 // What it does:
 //   - Create, Start, Stop, Pause, Resume and Delete change a sandbox's
@@ -27,13 +28,29 @@
 //     the transitions a crash interrupted, and kills any QEMU of this
 //     state directory that no record claims;
 //   - each QEMU runs as a uid and gid of its own (UIDBase and up), owning
-//     only its run directory and disk.
+//     only its run directory; its disk's layers are root's, handed to it
+//     as descriptors;
+//   - Snapshot keeps a sandbox whole (memory, devices and disk: a live
+//     save whose disk switches at the guest's one short stop) or its disk
+//     only; Restore puts it back, keeping what it was as an automatic
+//     snapshot first; Fork makes a new sandbox from a snapshot, through the
+//     snapshot's template (its RAM as a file that forks map copy-on-write)
+//     once the first fork has made it; Pause saves the memory and ends
+//     QEMU, Resume loads it. Limits, retention and pins are per sandbox;
+//   - the host's store (store.go) keeps every layer, state and template
+//     RAM file while a record names it, and collect deletes the rest, so
+//     forks never depend on their source, and Check (CheckStore for a
+//     stopped host) compares the store with the records.
 //
 // What it does not do: HTTP, authentication, or anything inside the guest
 // (guestd's API is reached through Dial).
 //
-// Races: lifecycle operations on one sandbox are serialized; a second one
-// while a transition is under way is refused with operation_in_progress.
+// Races: lifecycle operations on one sandbox (snapshots and restores
+// included) are serialized; a second one while a transition is under way
+// is refused with operation_in_progress. Deleting, pinning and listing
+// snapshots take no part in that: they touch records only, and the
+// store's lock keeps collect from taking a file an operation is about to
+// name.
 // The record is written before each step, so a crash leaves a state that
 // Recover finishes: a sandbox is never left running with no record, and a
 // record never names a QEMU that is not its own (Attach checks).

@@ -184,7 +184,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	case how == "qemu":
 		// A disk-only snapshot is what a power cut would leave: the
 		// guest's own buffers are written out first.
-		if _, serr := guestCall(ctx, mc.ch, http.MethodPost, "/v1/exec", []byte(`{"argv":["sync"],"timeout_ms":10000}`)); serr != nil {
+		if _, serr := guestCall(ctx, mc.ch, http.MethodPost, "/v1/exec", []byte(`{"cmd":["sync"],"timeout_s":10}`)); serr != nil {
 			m.log.Warn("guest not synced before a disk-only snapshot", "sandbox", id, "err", serr)
 		}
 		if err = mc.vm.SwitchDisk(ctx, layer); err != nil {
@@ -308,7 +308,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id, snapID string) error {
 	if _, err := m.cfg.Records.Update(ctx, id, func(rec *Record) error {
 		s, ok := rec.Snapshot(snapID)
 		if !ok {
-			return ErrSnapshotNotFound
+			return ErrSnapshotNotFound.With("snapshot_id", snapID)
 		}
 		if s.Status == SnapshotProcessing {
 			return ErrInProgress
@@ -329,7 +329,7 @@ func (m *Manager) PinSnapshot(ctx context.Context, id, snapID string, pinned boo
 	_, err := m.cfg.Records.Update(ctx, id, func(rec *Record) error {
 		s, ok := rec.Snapshot(snapID)
 		if !ok {
-			return ErrSnapshotNotFound
+			return ErrSnapshotNotFound.With("snapshot_id", snapID)
 		}
 		s.Pinned = pinned
 		out = *s
@@ -373,7 +373,7 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	}
 	snap, ok := r.Snapshot(snapID)
 	if !ok {
-		return RestoreResult{}, ErrSnapshotNotFound
+		return RestoreResult{}, ErrSnapshotNotFound.With("snapshot_id", snapID)
 	}
 	withMemory := snap.Memory && !diskOnly
 	if err := m.loadable(snap, withMemory); err != nil {
@@ -406,7 +406,7 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	r, err = m.cfg.Records.Get(ctx, id)
 	if err == nil {
 		if s, ok := r.Snapshot(snapID); !ok || s.Status != SnapshotReady {
-			err = ErrSnapshotNotFound
+			err = ErrSnapshotNotFound.With("snapshot_id", snapID)
 		} else {
 			target = *s
 		}
@@ -469,7 +469,7 @@ func (m *Manager) Fork(ctx context.Context, srcID, snapID string, r Record) (Rec
 	}
 	snap, ok := src.Snapshot(snapID)
 	if !ok {
-		return Record{}, ErrSnapshotNotFound
+		return Record{}, ErrSnapshotNotFound.With("snapshot_id", snapID)
 	}
 	if err := m.loadable(snap, snap.Memory); err != nil {
 		return Record{}, err

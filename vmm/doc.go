@@ -25,10 +25,20 @@
 //     pid is still that QEMU (its start time and its run directory in the
 //     command line) and reconnects QMP;
 //   - a Machine's Done channel closes when its QEMU exits, whether it was
-//     started or adopted (pidfd).
+//     started or adopted (pidfd);
+//   - the disk is a chain of qcow2 layers QEMU never opens by name: Start
+//     passes descriptors (-add-fd) and spells the chain out in -blockdev,
+//     and QEMU's image locking is off (the caller writes each layer from
+//     one machine only);
+//   - Save writes a machine's state (live, with the disk's new top put in
+//     place at the switch-over, or with the guest stopped), Load reads one
+//     into a machine started with Incoming, SwitchDisk freezes the disk's
+//     top under a new one; a machine whose RAM is a file (a template, or
+//     a fork of one) saves or loads its devices only (x-ignore-shared).
 //
-// What it does not do: it does not create disks or run directories (the
-// caller owns their layout and ownership), does not speak to the guest
+// What it does not do: it does not create disks, states or run
+// directories (the caller owns their layout and ownership), does not speak
+// to the guest
 // (package channel does, over the socket Config.ChannelSocket names), and
 // keeps no state on disk.
 //

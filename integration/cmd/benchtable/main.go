@@ -320,7 +320,7 @@ func dur(d time.Duration) string {
 
 func human(b int64) string {
 	if b >= 1<<30 {
-		return fmt.Sprintf("%d GiB", b>>30)
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
 	}
 	return fmt.Sprintf("%d MiB", b>>20)
 }
