@@ -51,7 +51,10 @@ func readBody(body *[]byte) func(*http.Request) error {
 	}
 }
 
-var errTokenSnapshots = fault.New(fault.Forbidden, "forbidden", "access tokens may create, list and read snapshots; restore, delete, pin and fork need an account API key")
+var (
+	errTokenSnapshots = fault.New(fault.Forbidden, "forbidden", "access tokens may create, list and read snapshots; restore, delete, pin and fork need an account API key")
+	errTokenRetention = fault.New(fault.Forbidden, "forbidden", "retention deletes snapshots: it needs an account API key (an access token may create snapshots without it)")
+)
 
 func snapshotView(sandboxID string, sn sandbox.Snapshot) api.Snapshot {
 	return api.Snapshot{
@@ -92,6 +95,10 @@ func (s *Server) createSnapshot(c echo.Context) (any, error) {
 		sr.Comment = *req.Comment
 	}
 	if req.Retention != nil {
+		// Retention deletes snapshots, which a token may not.
+		if p, _ := c.Get(keyPrincipal).(Principal); p.Kind != KindAccountKey {
+			return nil, errTokenRetention
+		}
 		sr.RetentionMax = req.Retention.MaxCount
 	}
 	// Once begun, a snapshot runs to its end even if the caller hangs up.

@@ -163,6 +163,7 @@ type fakeMachine struct {
 	topMu     sync.Mutex
 	top       string       // the disk's top node
 	shutdowns atomic.Int32 // POST /v1/shutdown received
+	resyncs   atomic.Int32 // POST /v1/resync received
 	healths   atomic.Int32 // GET /v1/health answered
 
 	once sync.Once
@@ -190,6 +191,10 @@ func (m *fakeMachine) boot(log *slog.Logger) {
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
 		m.healths.Add(1)
 		writeJSend(w, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("POST /v1/resync", func(w http.ResponseWriter, r *http.Request) {
+		m.resyncs.Add(1)
+		writeJSend(w, map[string]any{"clock_step_ns": 0, "reseeded": true})
 	})
 	mux.HandleFunc("POST /v1/shutdown", func(w http.ResponseWriter, r *http.Request) {
 		m.shutdowns.Add(1)

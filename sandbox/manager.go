@@ -77,6 +77,11 @@ type Manager struct {
 	live map[string]*machine
 	// reserved is the memory of the boots under way, by sandbox.
 	reserved map[string]int
+	// gids are template groups being given (allocGid) and not yet
+	// recorded.
+	gids map[uint32]bool
+	// closed is set by Close: background work (goAfter) no longer starts.
+	closed bool
 	// busy marks the sandboxes a lifecycle operation is under way on,
 	// each with the number of its operation (ops counts them).
 	busy    map[string]uint64
@@ -92,6 +97,7 @@ type Manager struct {
 type machine struct {
 	id      string
 	vm      vmm.Machine
+	groups  []uint32 // supplementary groups QEMU runs with (a template's)
 	ch      *channel.Host
 	guestLn net.Listener
 	// expected is set before an exit that someone asked for (stop,
@@ -143,7 +149,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, live: map[string]*machine{}, reserved: map[string]int{}, running: map[string]*running{}, busy: map[string]uint64{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, live: map[string]*machine{}, reserved: map[string]int{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -167,6 +173,9 @@ func checkTraversable(dir string) error {
 // running: the next Manager adopts them. A boot under way is left in
 // creating, for the next Manager's Recover to finish.
 func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closed = true // no background work starts from here
+	m.mu.Unlock()
 	m.stop()
 	m.wg.Wait()
 	m.mu.Lock()
@@ -353,7 +362,7 @@ func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
 		}
 		// A start is a cold boot from the disk, whatever memory was
 		// saved (an error may have come from loading it).
-		r.State, r.Error, r.Machine.Saved = Creating, "", ""
+		r.State, r.Error, r.Machine.Saved, r.Machine.LoadDisk = Creating, "", "", nil
 		r.Machine.RAM, r.Machine.RAMGid, r.Machine.FromTemplate = "", 0, nil
 		return nil
 	})
@@ -425,6 +434,12 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 		}
 		r = tr
 	}
+	if r.Machine.Saved != "" {
+		if r, err = m.loadTop(ctx, r); err != nil {
+			fail(errStartFailedOnHost, err)
+			return
+		}
+	}
 	cfg := m.vmConfig(r)
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	vm, err := m.cfg.Driver.Start(sctx, cfg)
@@ -448,6 +463,14 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 		if err := m.load(ctx, vm, r.Machine.Saved); err != nil {
 			vm.Kill()
 			<-vm.Done()
+			if via == Resuming && m.ctx.Err() == nil && ctx.Err() == nil {
+				// A paused sandbox's memory is kept: resume may be
+				// tried again, or a stop drops it.
+				m.log.Error("saved memory not loaded; the sandbox stays paused", "sandbox", id, "err", err)
+				m.teardown(id)
+				m.setState(id, Paused, errResumeFailed, Resuming)
+				return
+			}
 			m.dropSaved(id)
 			fail(errLoadFailed, err)
 			return
@@ -467,10 +490,12 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 		// The memory is another moment's (or another sandbox's): the
 		// guest's clock and RNG are told so before anything else.
 		if err := m.resync(ctx, mc, r); err != nil {
-			m.log.Warn("guest clock and RNG not resynced", "sandbox", id, "err", err)
+			// Forks of one snapshot must not run with one RNG state.
+			fail(errBootFailed, fmt.Errorf("the guest's clock and RNG were not resynced: %w", err))
+			return
 		}
 		if _, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
-			r.Machine.Saved = ""
+			r.Machine.Saved, r.Machine.LoadDisk = "", nil
 			return nil
 		}); err != nil {
 			fail(errStartFailedOnHost, err)
@@ -493,15 +518,57 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 	m.log.Info("sandbox running", "sandbox", id, "boot", time.Since(t0).Round(time.Millisecond), "loaded", cfg.Incoming, "loaded_in", loadedIn.Round(time.Millisecond))
 }
 
+// loadTop puts a new, empty top over the disk a saved state goes with
+// (LoadDisk), unless the current top is one already, never run on: a load
+// that starts over after a crash must not find the writes of the guest it
+// loaded the first time.
+func (m *Manager) loadTop(ctx context.Context, r Record) (Record, error) {
+	load := r.Machine.LoadDisk
+	if len(load) == 0 {
+		load = r.Machine.Disk // recorded before LoadDisk existed
+	}
+	if r.Machine.FreshTop {
+		return m.cfg.Records.Update(ctx, r.ID, func(rec *Record) error {
+			rec.Machine.FreshTop, rec.Machine.LoadDisk = false, slices.Clone(load)
+			return nil
+		})
+	}
+	m.storeMu.RLock()
+	defer m.storeMu.RUnlock()
+	top, err := m.newLayer(ctx, r.Machine.BaseDisk, load[0], m.diskBytes(r.DiskGiB))
+	if err != nil {
+		return r, err
+	}
+	return m.cfg.Records.Update(ctx, r.ID, func(rec *Record) error {
+		rec.Machine.Disk = append([]string{top}, load...)
+		rec.Machine.LoadDisk = slices.Clone(load)
+		return nil
+	})
+}
+
 // collectLater collects the store in the background.
 func (m *Manager) collectLater() {
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
+	m.goAfter(func() {
 		if err := m.collect(m.ctx); err != nil && m.ctx.Err() == nil {
 			m.log.Warn("store not collected", "err", err)
 		}
+	})
+}
+
+// goAfter runs fn in the background, unless the Manager is closed (the
+// next one's Recover does what is left).
+func (m *Manager) goAfter(fn func()) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return false
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		fn()
 	}()
+	return true
 }
 
 // leaveBoot leaves a boot that the Manager's Close interrupted as it is:
@@ -554,7 +621,7 @@ func (m *Manager) prepare(ctx context.Context, r Record) (Record, error) {
 // adopt connects the channel of a running QEMU, serves the guest's calls
 // and watches for its exit.
 func (m *Manager) adopt(id string, vm vmm.Machine, cfg vmm.Config) *machine {
-	mc := &machine{id: id, vm: vm, ch: channel.DialHost(cfg.ChannelSocket(), m.log.With("sandbox", id))}
+	mc := &machine{id: id, vm: vm, groups: cfg.Groups, ch: channel.DialHost(cfg.ChannelSocket(), m.log.With("sandbox", id))}
 	mc.guestLn = mc.ch.Listener()
 	m.mu.Lock()
 	m.live[id] = mc
@@ -714,6 +781,7 @@ func (m *Manager) saveAndQuit(ctx context.Context, mc *machine) error {
 			// The whole memory is in the state now: the next boot needs
 			// no template.
 			r.Machine.Saved, r.Machine.RAM, r.Machine.RAMGid = sid, "", 0
+			r.Machine.LoadDisk = slices.Clone(r.Machine.Disk)
 			return nil
 		})
 	}
@@ -836,6 +904,7 @@ func (m *Manager) Stop(ctx context.Context, id string) (Record, error) {
 		r.State = Stopping
 		// A stopped sandbox boots cold: memory a pause saved goes.
 		r.Machine.Saved, r.Machine.RAM, r.Machine.RAMGid, r.Machine.FromTemplate = "", "", 0, nil
+		r.Machine.LoadDisk = nil
 		return nil
 	})
 	if err != nil || r.State == Stopped {
@@ -1022,6 +1091,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 	for _, r := range records {
 		m.failUnfinished(ctx, r, adopted[r.ID])
 		m.failTorn(ctx, r)
+		m.dropUnfinishedTemplates(ctx, r)
 	}
 	for _, r := range records {
 		if r.Machine == nil {
@@ -1036,6 +1106,22 @@ func (m *Manager) Recover(ctx context.Context) error {
 		m.log.Error("store not collected", "err", err)
 	}
 	return ctx.Err()
+}
+
+// dropUnfinishedTemplates forgets the templates a crash left half-made
+// (their files are collected); the next fork makes them again.
+func (m *Manager) dropUnfinishedTemplates(ctx context.Context, r Record) {
+	if !slices.ContainsFunc(r.Snapshots, func(s Snapshot) bool { return s.Template != nil && s.Template.Building }) {
+		return
+	}
+	m.cfg.Records.Update(ctx, r.ID, func(rec *Record) error {
+		for i := range rec.Snapshots {
+			if t := rec.Snapshots[i].Template; t != nil && t.Building {
+				rec.Snapshots[i].Template = nil
+			}
+		}
+		return nil
+	})
 }
 
 // failTorn fails the ready snapshots whose files had not reached the disk
@@ -1175,9 +1261,27 @@ func (m *Manager) settle(ctx context.Context, r Record, vm vmm.Machine, cfg vmm.
 		})
 		return nil
 	}
+	if (r.State == Pausing || r.State == Paused) && r.Machine.Saved != "" {
+		// A pause whose memory is saved and named, and whose QEMU had not
+		// ended yet: it ends now.
+		mc.expectExit()
+		m.teardown(id)
+		_, err := m.setState(id, Paused, "")
+		return err
+	}
 	// Running, paused, or half-way between: the CPUs say which.
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	running, err := vm.Running(qctx)
+	if err == nil && !running && (r.State == Running || r.State == Pausing) {
+		// Stopped by a save that the crash interrupted (a snapshot, a
+		// restore's automatic one, a pause not yet named): a paused
+		// sandbox's memory is never kept in QEMU, so it runs on.
+		m.log.Info("guest stopped by an interrupted save: it runs on", "sandbox", id)
+		vm.CancelSave(qctx)
+		if err = vm.Resume(qctx); err == nil {
+			running = true
+		}
+	}
 	cancel()
 	if err != nil {
 		// One machine that does not answer must not keep hostproxy from

@@ -97,6 +97,12 @@ type Machine struct {
 	// instead of booting the kernel: a pause that freed the host's
 	// memory, or a restore or fork of a memory snapshot.
 	Saved string `json:"saved,omitempty"`
+	// LoadDisk is the disk Saved goes with (layers, top first): a load
+	// runs on a new, empty top over it, so that a load that starts over
+	// after a crash never finds a disk the loaded guest already wrote to.
+	// FreshTop says the current top is such a top, never run on yet.
+	LoadDisk []string `json:"load_disk,omitempty"`
+	FreshTop bool     `json:"fresh_top,omitempty"`
 	// FromTemplate asks the next boot to start from the template of this
 	// snapshot (making it first if the snapshot has none): a fork.
 	FromTemplate *From `json:"from_template,omitempty"`
@@ -114,6 +120,11 @@ type Template struct {
 	State string `json:"state"`
 	// Gid is the group of the RAM file: the forks' QEMUs get it.
 	Gid uint32 `json:"gid"`
+	// Building is set while the files are filled, with the scratch top
+	// layer the template QEMU opens; a Recover drops a template still
+	// building.
+	Building bool   `json:"building,omitempty"`
+	Scratch  string `json:"scratch,omitempty"`
 }
 
 // SnapshotStatus is where a snapshot is in its making.
@@ -247,6 +258,7 @@ var (
 	errBaseDiskMissing   = "the base disk this sandbox's disk was made from is gone; the sandbox cannot boot"
 	errStartFailedOnHost = "the sandbox's virtual machine could not be started on this host; start it to try again"
 	errLoadFailed        = "the sandbox's saved memory could not be loaded; start it to boot it again from its disk, or restore a snapshot"
+	errResumeFailed      = "the sandbox's saved memory could not be loaded; it is kept: resume to try again, or stop the sandbox to drop it and start it from its disk"
 
 	ErrSnapshotNotFound     = fault.New(fault.NotFound, "snapshot_not_found", "no such snapshot of this sandbox")
 	ErrSnapshotNotReady     = fault.New(fault.Conflict, "snapshot_not_ready", "the snapshot is not ready (it is being taken, or failed)")

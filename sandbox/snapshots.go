@@ -29,6 +29,9 @@ const (
 	FailpointPauseSaved       = "vm.pause.saved"       // memory written, not yet named
 )
 
+// SnapshotTimeout bounds the taking of one snapshot.
+const SnapshotTimeout = 3 * time.Minute
+
 // Snapshot limits per sandbox (automatic ones are not counted), and the
 // automatic snapshots a restore keeps.
 const (
@@ -84,8 +87,20 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 // For an automatic one, keep names a snapshot the pruning of old automatic
 // ones must leave (the one being restored).
 func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, auto bool, keep string) (Snapshot, error) {
+	// Bounded: a guest that never lets its memory converge, or never
+	// answers its sync, does not hold the sandbox (or the store) for good.
+	ctx, cancel := context.WithTimeout(ctx, SnapshotTimeout)
+	defer cancel()
+	// The store's lock only until the new files are named in the record.
 	m.storeMu.RLock()
-	defer m.storeMu.RUnlock()
+	locked := true
+	unlock := func() {
+		if locked {
+			locked = false
+			m.storeMu.RUnlock()
+		}
+	}
+	defer unlock()
 	r, err := m.cfg.Records.Get(ctx, id)
 	if err != nil {
 		return Snapshot{}, err
@@ -166,6 +181,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	if err != nil {
 		return Snapshot{}, err
 	}
+	unlock() // named: collect keeps them
 	failpoint.Hit(FailpointSnapshotRecorded)
 	t0 := time.Now()
 	var pause time.Duration
@@ -184,7 +200,10 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	case how == "qemu":
 		// A disk-only snapshot is what a power cut would leave: the
 		// guest's own buffers are written out first.
-		if _, serr := guestCall(ctx, mc.ch, http.MethodPost, "/v1/exec", []byte(`{"cmd":["sync"],"timeout_s":10}`)); serr != nil {
+		sctx, scancel := context.WithTimeout(ctx, 15*time.Second)
+		_, serr := guestCall(sctx, mc.ch, http.MethodPost, "/v1/exec", []byte(`{"cmd":["sync"],"timeout_s":10}`))
+		scancel()
+		if serr != nil {
 			m.log.Warn("guest not synced before a disk-only snapshot", "sandbox", id, "err", serr)
 		}
 		if err = mc.vm.SwitchDisk(ctx, layer); err != nil {
@@ -422,8 +441,10 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 			rec.Machine.Disk = append([]string{top}, target.Disk...)
 			rec.Machine.BaseDisk = target.BaseDisk
 			rec.Machine.Saved, rec.Machine.RAM, rec.Machine.RAMGid, rec.Machine.FromTemplate = "", "", 0, nil
+			rec.Machine.LoadDisk, rec.Machine.FreshTop = nil, false
 			if withMemory {
 				rec.Machine.Saved = target.State
+				rec.Machine.LoadDisk, rec.Machine.FreshTop = slices.Clone(target.Disk), true
 				rec.MemoryMiB, rec.VCPUs = target.MemoryMiB, target.VCPUs
 			}
 			rec.DiskGiB = target.DiskGiB
@@ -485,6 +506,7 @@ func (m *Manager) Fork(ctx context.Context, srcID, snapID string, r Record) (Rec
 		// From the snapshot's template (made at the first fork); its
 		// whole state if the template cannot be made.
 		mach.Saved = snap.State
+		mach.LoadDisk, mach.FreshTop = slices.Clone(snap.Disk), true
 		mach.FromTemplate = &From{Sandbox: srcID, Snapshot: snapID}
 		mach.Image = snap.Needs.Image
 	}
@@ -517,7 +539,7 @@ func (m *Manager) load(ctx context.Context, vm vmm.Machine, state string) error 
 // dropSaved forgets the memory a sandbox was to load (it did not load).
 func (m *Manager) dropSaved(id string) {
 	m.cfg.Records.Update(context.Background(), id, func(r *Record) error {
-		r.Machine.Saved = ""
+		r.Machine.Saved, r.Machine.LoadDisk = "", nil
 		return nil
 	})
 }
@@ -582,10 +604,8 @@ func (m *Manager) syncLater(id string, s Snapshot) {
 	if s.State != "" {
 		files = append(files, m.statePath(s.State))
 	}
-	m.wg.Add(1)
 	m.syncs.Add(1)
-	go func() {
-		defer m.wg.Done()
+	started := m.goAfter(func() {
 		defer m.syncs.Done()
 		t0 := time.Now()
 		for _, f := range files {
@@ -605,7 +625,10 @@ func (m *Manager) syncLater(id string, s Snapshot) {
 			return nil
 		})
 		m.log.Debug("snapshot on disk", "sandbox", id, "snapshot", s.ID, "took", time.Since(t0).Round(time.Millisecond))
-	}()
+	})
+	if !started {
+		m.syncs.Done() // the next Recover writes it back
+	}
 }
 
 // machineOf is the running machine of a sandbox, or nil.

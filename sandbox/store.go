@@ -149,7 +149,7 @@ func references(records []Record) map[string]bool {
 	refs := map[string]bool{}
 	for _, r := range records {
 		if r.Machine != nil {
-			for _, id := range r.Machine.Disk {
+			for _, id := range append(r.Machine.Disk, r.Machine.LoadDisk...) {
 				refs[id+layerExt] = true
 			}
 			if r.Machine.Saved != "" {
@@ -169,6 +169,9 @@ func references(records []Record) map[string]bool {
 			if t := s.Template; t != nil {
 				refs[t.RAM+ramExt] = true
 				refs[t.State+stateExt] = true
+				if t.Scratch != "" {
+					refs[t.Scratch+layerExt] = true
+				}
 			}
 		}
 	}

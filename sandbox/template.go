@@ -57,9 +57,17 @@ func (m *Manager) startFromTemplate(ctx context.Context, r Record) (Record, erro
 	from := *r.Machine.FromTemplate
 	unlock := m.templates.lock(from.Sandbox + "/" + from.Snapshot)
 	defer unlock()
+	tpl, err := m.template(ctx, r, from)
+	if err != nil {
+		m.log.Warn("no template: the fork loads the snapshot's whole state", "sandbox", r.ID, "err", err)
+	}
+	// Named by the fork before the lock goes: collect keeps them.
 	m.storeMu.RLock()
 	defer m.storeMu.RUnlock()
-	tpl, err := m.template(ctx, r, from)
+	if err == nil && !m.haveFiles(m.ramPath(tpl.RAM), m.statePath(tpl.State)) {
+		// The snapshot was deleted while its template was made.
+		err = errors.New("the template's files are gone")
+	}
 	return m.cfg.Records.Update(ctx, r.ID, func(rec *Record) error {
 		rec.Machine.FromTemplate = nil
 		if err == nil {
@@ -69,8 +77,19 @@ func (m *Manager) startFromTemplate(ctx context.Context, r Record) (Record, erro
 	})
 }
 
+func (m *Manager) haveFiles(paths ...string) bool {
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // template is the snapshot's template, made now if it has none. The
-// caller holds storeMu for reading and the snapshot's template lock.
+// caller holds the snapshot's template lock. Its files are named in the
+// snapshot's record (the template building) before they are filled, so
+// collect keeps them, and nothing holds the store while QEMU works.
 func (m *Manager) template(ctx context.Context, r Record, from From) (Template, error) {
 	src, err := m.cfg.Records.Get(ctx, from.Sandbox)
 	if err != nil {
@@ -80,55 +99,100 @@ func (m *Manager) template(ctx context.Context, r Record, from From) (Template, 
 	if !ok || snap.Status != SnapshotReady || !snap.Memory {
 		return Template{}, fmt.Errorf("snapshot %s of %s is no ready memory snapshot", from.Snapshot, from.Sandbox)
 	}
-	if snap.Template != nil {
+	if snap.Template != nil && !snap.Template.Building {
 		return *snap.Template, nil
 	}
 	t0 := time.Now()
-	gid, err := m.templateGid(ctx)
-	if err != nil {
-		return Template{}, err
-	}
-	tpl := Template{RAM: newFileID(), Gid: gid}
-	ram, err := os.OpenFile(m.ramPath(tpl.RAM), os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o660)
+	tpl, ram, dev, err := m.newTemplate(ctx, from, *snap)
 	if err != nil {
 		return Template{}, err
 	}
 	defer ram.Close()
-	if err := ram.Chown(0, int(gid)); err != nil {
+	defer dev.Close()
+	done := func(keep bool) {
+		m.cfg.Records.Update(context.WithoutCancel(ctx), from.Sandbox, func(rec *Record) error {
+			if s, ok := rec.Snapshot(from.Snapshot); ok && s.Template != nil && s.Template.RAM == tpl.RAM {
+				if keep {
+					s.Template.Building, s.Template.Scratch = false, ""
+				} else {
+					s.Template = nil
+				}
+			}
+			return nil
+		})
+		m.collectLater()
+	}
+	if err := m.fillTemplate(ctx, r, *snap, tpl, ram, dev); err != nil {
+		done(false)
 		return Template{}, err
 	}
-	if err := ram.Chmod(0o660); err != nil {
-		return Template{}, err
+	done(true)
+	tpl.Building, tpl.Scratch = false, ""
+	m.log.Info("template made", "sandbox", from.Sandbox, "snapshot", from.Snapshot, "took", time.Since(t0).Round(time.Millisecond), "ram_bytes", allocated(m.ramPath(tpl.RAM)), "devices_bytes", allocated(m.statePath(tpl.State)))
+	return tpl, nil
+}
+
+// newTemplate makes a template's files (an empty RAM file of the group it
+// is given, a state file for the devices, a scratch top for the disk the
+// template QEMU opens) and names them in the snapshot, building.
+func (m *Manager) newTemplate(ctx context.Context, from From, snap Snapshot) (Template, *os.File, *os.File, error) {
+	m.storeMu.RLock()
+	defer m.storeMu.RUnlock()
+	gid, release, err := m.allocGid(ctx)
+	if err != nil {
+		return Template{}, nil, nil, err
 	}
-	if err := ram.Truncate(int64(snap.MemoryMiB) << 20); err != nil {
-		return Template{}, err
+	defer release()
+	tpl := Template{RAM: newFileID(), Gid: gid, Building: true}
+	ram, err := os.OpenFile(m.ramPath(tpl.RAM), os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o660)
+	if err != nil {
+		return Template{}, nil, nil, err
 	}
 	state, dev, err := m.newState()
-	if err != nil {
-		return Template{}, err
+	if err == nil {
+		tpl.State = state
+		err = errors.Join(ram.Chown(0, int(gid)), ram.Chmod(0o660), ram.Truncate(int64(snap.MemoryMiB)<<20))
 	}
-	defer dev.Close()
-	tpl.State = state
-	// A top of its own over the snapshot's disk: the template QEMU opens
-	// its disk read-write, and never runs.
-	top, err := m.newLayer(ctx, snap.BaseDisk, snap.Disk[0], m.diskBytes(snap.DiskGiB))
-	if err != nil {
-		return Template{}, err
+	if err == nil {
+		tpl.Scratch, err = m.newLayer(ctx, snap.BaseDisk, snap.Disk[0], m.diskBytes(snap.DiskGiB))
 	}
-	defer os.Remove(m.layerPath(top))
+	if err == nil {
+		_, err = m.cfg.Records.Update(ctx, from.Sandbox, func(rec *Record) error {
+			s, ok := rec.Snapshot(from.Snapshot)
+			if !ok {
+				return ErrSnapshotNotFound.With("snapshot_id", from.Snapshot)
+			}
+			t := tpl
+			s.Template = &t
+			return nil
+		})
+	}
+	if err != nil {
+		ram.Close()
+		if dev != nil {
+			dev.Close()
+		}
+		return Template{}, nil, nil, err // the files are collected
+	}
+	return tpl, ram, dev, nil
+}
+
+// fillTemplate runs the template QEMU: it never runs the guest, loads the
+// snapshot's whole state into the RAM file (shared) and saves the devices.
+func (m *Manager) fillTemplate(ctx context.Context, r Record, snap Snapshot, tpl Template, ram, dev *os.File) error {
 	if _, err := m.prepare(ctx, r); err != nil {
-		return Template{}, err
+		return err
 	}
-	mach := Machine{BaseDisk: snap.BaseDisk, Disk: append([]string{top}, snap.Disk...), Uid: r.Machine.Uid, Gid: r.Machine.Gid}
+	mach := Machine{BaseDisk: snap.BaseDisk, Disk: append([]string{tpl.Scratch}, snap.Disk...), Uid: r.Machine.Uid, Gid: r.Machine.Gid}
 	cfg := m.vmConfig(Record{ID: r.ID, Name: r.Name, MemoryMiB: snap.MemoryMiB, VCPUs: snap.VCPUs, Machine: &mach})
 	cfg.Incoming = true
 	cfg.RAM = &vmm.RAMFile{Path: m.ramPath(tpl.RAM), Shared: true}
-	cfg.Groups = []uint32{gid}
-	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	cfg.Groups = []uint32{tpl.Gid}
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	vm, err := m.cfg.Driver.Start(sctx, cfg)
 	if err != nil {
-		return Template{}, err
+		return err
 	}
 	defer func() {
 		vm.Kill()
@@ -137,37 +201,25 @@ func (m *Manager) template(ctx context.Context, r Record, from From) (Template, 
 	}()
 	full, err := os.Open(m.statePath(snap.State))
 	if err != nil {
-		return Template{}, err
+		return err
 	}
 	defer full.Close()
 	if err := vm.Load(sctx, full); err != nil {
-		return Template{}, fmt.Errorf("template: loading the snapshot: %w", err)
+		return fmt.Errorf("template: loading the snapshot: %w", err)
 	}
 	if _, err := vm.Save(sctx, dev, vmm.SaveOptions{}); err != nil {
-		return Template{}, fmt.Errorf("template: saving its devices: %w", err)
+		return fmt.Errorf("template: saving its devices: %w", err)
 	}
-	if err := errors.Join(dev.Sync(), ram.Sync()); err != nil {
-		return Template{}, err
-	}
-	if _, err := m.cfg.Records.Update(ctx, from.Sandbox, func(rec *Record) error {
-		if s, ok := rec.Snapshot(from.Snapshot); ok && s.Template == nil {
-			t := tpl
-			s.Template = &t
-		}
-		return nil
-	}); err != nil && !errors.Is(err, ErrNotFound) {
-		return Template{}, err
-	}
-	m.log.Info("template made", "sandbox", from.Sandbox, "snapshot", from.Snapshot, "took", time.Since(t0).Round(time.Millisecond), "ram_bytes", allocated(m.ramPath(tpl.RAM)), "devices_bytes", allocated(m.statePath(tpl.State)))
-	return tpl, nil
+	return errors.Join(dev.Sync(), ram.Sync())
 }
 
-// templateGid is the lowest template group no record holds (from
-// UIDBase + 100000: sandbox uids count up from UIDBase).
-func (m *Manager) templateGid(ctx context.Context) (uint32, error) {
+// allocGid is a template group no record, live machine or template being
+// made holds (from UIDBase + 100000: sandbox uids count up from UIDBase);
+// release ends its reservation once a record names it.
+func (m *Manager) allocGid(ctx context.Context) (uint32, func(), error) {
 	records, err := m.cfg.Records.List(ctx)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	used := map[uint32]bool{}
 	for _, r := range records {
@@ -180,9 +232,24 @@ func (m *Manager) templateGid(ctx context.Context) (uint32, error) {
 			}
 		}
 	}
-	for gid := m.cfg.UIDBase + 100000; ; gid++ {
-		if !used[gid] {
-			return gid, nil
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for gid := range m.gids {
+		used[gid] = true
+	}
+	for _, mc := range m.live {
+		for _, g := range mc.groups {
+			used[g] = true
 		}
 	}
+	gid := m.cfg.UIDBase + 100000
+	for used[gid] {
+		gid++
+	}
+	m.gids[gid] = true
+	return gid, func() {
+		m.mu.Lock()
+		delete(m.gids, gid)
+		m.mu.Unlock()
+	}, nil
 }

@@ -68,6 +68,9 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 		{"capability": "pause-before-switchover", "state": opts.Live && opts.Overlay != nil},
 		// A shared RAM file is the RAM's copy: only devices are saved.
 		{"capability": "x-ignore-shared", "state": m.cfg.RAM != nil && m.cfg.RAM.Shared},
+		// A guest that writes faster than the copy is slowed down until
+		// it converges.
+		{"capability": "auto-converge", "state": opts.Live},
 	}
 	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}); err != nil {
 		return st, err
@@ -78,6 +81,11 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 	if _, err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(64) << 30, "downtime-limit": 40}); err != nil {
 		return st, err
 	}
+	// A guest this save stops runs again if the save fails.
+	wasRunning, err := m.Running(ctx)
+	if err != nil {
+		return st, err
+	}
 	var added string
 	if opts.Overlay != nil {
 		if added, err = m.addLayer(ctx, q, *opts.Overlay); err != nil {
@@ -85,37 +93,10 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 		}
 	}
 	var stopped time.Time
-	if !opts.Live {
-		stopped = time.Now()
-		if _, err := q.Execute(ctx, "stop", nil); err != nil {
-			m.dropLayer(q, added)
-			return st, err
-		}
-		if opts.Overlay != nil {
-			if err := m.switchTop(ctx, q, opts.Overlay.Node); err != nil {
-				m.dropLayer(q, added)
-				return st, err
-			}
-			st.Switched = true
-		}
-	}
-	if _, err := q.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "snapshot"}, state); err != nil {
-		if !st.Switched {
-			m.dropLayer(q, added)
-		}
-		return st, err
-	}
-	if _, err := q.Execute(ctx, "migrate", map[string]any{"uri": "fd:snapshot"}); err != nil {
-		q.Execute(context.Background(), "closefd", map[string]any{"fdname": "snapshot"})
-		if !st.Switched {
-			m.dropLayer(q, added)
-		}
-		return st, err
-	}
-	fail := func(err error) (SaveStats, error) {
-		// Whatever happened, the guest runs again if it ran before.
+	// Whatever happens, the guest runs again if it ran before.
+	undo := func(err error) (SaveStats, error) {
 		q.Execute(context.Background(), "migrate_cancel", nil)
-		if opts.Live {
+		if wasRunning {
 			q.Execute(context.Background(), "cont", nil)
 		}
 		if !st.Switched {
@@ -124,6 +105,26 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 		st.Total = time.Since(t0)
 		return st, err
 	}
+	if !opts.Live {
+		stopped = time.Now()
+		if _, err := q.Execute(ctx, "stop", nil); err != nil {
+			return undo(err)
+		}
+		if opts.Overlay != nil {
+			if err := m.switchTop(ctx, q, opts.Overlay.Node); err != nil {
+				return undo(err)
+			}
+			st.Switched = true
+		}
+	}
+	if _, err := q.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "snapshot"}, state); err != nil {
+		return undo(err)
+	}
+	if _, err := q.Execute(ctx, "migrate", map[string]any{"uri": "fd:snapshot"}); err != nil {
+		q.Execute(context.Background(), "closefd", map[string]any{"fdname": "snapshot"})
+		return undo(err)
+	}
+	fail := undo
 	for {
 		status, err := migrationStatus(ctx, q)
 		if err != nil {
