@@ -109,8 +109,11 @@ list and draw its checkpoints, restore one, delete one, and manage the
 sandbox's access token. It also creates and runs sandboxes (microVMs),
 snapshots them whole, restores them and forks them.
 
-The API address comes from --api-url or $CREATEOS_API_URL, the key from
---api-key or $CREATEOS_API_KEY, and SANDBOX defaults to $CREATEOS_SANDBOX_ID.
+The API address comes from --api-url or $CREATEOS_API_URL and the key from
+--api-key or $CREATEOS_API_KEY. SANDBOX defaults to $CREATEOS_SANDBOX_ID for
+the checkpoint and access-token commands and for snapshot create, list and
+get; every other command that takes SANDBOX (sandbox get, rm, exec and the
+like; snapshot restore, rm, pin and unpin; fork) needs it given.
 What these leave unset is read from the sandbox's credentials file
 ($CREATEOS_CREDENTIALS, default /run/strata/credentials.env), and an error
 says which values came from there.`,

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -244,7 +245,15 @@ func (f *fakeAPI) route(r *http.Request, body []byte) (any, int, error) {
 // address in the environment.
 func runFake(t *testing.T, f *fakeAPI, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return runFakeEnv(t, f, nil, args...)
+}
+
+// runFakeEnv is runFake with more variables in the environment (set
+// over the key, address and credentials file).
+func runFakeEnv(t *testing.T, f *fakeAPI, more map[string]string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	vars := map[string]string{EnvAPIURL: f.url, EnvAPIKey: fakeKey, EnvCredentials: filepath.Join(t.TempDir(), "credentials.env")}
+	maps.Copy(vars, more)
 	checkHermetic(t, vars)
 	var out, errb bytes.Buffer
 	code = Run(context.Background(), args, &out, &errb, func(k string) string { return vars[k] })

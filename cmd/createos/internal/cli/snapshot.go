@@ -135,7 +135,11 @@ func (a *app) snapshotCommand() *cobra.Command {
 		Long: `A snapshot keeps a whole sandbox: its memory, devices and disk (processes
 come back running), or with --disk-only its disk alone (it comes back as a
 fresh boot). They are VM-level; 'createos sandbox checkpoint' keeps one
-directory. 'createos sandbox fork' makes new sandboxes from a snapshot.`,
+directory. 'createos sandbox fork' makes new sandboxes from a snapshot.
+
+SANDBOX defaults to $CREATEOS_SANDBOX_ID for create, list and get, which a
+sandbox's access token may call on its own sandbox. restore, rm, pin, unpin
+and 'createos sandbox fork' need the account key, and SANDBOX given.`,
 	})
 	cmd.AddCommand(a.snapshotCreateCommand(), a.snapshotListCommand(), a.snapshotGetCommand(),
 		a.snapshotRestoreCommand(), a.snapshotRmCommand(),
@@ -148,7 +152,7 @@ func (a *app) snapshotCreateCommand() *cobra.Command {
 	var diskOnly bool
 	var maxCount int
 	cmd := &cobra.Command{
-		Use:   "create SANDBOX [--disk-only] [--comment TEXT] [--retention-max-count N]",
+		Use:   "create [SANDBOX] [--disk-only] [--comment TEXT] [--retention-max-count N]",
 		Short: "Snapshot a sandbox: its memory, devices and disk, or only its disk",
 		Long: `Snapshot a sandbox. By default the snapshot keeps memory, devices and disk,
 so that a restore or a fork has its processes running; --disk-only keeps
@@ -157,10 +161,13 @@ the disk alone (a restore or fork of it boots afresh).
 A sandbox holds at most 10 memory and 100 disk-only snapshots (automatic
 ones not counted); at the limit the API answers snapshot_limit. With
 --retention-max-count N the API deletes the oldest snapshots of the same
-kind that are not pinned instead, keeping at most N; pinned ones never go.`,
+kind that are not pinned instead, keeping at most N; pinned ones never go.
+Retention deletes, so it needs the account key: a sandbox's access token
+may snapshot its own sandbox without it.`,
 		Example: "  createos sandbox snapshot create sb-local --comment 'before the upgrade'\n" +
-			"  createos sandbox snapshot create sb-local --disk-only --retention-max-count 20",
-		Args: cobra.ExactArgs(1),
+			"  createos sandbox snapshot create sb-local --disk-only --retention-max-count 20\n" +
+			"  createos sandbox snapshot create --comment nightly   # inside a sandbox: SANDBOX from $CREATEOS_SANDBOX_ID",
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var req SnapshotCreateRequest
 			if cmd.Flags().Changed("comment") {
@@ -173,11 +180,11 @@ kind that are not pinned instead, keeping at most N; pinned ones never go.`,
 			if cmd.Flags().Changed("retention-max-count") {
 				req.Retention = &Retention{Mode: RetentionDeleteOldest, MaxCount: maxCount}
 			}
-			c, err := a.client()
+			c, sb, _, err := a.start(args, 0)
 			if err != nil {
 				return err
 			}
-			s, raw, err := c.CreateSnapshot(cmd.Context(), args[0], req)
+			s, raw, err := c.CreateSnapshot(cmd.Context(), sb, req)
 			if err != nil {
 				return wrap(err)
 			}
@@ -196,16 +203,16 @@ kind that are not pinned instead, keeping at most N; pinned ones never go.`,
 
 func (a *app) snapshotListCommand() *cobra.Command {
 	return &cobra.Command{
-		Use:     "list SANDBOX",
+		Use:     "list [SANDBOX]",
 		Aliases: []string{"ls"},
 		Short:   "List a sandbox's snapshots, oldest first",
-		Args:    cobra.ExactArgs(1),
+		Args:    cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
+			c, sb, _, err := a.start(args, 0)
 			if err != nil {
 				return err
 			}
-			list, raw, err := c.ListSnapshots(cmd.Context(), args[0])
+			list, raw, err := c.ListSnapshots(cmd.Context(), sb)
 			if err != nil {
 				return wrap(err)
 			}
@@ -223,15 +230,17 @@ func (a *app) snapshotListCommand() *cobra.Command {
 
 func (a *app) snapshotGetCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "get SANDBOX SNAPSHOT",
+		Use:   "get [SANDBOX] SNAPSHOT",
 		Short: "Show a snapshot's record",
-		Args:  cobra.ExactArgs(2),
+		Long: `Show a snapshot's record. With one argument, it is the snapshot and the
+sandbox is $CREATEOS_SANDBOX_ID.`,
+		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
+			c, sb, rest, err := a.start(args, 1)
 			if err != nil {
 				return err
 			}
-			s, raw, err := c.GetSnapshot(cmd.Context(), args[0], args[1])
+			s, raw, err := c.GetSnapshot(cmd.Context(), sb, rest[0])
 			if err != nil {
 				return wrap(err)
 			}
@@ -245,7 +254,7 @@ func (a *app) snapshotGetCommand() *cobra.Command {
 			return err
 		},
 	}
-	cmd.ValidArgsFunction = a.completeSnapshot
+	cmd.ValidArgsFunction = a.completeSnapshotOrDefault
 	return cmd
 }
 
@@ -420,17 +429,36 @@ func cell(s string) string {
 	return s
 }
 
-// completeSnapshot offers the sandbox's snapshot ids, newest first, with
-// their kind and comment as descriptions, when the API can be reached.
+// completeSnapshot offers the snapshot ids of the sandbox given as the
+// first argument.
 func (a *app) completeSnapshot(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
 	if len(args) != 1 {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
+	return a.snapshotIDs(cmd, args[0], toComplete)
+}
+
+// completeSnapshotOrDefault is completeSnapshot for a command whose
+// SANDBOX may be left out: with no argument yet, it offers the snapshots
+// of $CREATEOS_SANDBOX_ID, as completeCheckpoint does.
+func (a *app) completeSnapshotOrDefault(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+	switch {
+	case len(args) == 1:
+		return a.snapshotIDs(cmd, args[0], toComplete)
+	case len(args) == 0 && a.getenv(EnvSandboxID) != "":
+		return a.snapshotIDs(cmd, a.getenv(EnvSandboxID), toComplete)
+	}
+	return nil, cobra.ShellCompDirectiveNoFileComp
+}
+
+// snapshotIDs offers the sandbox's snapshot ids, newest first, with their
+// kind and comment as descriptions, when the API can be reached.
+func (a *app) snapshotIDs(cmd *cobra.Command, sandbox, toComplete string) ([]string, cobra.ShellCompDirective) {
 	c, err := a.client()
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
-	list, _, err := c.ListSnapshots(cmd.Context(), args[0])
+	list, _, err := c.ListSnapshots(cmd.Context(), sandbox)
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -366,7 +369,8 @@ func TestSnapshotCommands(t *testing.T) {
 }
 
 // TestSnapshotUsage: wrong arguments and flags are usage errors (exit 2)
-// that reach no API.
+// that reach no API. $CREATEOS_SANDBOX_ID is unset here, so a create, list
+// or get that leaves SANDBOX out is one too.
 func TestSnapshotUsage(t *testing.T) {
 	f := startFakeAPI(t)
 	seedSnapshots(f)
@@ -396,6 +400,95 @@ func TestSnapshotUsage(t *testing.T) {
 	}
 	if out := okFake(t, f, "sandbox", "snapshot"); !strings.Contains(out, "Available Commands:") || !strings.Contains(out, "unpin") {
 		t.Errorf("snapshot alone printed %q, want its help", out)
+	}
+}
+
+// TestSnapshotSandboxFromEnv: snapshot create, list and get take SANDBOX
+// from $CREATEOS_SANDBOX_ID (or the credentials file) when it is left out,
+// as the checkpoint commands do, and get tells one argument (the snapshot)
+// from two as they do; with neither, a left-out SANDBOX is a usage error
+// that reaches no API. restore, rm, pin, unpin and fork never default it.
+func TestSnapshotSandboxFromEnv(t *testing.T) {
+	const noSandbox = "createos: no sandbox: give SANDBOX or set CREATEOS_SANDBOX_ID ("
+	tests := []struct {
+		name    string
+		env     string // $CREATEOS_SANDBOX_ID; "" for unset
+		file    string // the credentials file's contents; "" for no file
+		args    []string
+		request string // the one request sent; "" for none
+		body    string
+		code    int
+		stderr  string // what stderr starts with
+	}{
+		{name: "create", env: "sb-a1", args: []string{"snapshot", "create"},
+			request: "POST /v1/sandboxes/sb-a1/snapshots", body: `{}`},
+		{name: "create with flags", env: "sb-a1", args: []string{"snapshot", "create", "--disk-only", "--comment", "nightly"},
+			request: "POST /v1/sandboxes/sb-a1/snapshots", body: `{"comment":"nightly","memory":false}`},
+		{name: "create, SANDBOX given over the env", env: "sb-a1", args: []string{"snapshot", "create", "sb-a2"},
+			request: "POST /v1/sandboxes/sb-a2/snapshots", body: `{}`},
+		{name: "list", env: "sb-a1", args: []string{"snapshot", "list"}, request: "GET /v1/sandboxes/sb-a1/snapshots"},
+		{name: "ls -o json", env: "sb-a2", args: []string{"snapshot", "ls", "-o", "json"}, request: "GET /v1/sandboxes/sb-a2/snapshots"},
+		{name: "list, SANDBOX from the credentials file", file: "CREATEOS_SANDBOX_ID='sb-a1'\n", args: []string{"snapshot", "list"},
+			request: "GET /v1/sandboxes/sb-a1/snapshots"},
+		{name: "get, one argument is the snapshot", env: "sb-a1", args: []string{"snapshot", "get", "v2"},
+			request: "GET /v1/sandboxes/sb-a1/snapshots/v2"},
+		{name: "get, two are SANDBOX SNAPSHOT", env: "sb-a2", args: []string{"snapshot", "get", "sb-a1", "v1"},
+			request: "GET /v1/sandboxes/sb-a1/snapshots/v1"},
+		{name: "get of an unknown snapshot", env: "sb-a1", args: []string{"snapshot", "get", "v9"},
+			request: "GET /v1/sandboxes/sb-a1/snapshots/v9", code: 1, stderr: "createos: snapshot_not_found: "},
+
+		{name: "create, no env", args: []string{"snapshot", "create"}, code: 2, stderr: noSandbox},
+		{name: "create with flags, no env", args: []string{"snapshot", "create", "--comment", "x"}, code: 2, stderr: noSandbox},
+		{name: "list, no env", args: []string{"snapshot", "list"}, code: 2, stderr: noSandbox},
+		{name: "get, no env", args: []string{"snapshot", "get", "v2"}, code: 2, stderr: noSandbox},
+		{name: "get, no arguments", env: "sb-a1", args: []string{"snapshot", "get"}, code: 2,
+			stderr: "createos: accepts between 1 and 2 arg(s), received 0\n"},
+		{name: "get, three arguments", env: "sb-a1", args: []string{"snapshot", "get", "sb-a1", "v1", "v2"}, code: 2,
+			stderr: "createos: accepts between 1 and 2 arg(s), received 3\n"},
+		{name: "list, two arguments", env: "sb-a1", args: []string{"snapshot", "list", "sb-a1", "sb-a2"}, code: 2,
+			stderr: "createos: accepts at most 1 arg(s), received 2\n"},
+
+		{name: "restore needs SANDBOX", env: "sb-a1", args: []string{"snapshot", "restore", "v1"}, code: 2,
+			stderr: "createos: accepts 2 arg(s), received 1\n"},
+		{name: "rm needs SANDBOX", env: "sb-a1", args: []string{"snapshot", "rm", "v1"}, code: 2,
+			stderr: "createos: accepts 2 arg(s), received 1\n"},
+		{name: "pin needs SANDBOX", env: "sb-a1", args: []string{"snapshot", "pin", "v1"}, code: 2,
+			stderr: "createos: accepts 2 arg(s), received 1\n"},
+		{name: "unpin needs SANDBOX", env: "sb-a1", args: []string{"snapshot", "unpin", "v1"}, code: 2,
+			stderr: "createos: accepts 2 arg(s), received 1\n"},
+		{name: "fork needs SANDBOX", env: "sb-a1", args: []string{"fork", "v1"}, code: 2,
+			stderr: "createos: accepts between 2 and 3 arg(s), received 1\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := startFakeAPI(t)
+			seedSnapshots(f)
+			vars := map[string]string{}
+			if tc.env != "" {
+				vars[EnvSandboxID] = tc.env
+			}
+			if tc.file != "" {
+				path := filepath.Join(t.TempDir(), "credentials.env")
+				if err := os.WriteFile(path, []byte(tc.file), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				vars[EnvCredentials] = path
+			}
+			_, errOut, code := runFakeEnv(t, f, vars, append([]string{"sandbox"}, tc.args...)...)
+			if code != tc.code || !strings.HasPrefix(errOut, tc.stderr) || (tc.stderr == "") != (errOut == "") {
+				t.Errorf("exit %d, stderr\n%s\nwant exit %d, stderr starting\n%s", code, errOut, tc.code, tc.stderr)
+			}
+			var want []string
+			if tc.request != "" {
+				want = []string{tc.request}
+			}
+			if got := f.log(); !slices.Equal(got, want) {
+				t.Fatalf("sent %q, want %q", got, want)
+			}
+			if _, body := f.lastRequest(); body != tc.body {
+				t.Errorf("sent body %s, want %s", body, tc.body)
+			}
+		})
 	}
 }
 
@@ -546,17 +639,37 @@ func TestHumanSize(t *testing.T) {
 	}
 }
 
-// TestSnapshotCompletion: restore, fork and the others complete snapshot
-// ids of the sandbox given, newest first, with kind and comment.
+// TestSnapshotCompletion: get, restore, fork and the others complete
+// snapshot ids of the sandbox given, newest first, with kind and comment;
+// get, whose SANDBOX may be left out, completes those of
+// $CREATEOS_SANDBOX_ID as its first argument, and the others do not.
 func TestSnapshotCompletion(t *testing.T) {
 	f := startFakeAPI(t)
 	seedSnapshots(f)
-	for _, cmd := range [][]string{{"snapshot", "restore"}, {"snapshot", "rm"}, {"snapshot", "pin"}, {"fork"}} {
+	const want = "v3\tdisk \"tab\\there\"\nauto-1\tmemory before restoring v1\nv2\tdisk\nv1\tmemory before the upgrade\n"
+	for _, cmd := range [][]string{{"snapshot", "get"}, {"snapshot", "restore"}, {"snapshot", "rm"}, {"snapshot", "pin"}, {"fork"}} {
 		args := append(append([]string{"__complete", "sandbox"}, cmd...), "sb-a1", "")
 		out := okFake(t, f, args...)
-		want := "v3\tdisk \"tab\\there\"\nauto-1\tmemory before restoring v1\nv2\tdisk\nv1\tmemory before the upgrade\n"
 		if !strings.HasPrefix(out, want) {
 			t.Errorf("%q completed\n%s\nwant\n%s", cmd, out, want)
+		}
+	}
+	env := map[string]string{EnvSandboxID: "sb-a1"}
+	for _, tc := range []struct {
+		cmd  []string
+		want string
+	}{
+		{[]string{"snapshot", "get"}, want},
+		{[]string{"snapshot", "restore"}, ""},
+		{[]string{"fork"}, ""},
+	} {
+		args := append(append([]string{"__complete", "sandbox"}, tc.cmd...), "")
+		out, errOut, code := runFakeEnv(t, f, env, args...)
+		if code != 0 {
+			t.Fatalf("%q: exit %d: %s", args, code, errOut)
+		}
+		if ids, _, _ := strings.Cut(out, ":"); ids != tc.want {
+			t.Errorf("%q with %s set completed\n%s\nwant\n%s", tc.cmd, EnvSandboxID, out, tc.want)
 		}
 	}
 	var list []Snapshot

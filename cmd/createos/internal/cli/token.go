@@ -10,8 +10,9 @@ func (a *app) tokenCommand() *cobra.Command {
 	cmd := group(&cobra.Command{
 		Use:   "access-token",
 		Short: "Manage a sandbox's access token (account API key only)",
-		Long: `A sandbox access token acts on the checkpoints of its one sandbox and on
-nothing else. Only an account API key can issue, show, rotate or revoke it.`,
+		Long: `A sandbox access token acts on the checkpoints of its one sandbox, and may
+create, list and get that sandbox's snapshots; nothing else. Only an account
+API key can issue, show, rotate or revoke it.`,
 	})
 	ops := []struct{ op, short string }{
 		{"issue", "Issue the sandbox's access token; it is shown once"},
