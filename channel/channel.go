@@ -183,6 +183,7 @@ func (e *end) close() {
 type Host struct {
 	*end
 	path   string
+	plain  bool // no handshake: a guest from before it (DialHostPlain)
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -190,8 +191,19 @@ type Host struct {
 // DialHost keeps a session to the guest through the unix socket at path
 // until Close. It returns at once; Open waits for the session.
 func DialHost(path string, log *slog.Logger) *Host {
+	return dialHost(path, log, false)
+}
+
+// DialHostPlain is DialHost for a guest whose channel predates the
+// handshake (a sandbox booted by an earlier hostproxy, adopted running):
+// its sessions start with yamux at once.
+func DialHostPlain(path string, log *slog.Logger) *Host {
+	return dialHost(path, log, true)
+}
+
+func dialHost(path string, log *slog.Logger, plain bool) *Host {
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &Host{end: newEnd(log), path: path, cancel: cancel}
+	h := &Host{end: newEnd(log), path: path, plain: plain, cancel: cancel}
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
@@ -215,7 +227,10 @@ func (h *Host) run(ctx context.Context) {
 			continue
 		}
 		backoff = 10 * time.Millisecond
-		hs, err := hostHandshake(ctx, conn)
+		var hs io.ReadWriteCloser = conn
+		if !h.plain {
+			hs, err = hostHandshake(ctx, conn)
+		}
 		if err != nil {
 			h.log.Debug("channel handshake", "socket", h.path, "err", err)
 			conn.Close()

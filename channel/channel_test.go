@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/yamux"
 )
 
 // fakePort plays QEMU's chardev socket: the host end dials the socket,
@@ -187,4 +189,32 @@ func TestCloseEndsAWaitingRead(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not end a waiting Read")
 	}
+}
+
+// TestPlainHostReachesAGuestFromBeforeTheHandshake: a guest whose channel
+// starts yamux at once (a sandbox booted by an earlier host service,
+// adopted running) is served by DialHostPlain.
+func TestPlainHostReachesAGuestFromBeforeTheHandshake(t *testing.T) {
+	port, path := newFakePort(t)
+	old := &end{log: newEnd(nil).log, changed: make(chan struct{}), incoming: make(chan net.Conn), done: make(chan struct{})}
+	go func() {
+		for {
+			c, err := port.open()
+			if err != nil {
+				return
+			}
+			s, err := yamux.Server(c, config(old.log))
+			if err != nil {
+				return
+			}
+			old.serve(s)
+		}
+	}()
+	defer old.close()
+	go echo(old, "old-guest")
+	h := DialHostPlain(path, nil)
+	defer h.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	roundTrip(t, ctx, h.Open, "hi", "old-guest:hi")
 }

@@ -452,6 +452,7 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 	if _, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
 		r.Machine.Process = &p
 		r.Machine.Image = m.cfg.Image.Key
+		r.Machine.Handshake = true
 		return nil
 	}); err != nil {
 		vm.Kill()
@@ -480,7 +481,7 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 		loadedIn = time.Since(t0)
 		failpoint.Hit(FailpointBootLoaded)
 	}
-	mc := m.adopt(id, vm, cfg)
+	mc := m.adopt(id, vm, cfg, true)
 	if err := m.waitGuest(ctx, mc); err != nil {
 		fail(errBootFailed, fmt.Errorf("%w%s", err, consoleTail(cfg.ConsoleLog())))
 		return
@@ -620,8 +621,12 @@ func (m *Manager) prepare(ctx context.Context, r Record) (Record, error) {
 
 // adopt connects the channel of a running QEMU, serves the guest's calls
 // and watches for its exit.
-func (m *Manager) adopt(id string, vm vmm.Machine, cfg vmm.Config) *machine {
-	mc := &machine{id: id, vm: vm, groups: cfg.Groups, ch: channel.DialHost(cfg.ChannelSocket(), m.log.With("sandbox", id))}
+func (m *Manager) adopt(id string, vm vmm.Machine, cfg vmm.Config, handshake bool) *machine {
+	dial := channel.DialHost
+	if !handshake {
+		dial = channel.DialHostPlain
+	}
+	mc := &machine{id: id, vm: vm, groups: cfg.Groups, ch: dial(cfg.ChannelSocket(), m.log.With("sandbox", id))}
 	mc.guestLn = mc.ch.Listener()
 	m.mu.Lock()
 	m.live[id] = mc
@@ -1228,7 +1233,7 @@ func (m *Manager) settle(ctx context.Context, r Record, vm vmm.Machine, cfg vmm.
 		vm.Close()
 		return m.settle(ctx, r, nil, cfg)
 	}
-	mc := m.adopt(id, vm, cfg)
+	mc := m.adopt(id, vm, cfg, r.Machine.Handshake)
 	switch r.State {
 	case Destroying, Destroyed:
 		return m.destroy(ctx, id)

@@ -89,6 +89,10 @@ type Machine struct {
 	Image string `json:"image,omitempty"`
 	// Process is the QEMU while one runs for the sandbox.
 	Process *vmm.Process `json:"process,omitempty"`
+	// Handshake says the running guest's channel starts its sessions
+	// with the handshake (every boot since it exists); a sandbox adopted
+	// running from an earlier hostproxy has a plain one until it boots.
+	Handshake bool `json:"handshake,omitempty"`
 	// Disk is the disk's layers above BaseDisk, top first: files of the
 	// host's store (Store). Layers below the top may be shared with
 	// snapshots and forks; only the top is ever written.
