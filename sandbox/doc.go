@@ -30,9 +30,9 @@
 //   - each QEMU runs as a uid and gid of its own (UIDBase and up), owning
 //     only its run directory; its disk's layers are root's, handed to it
 //     as descriptors;
-//   - Snapshot keeps a sandbox whole (memory, devices and disk: a live
-//     save whose disk switches at the guest's one short stop) or its disk
-//     only; Restore puts it back, keeping what it was as an automatic
+//   - Snapshot keeps a sandbox whole (memory, devices and disk, saved
+//     with the guest stopped, its disk switched to a new top at that stop;
+//     live under KVM) or its disk only; Restore puts it back, keeping what it was as an automatic
 //     snapshot first; Fork makes a new sandbox from a snapshot, through the
 //     snapshot's template (its RAM as a file that forks map copy-on-write)
 //     once the first fork has made it; Pause saves the memory and ends

@@ -331,7 +331,7 @@ func (m *fakeMachine) Save(ctx context.Context, f *os.File, opts vmm.SaveOptions
 			return st, errors.New("fake qemu: exited")
 		}
 	}
-	if !opts.Live {
+	if !opts.Live && !opts.Resume {
 		m.paused.Store(true)
 	}
 	state := fakeState{Machine: m.cfg.Name, Top: m.Top0()}

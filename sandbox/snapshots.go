@@ -189,9 +189,11 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	switch {
 	case how == "qemu" && req.Memory:
 		var st vmm.SaveStats
-		// A restore's automatic snapshot is of a machine about to end:
-		// stopping it first is quicker than copying it live.
-		st, err = mc.vm.Save(ctx, sf, vmm.SaveOptions{Live: r.State == Running && !auto, Overlay: &layer})
+		// Live (the guest runs while its memory is copied) only under
+		// KVM: under TCG a live copy can miss pages (vmm.SaveOptions).
+		// A restore's automatic snapshot is of a machine about to end.
+		live := r.State == Running && !auto && m.cfg.Accel.Accel == vmm.KVM
+		st, err = mc.vm.Save(ctx, sf, vmm.SaveOptions{Live: live, Resume: r.State == Running && !auto, Overlay: &layer})
 		pause = st.Pause
 		m.log.Debug("memory saved", "sandbox", id, "snapshot", snap.ID, "took", st.Total, "transferred", st.Transferred, "passes", st.Passes)
 		if err != nil && !st.Switched {

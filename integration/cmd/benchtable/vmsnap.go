@@ -63,7 +63,7 @@ func (b *vmBench) snapshotRows() ([]row, error) {
 		return nil, err
 	}
 	rows = append(rows,
-		row{"memory snapshot (1 GiB guest, 400 MiB written), through the API", dur(median(snapT)), dur(p99(snapT)), fmt.Sprintf("%d runs, 4 s apart; the guest runs on (live copy, disk switched at the switch-over); %s each, written back to disk after the answer (goal ≤ 250 ms)", n, human(sizes[len(sizes)-1]))},
+		row{"memory snapshot (1 GiB guest, 400 MiB written), through the API", dur(median(snapT)), dur(p99(snapT)), fmt.Sprintf("%d runs, 4 s apart; the guest stopped for the save (TCG: no live copy), its disk switched, then running on; %s each, written back to disk after the answer (goal ≤ 250 ms)", n, human(sizes[len(sizes)-1]))},
 		row{"… the pause the guest sees", dur(median(pauses)), dur(p99(pauses)), "stop to cont, as hostproxy measures it (goal ≤ 60 ms)"},
 	)
 
