@@ -39,14 +39,17 @@ func (s *Server) snapshotsRoute(c echo.Context, management bool, check func(*htt
 	return sb, nil
 }
 
-// readBody reads a route's body into *body after rejecting any query.
-func readBody(body *[]byte) func(*http.Request) error {
+// parsed is a route's body check: no query, a body parse accepts, its
+// value left in *out.
+func parsed[T any](parse func([]byte) (T, error), out *T) func(*http.Request) error {
 	return func(r *http.Request) error {
 		if err := jsend.RejectQuery(r); err != nil {
 			return err
 		}
 		b, err := jsend.ReadBody(r, jsend.MaxBody, jsend.ErrBodyTooLarge)
-		*body = b
+		if err == nil {
+			*out, err = parse(b)
+		}
 		return err
 	}
 }
@@ -79,13 +82,7 @@ func snapshotOf(c echo.Context, sb Sandbox) (sandbox.Snapshot, error) {
 
 func (s *Server) createSnapshot(c echo.Context) (any, error) {
 	var req api.SnapshotCreateRequest
-	var body []byte
-	sb, err := s.snapshotsRoute(c, false, func(r *http.Request) (err error) {
-		if err = readBody(&body)(r); err == nil {
-			req, err = api.ParseSnapshotCreate(body)
-		}
-		return err
-	})
+	sb, err := s.snapshotsRoute(c, false, parsed(api.ParseSnapshotCreate, &req))
 	if err != nil {
 		return nil, err
 	}
@@ -171,13 +168,7 @@ func (s *Server) restoreSnapshot(c echo.Context) (any, error) {
 		return nil, errViaChannel
 	}
 	var req api.SnapshotRestoreRequest
-	var body []byte
-	sb, err := s.snapshotsRoute(c, true, func(r *http.Request) (err error) {
-		if err = readBody(&body)(r); err == nil {
-			req, err = api.ParseSnapshotRestore(body)
-		}
-		return err
-	})
+	sb, err := s.snapshotsRoute(c, true, parsed(api.ParseSnapshotRestore, &req))
 	if err != nil {
 		return nil, err
 	}
@@ -204,13 +195,7 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 		return err
 	}
 	var req api.ForkRequest
-	var body []byte
-	sb, err := s.snapshotsRoute(c, true, func(r *http.Request) (err error) {
-		if err = readBody(&body)(r); err == nil {
-			req, err = api.ParseFork(body)
-		}
-		return err
-	})
+	sb, err := s.snapshotsRoute(c, true, parsed(api.ParseFork, &req))
 	if err != nil {
 		return err
 	}

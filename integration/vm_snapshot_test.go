@@ -446,7 +446,7 @@ func TestVMSnapshotCycles(t *testing.T) {
 		s.counting(id)
 		s.must(200, "POST", snaps+"/"+d["id"].(string)+"/restore", "")
 		s.counting(id)
-		if out := s.sh(id, "test -e /dev/shm/ready && dmesg | grep -ciE 'oops|bug:|panic|corrupt' || true"); out != "0\n" {
+		if out := s.sh(id, "test -e /dev/shm/ready && dmesg | grep -cE 'Oops|BUG:|Kernel panic|[Cc]orrupt' || true"); out != "0\n" {
 			t.Fatalf("cycle %d: the restored guest's kernel complains: %q", i, out)
 		}
 	}

@@ -12,8 +12,8 @@ import (
 	"strata/internal/failpoint"
 )
 
-// FailpointSwitchover is hit in a live save once the disk has switched,
-// with the guest stopped and the migration held before its device state.
+// FailpointSwitchover is hit in a save once the disk has switched, with
+// the guest stopped and its state not yet (all) written.
 const FailpointSwitchover = "vm.save.switchover"
 
 // SaveOptions says how Save writes a machine's state.
@@ -125,6 +125,7 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 				return undo(err)
 			}
 			st.Switched = true
+			failpoint.Hit(FailpointSwitchover)
 		}
 	}
 	if _, err := q.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "snapshot"}, state); err != nil {

@@ -54,13 +54,7 @@ type Retention struct {
 // is invalid_field naming the field.
 func ParseSnapshotCreate(body []byte) (SnapshotCreateRequest, error) {
 	var req SnapshotCreateRequest
-	if len(body) > jsend.MaxBody {
-		return req, jsend.ErrBodyTooLarge
-	}
-	if len(body) == 0 {
-		body = []byte("{}")
-	}
-	if err := jsend.DecodeBytes(body, &req); err != nil {
+	if err := decodeOptional(body, &req); err != nil {
 		return SnapshotCreateRequest{}, err
 	}
 	if req.Comment != nil {
@@ -92,13 +86,7 @@ type SnapshotRestoreRequest struct {
 // ParseSnapshotRestore decodes a restore body; an empty body is {}.
 func ParseSnapshotRestore(body []byte) (SnapshotRestoreRequest, error) {
 	var req SnapshotRestoreRequest
-	if len(body) > jsend.MaxBody {
-		return req, jsend.ErrBodyTooLarge
-	}
-	if len(body) == 0 {
-		return req, nil
-	}
-	if err := jsend.DecodeBytes(body, &req); err != nil {
+	if err := decodeOptional(body, &req); err != nil {
 		return SnapshotRestoreRequest{}, err
 	}
 	return req, nil
@@ -134,6 +122,18 @@ func ParseFork(body []byte) (ForkRequest, error) {
 
 // ForkName is the name of the nth fork of a many-fork request.
 func ForkName(prefix string, n int) string { return fmt.Sprintf("%s-%d", prefix, n) }
+
+// decodeOptional decodes a body that may be left out (as {}), at most
+// jsend.MaxBody, with jsend.DecodeBytes's rules.
+func decodeOptional(body []byte, dst any) error {
+	if len(body) > jsend.MaxBody {
+		return jsend.ErrBodyTooLarge
+	}
+	if len(body) == 0 {
+		body = []byte("{}")
+	}
+	return jsend.DecodeBytes(body, dst)
+}
 
 func containsNUL(s string) bool {
 	for i := 0; i < len(s); i++ {
