@@ -226,7 +226,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	// background (syncLater); until then the record carries this boot's
 	// id, and a Recover after a power cut fails the snapshot.
 	boot := bootID()
-	r, uerr := m.cfg.Records.Update(context.WithoutCancel(ctx), id, func(rec *Record) error {
+	_, uerr := m.cfg.Records.Update(context.WithoutCancel(ctx), id, func(rec *Record) error {
 		s, ok := rec.Snapshot(snap.ID)
 		if !ok {
 			return nil
@@ -259,7 +259,6 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	}
 	m.syncLater(id, snap)
 	m.log.Info("snapshot taken", "sandbox", id, "snapshot", snap.ID, "memory", req.Memory, "took", time.Since(t0).Round(time.Millisecond), "pause", pause.Round(time.Millisecond), "size_bytes", size)
-	_ = r
 	return snap, nil
 }
 
