@@ -411,8 +411,16 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	_, live := m.live[id]
 	m.mu.Unlock()
 	keepMemory := live && (r.State == Running || r.State == Paused) || r.State == Paused && r.Machine.Saved != ""
+	if !live {
+		// A sandbox with no QEMU gets one: the host must have room for
+		// it, as for a start (the boot ends the reservation).
+		if err := m.reserve(ctx, id, target.MemoryMiB); err != nil {
+			return RestoreResult{}, err
+		}
+	}
 	auto, err := m.snapshot(ctx, id, SnapshotRequest{Memory: keepMemory, Comment: "before restoring " + snapID}, true, snapID)
 	if err != nil {
+		m.unreserve(id)
 		return RestoreResult{}, fmt.Errorf("keeping the current state before the restore: %w", err)
 	}
 	failpoint.Hit(FailpointRestoreAuto)
@@ -454,6 +462,7 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	}
 	m.storeMu.RUnlock()
 	if err != nil {
+		m.unreserve(id)
 		if mc := m.machineOf(id); mc != nil && r.State == Running {
 			mc.vm.Resume(ctx) // the automatic snapshot stopped it
 		}

@@ -1345,3 +1345,28 @@ func TestLoadStartsOverOnAFreshTop(t *testing.T) {
 	}
 	checkStore(t, m2)
 }
+
+// TestRestoreOfAStoppedSandboxNeedsRoom: a restore boots a stopped
+// sandbox, so it is refused with host_capacity, changing nothing, when
+// the host has no memory for it; with room, it runs.
+func TestRestoreOfAStoppedSandboxNeedsRoom(t *testing.T) {
+	ctx := context.Background()
+	h, m := snapshotHarness(t)
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	stopIt(t, h, m)
+	before := h.get("sb-1")
+	h.mem.Store(100)
+	_, err := m.Restore(ctx, "sb-1", "v1", false)
+	if fault.CodeOf(err) != "host_capacity" {
+		t.Fatalf("Restore with no room: %v, want host_capacity", err)
+	}
+	if after := h.get("sb-1"); after.State != sandbox.Stopped || len(after.Snapshots) != len(before.Snapshots) {
+		t.Fatalf("a refused restore changed the sandbox: %+v", after)
+	}
+	h.mem.Store(16 << 10)
+	restore(t, m, "sb-1", "v1", false)
+	if r := h.get("sb-1"); r.State != sandbox.Running {
+		t.Fatalf("after the restore: %s", r.State)
+	}
+	checkStore(t, m)
+}
