@@ -382,8 +382,6 @@ func (m *fakeMachine) Top0() string {
 	return m.top
 }
 
-func (m *fakeMachine) Top(ctx context.Context) (string, error) { return m.Top0(), nil }
-
 func (m *fakeMachine) Quit(ctx context.Context) error {
 	m.exit("quit")
 	return nil

@@ -55,8 +55,6 @@ type Machine interface {
 	CancelSave(ctx context.Context) error
 	// SwitchDisk freezes the disk's top under a new, empty one.
 	SwitchDisk(ctx context.Context, top Layer) error
-	// Top is the node name of the disk's top layer.
-	Top(ctx context.Context) (string, error)
 	// Quit ends QEMU through its monitor and waits for its exit.
 	Quit(ctx context.Context) error
 }

@@ -41,7 +41,8 @@ type SaveOptions struct {
 
 // SaveStats is what a Save took.
 type SaveStats struct {
-	// Pause is how long the guest was stopped (Live), as the host saw it.
+	// Pause is how long the guest was stopped, when the save let it run
+	// again (Live, or Resume), as the host saw it.
 	Pause time.Duration
 	// Total is the whole save.
 	Total time.Duration
@@ -73,7 +74,7 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 		return st, err
 	}
 	caps := []map[string]any{
-		{"capability": "pause-before-switchover", "state": opts.Live && opts.Overlay != nil},
+		{"capability": "pause-before-switchover", "state": opts.Live},
 		// A shared RAM file is the RAM's copy: only devices are saved.
 		{"capability": "x-ignore-shared", "state": m.cfg.RAM != nil && m.cfg.RAM.Shared},
 		// Never auto-converge: under TCG a save with it on gave a state
@@ -143,17 +144,19 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 		}
 		switch status {
 		case migPreSwitchover:
-			if st.Switched {
+			if !stopped.IsZero() {
 				break // seen again before QEMU moved on
 			}
 			// The guest has just stopped, for good: the disk's top
 			// changes now, before the device state is written.
 			stopped = time.Now()
-			if err := m.switchTop(ctx, q, opts.Overlay.Node); err != nil {
-				return fail(err)
+			if opts.Overlay != nil {
+				if err := m.switchTop(ctx, q, opts.Overlay.Node); err != nil {
+					return fail(err)
+				}
+				st.Switched = true
+				failpoint.Hit(FailpointSwitchover)
 			}
-			st.Switched = true
-			failpoint.Hit(FailpointSwitchover)
 			if _, err := q.Execute(ctx, "migrate-continue", map[string]any{"state": migPreSwitchover}); err != nil {
 				return fail(err)
 			}
@@ -165,11 +168,7 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 				if _, err := q.Execute(ctx, "cont", nil); err != nil {
 					return fail(err)
 				}
-				if !stopped.IsZero() {
-					st.Pause = time.Since(stopped)
-				} else {
-					st.Pause = migrationDowntime(ctx, q)
-				}
+				st.Pause = time.Since(stopped)
 			}
 			st.Total = time.Since(t0)
 			return st, nil
@@ -253,8 +252,8 @@ func (m *qemuMachine) Load(ctx context.Context, state *os.File) error {
 	}
 }
 
-// Top is the node name of the disk's current top layer.
-func (m *qemuMachine) Top(ctx context.Context) (string, error) {
+// top is the node name of the disk's current top layer.
+func (m *qemuMachine) top(ctx context.Context) (string, error) {
 	ret, err := m.execute(ctx, "query-block")
 	if err != nil {
 		return "", err
@@ -355,7 +354,7 @@ func (m *qemuMachine) dropLayer(q *QMP, added string) {
 
 // switchTop puts the node over the disk's current top.
 func (m *qemuMachine) switchTop(ctx context.Context, q *QMP, node string) error {
-	top, err := m.Top(ctx)
+	top, err := m.top(ctx)
 	if err != nil {
 		return err
 	}
@@ -404,16 +403,4 @@ func migrationTotals(ctx context.Context, q *QMP) (transferred int64, passes int
 	}
 	json.Unmarshal(ret, &info)
 	return info.RAM.Transferred, info.RAM.Syncs
-}
-
-func migrationDowntime(ctx context.Context, q *QMP) time.Duration {
-	ret, err := q.Execute(ctx, "query-migrate", nil)
-	if err != nil {
-		return 0
-	}
-	var info struct {
-		Downtime int64 `json:"downtime"`
-	}
-	json.Unmarshal(ret, &info)
-	return time.Duration(info.Downtime) * time.Millisecond
 }
