@@ -235,6 +235,13 @@ func hostname(r Record) string {
 	return r.ID
 }
 
+// machineOf is the running machine of a sandbox, or nil.
+func (m *Manager) machineOf(id string) *machine {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.live[id]
+}
+
 // begin marks a lifecycle operation on id under way, or refuses a second.
 // The mark is released by the operation's setState, or else by the func
 // begin returns (which releases this operation's mark only).
@@ -348,41 +355,48 @@ func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	r, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
+	return m.bootAs(ctx, id, done, Creating, func(r *Record) (bool, error) {
 		switch {
 		case r.Machine == nil:
-			return ErrNotAMachine
-		case r.State == Running || r.State == Creating:
-			return nil
+			return false, ErrNotAMachine
+		case r.State == Running || r.State == Creating || m.machineOf(id) != nil:
+			return false, nil
 		case r.State != Stopped && r.State != Error:
-			return ErrWrongState.With("state", string(r.State))
+			return false, ErrWrongState.With("state", string(r.State))
+		}
+		// A start is a cold boot from the disk, whatever memory was
+		// saved (an error may have come from loading it).
+		r.Error, r.Machine.Saved, r.Machine.LoadDisk = "", "", nil
+		r.Machine.RAM, r.Machine.RAMGid, r.Machine.FromTemplate = "", 0, nil
+		return true, nil
+	})
+}
+
+// bootAs records a boot that allow lets go ahead (false: the sandbox is
+// already where the boot leads, or on its way), in state via, with the
+// memory it needs reserved, and runs it in the background. The record is
+// written in the registry's transaction, so allow may look at m.live
+// (lock order: registry, then m.mu).
+func (m *Manager) bootAs(ctx context.Context, id string, done func(), via State, allow func(*Record) (bool, error)) (Record, error) {
+	boots := false
+	r, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
+		ok, err := allow(r)
+		if err != nil || !ok {
+			return err
 		}
 		if err := m.reserve(ctx, id, r.MemoryMiB); err != nil {
 			return err
 		}
-		// A start is a cold boot from the disk, whatever memory was
-		// saved (an error may have come from loading it).
-		r.State, r.Error, r.Machine.Saved, r.Machine.LoadDisk = Creating, "", "", nil
-		r.Machine.RAM, r.Machine.RAMGid, r.Machine.FromTemplate = "", 0, nil
+		r.State, boots = via, true
 		return nil
 	})
-	if err != nil || r.State == Running {
-		if !errors.Is(err, ErrHostCapacity) {
-			m.unreserve(id)
-		}
+	if err != nil || !boots {
+		m.unreserve(id) // none, or one a failed write left
 		done()
 		return r, err
 	}
-	m.mu.Lock()
-	_, booting := m.live[id]
-	m.mu.Unlock()
-	if booting {
-		m.unreserve(id)
-		done()
-		return r, nil
-	}
-	m.log.Info("sandbox starting", "sandbox", id)
-	m.background(id, done, func(ctx context.Context) { m.boot(ctx, id, Creating) })
+	m.log.Info("sandbox booting", "sandbox", id, "as", via, "load", r.Machine.Saved != "")
+	m.background(id, done, func(ctx context.Context) { m.boot(ctx, id, via) })
 	return r, nil
 }
 
@@ -744,9 +758,7 @@ func endWith(ctx context.Context, conn net.Conn) (stop func() bool) {
 // Dial opens a stream to the guestd of a running sandbox (the vm:// guest
 // address scheme).
 func (m *Manager) Dial(ctx context.Context, id string) (net.Conn, error) {
-	m.mu.Lock()
-	mc := m.live[id]
-	m.mu.Unlock()
+	mc := m.machineOf(id)
 	if mc == nil {
 		return nil, &net.OpError{Op: "dial", Net: GuestScheme, Err: fmt.Errorf("sandbox %s has no running machine", id)}
 	}
@@ -821,29 +833,15 @@ func (m *Manager) Resume(ctx context.Context, id string) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	r, err = m.cfg.Records.Update(ctx, id, func(r *Record) error {
+	return m.bootAs(ctx, id, done, Resuming, func(r *Record) (bool, error) {
 		switch {
 		case r.State == Running:
-			return nil
+			return false, nil
 		case r.State != Paused || r.Machine.Saved == "":
-			return ErrWrongState.With("state", string(r.State))
+			return false, ErrWrongState.With("state", string(r.State))
 		}
-		if err := m.reserve(ctx, id, r.MemoryMiB); err != nil {
-			return err
-		}
-		r.State = Resuming
-		return nil
+		return true, nil
 	})
-	if err != nil || r.State == Running {
-		if !errors.Is(err, ErrHostCapacity) {
-			m.unreserve(id)
-		}
-		done()
-		return r, err
-	}
-	m.log.Info("sandbox resuming from its saved memory", "sandbox", id)
-	m.background(id, done, func(ctx context.Context) { m.boot(ctx, id, Resuming) })
-	return r, nil
 }
 
 func (m *Manager) transition(ctx context.Context, id string, from, via, to State, do func(context.Context, *machine) error) (Record, error) {
@@ -868,9 +866,7 @@ func (m *Manager) transition(ctx context.Context, id string, from, via, to State
 		return r, err
 	}
 	m.background(id, done, func(ctx context.Context) {
-		m.mu.Lock()
-		mc := m.live[id]
-		m.mu.Unlock()
+		mc := m.machineOf(id)
 		if mc == nil {
 			m.setState(id, Error, errUnexpectedExit)
 			return
@@ -925,9 +921,7 @@ func (m *Manager) Stop(ctx context.Context, id string) (Record, error) {
 
 // shutdown ends the sandbox's QEMU, cleanly if it can.
 func (m *Manager) shutdown(id string) {
-	m.mu.Lock()
-	mc := m.live[id]
-	m.mu.Unlock()
+	mc := m.machineOf(id)
 	if mc == nil {
 		return
 	}

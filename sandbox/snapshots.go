@@ -76,9 +76,9 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	}
 	defer done()
 	s, err := m.snapshot(ctx, id, req, false, "")
-	if cerr := m.collect(context.WithoutCancel(ctx)); cerr != nil {
-		m.log.Warn("store not collected after a snapshot", "sandbox", id, "err", cerr)
-	}
+	// What retention let go, or a top a failed save never used: not on
+	// the way to the answer.
+	m.collectLater()
 	return s, err
 }
 
@@ -108,9 +108,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	if r.Machine == nil {
 		return Snapshot{}, ErrNotAMachine
 	}
-	m.mu.Lock()
-	mc := m.live[id]
-	m.mu.Unlock()
+	mc := m.machineOf(id)
 	// How the snapshot is taken depends on where the sandbox is.
 	var how string
 	switch {
@@ -407,9 +405,7 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	}
 	// The current state, kept as auto-N: with its memory when the
 	// sandbox has one to keep.
-	m.mu.Lock()
-	_, live := m.live[id]
-	m.mu.Unlock()
+	live := m.machineOf(id) != nil
 	keepMemory := live && (r.State == Running || r.State == Paused) || r.State == Paused && r.Machine.Saved != ""
 	if !live {
 		// A sandbox with no QEMU gets one: the host must have room for
@@ -473,9 +469,7 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	failpoint.Hit(FailpointRestoreEnded)
 	m.log.Info("sandbox restoring", "sandbox", id, "snapshot", snapID, "memory", withMemory, "auto", auto.ID)
 	m.boot(ctx, id, Creating)
-	if err := m.collect(ctx); err != nil {
-		m.log.Warn("store not collected after a restore", "sandbox", id, "err", err)
-	}
+	m.collectLater() // the automatic snapshots pruned, the old top
 	r, err = m.cfg.Records.Get(ctx, id)
 	if err != nil {
 		return RestoreResult{}, err
@@ -639,13 +633,6 @@ func (m *Manager) syncLater(id string, s Snapshot) {
 	if !started {
 		m.syncs.Done() // the next Recover writes it back
 	}
-}
-
-// machineOf is the running machine of a sandbox, or nil.
-func (m *Manager) machineOf(id string) *machine {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.live[id]
 }
 
 // Synced waits until the snapshots taken so far are on disk (their files

@@ -740,12 +740,12 @@ func TestRestoreKeepsFiveAutos(t *testing.T) {
 			for _, s := range r.Snapshots {
 				kept[s.State] = true
 			}
+			checkStore(t, m) // the store is collected in the background
 			for i, st := range states {
 				if !kept[st] && exists(h.statePath(st)) {
 					t.Errorf("the state of pruned auto-%d is still in the store", i+1)
 				}
 			}
-			checkStore(t, m)
 		})
 	}
 }
