@@ -434,6 +434,9 @@ func (s *Server) pauseSandbox(ctx context.Context, id string) (Sandbox, error) {
 }
 
 func (s *Server) resumeSandbox(ctx context.Context, id string) (Sandbox, error) {
+	// A pause ended its QEMU: the pooled connections to the guest are
+	// the old machine's, as after a stop or a restore.
+	s.guests.Forget(guestAddress(id))
 	return s.machines.Resume(ctx, id)
 }
 

@@ -80,6 +80,17 @@ func snapshotOf(c echo.Context, sb Sandbox) (sandbox.Snapshot, error) {
 	return *sn, nil
 }
 
+// snapshotRoute is snapshotsRoute for a route on one snapshot: the
+// sandbox, then the snapshot the route names.
+func (s *Server) snapshotRoute(c echo.Context, management bool, check func(*http.Request) error) (Sandbox, sandbox.Snapshot, error) {
+	sb, err := s.snapshotsRoute(c, management, check)
+	if err != nil {
+		return sb, sandbox.Snapshot{}, err
+	}
+	sn, err := snapshotOf(c, sb)
+	return sb, sn, err
+}
+
 func (s *Server) createSnapshot(c echo.Context) (any, error) {
 	var req api.SnapshotCreateRequest
 	sb, err := s.snapshotsRoute(c, false, parsed(api.ParseSnapshotCreate, &req))
@@ -119,11 +130,7 @@ func (s *Server) listSnapshots(c echo.Context) (any, error) {
 }
 
 func (s *Server) getSnapshot(c echo.Context) (any, error) {
-	sb, err := s.snapshotsRoute(c, false, jsend.RejectQueryAndBody)
-	if err != nil {
-		return nil, err
-	}
-	sn, err := snapshotOf(c, sb)
+	sb, sn, err := s.snapshotRoute(c, false, jsend.RejectQueryAndBody)
 	if err != nil {
 		return nil, err
 	}
@@ -131,11 +138,7 @@ func (s *Server) getSnapshot(c echo.Context) (any, error) {
 }
 
 func (s *Server) deleteSnapshot(c echo.Context) (any, error) {
-	sb, err := s.snapshotsRoute(c, true, jsend.RejectQueryAndBody)
-	if err != nil {
-		return nil, err
-	}
-	sn, err := snapshotOf(c, sb)
+	sb, sn, err := s.snapshotRoute(c, true, jsend.RejectQueryAndBody)
 	if err != nil {
 		return nil, err
 	}
@@ -147,11 +150,7 @@ func (s *Server) deleteSnapshot(c echo.Context) (any, error) {
 
 func (s *Server) pinSnapshot(pinned bool) func(c echo.Context) (any, error) {
 	return func(c echo.Context) (any, error) {
-		sb, err := s.snapshotsRoute(c, true, jsend.RejectQueryAndBody)
-		if err != nil {
-			return nil, err
-		}
-		sn, err := snapshotOf(c, sb)
+		sb, sn, err := s.snapshotRoute(c, true, jsend.RejectQueryAndBody)
 		if err != nil {
 			return nil, err
 		}
@@ -168,15 +167,11 @@ func (s *Server) restoreSnapshot(c echo.Context) (any, error) {
 		return nil, errViaChannel
 	}
 	var req api.SnapshotRestoreRequest
-	sb, err := s.snapshotsRoute(c, true, parsed(api.ParseSnapshotRestore, &req))
+	sb, sn, err := s.snapshotRoute(c, true, parsed(api.ParseSnapshotRestore, &req))
 	if err != nil {
 		return nil, err
 	}
 	r := c.Request()
-	sn, err := snapshotOf(c, sb)
-	if err != nil {
-		return nil, err
-	}
 	res, err := s.machines.Restore(r.Context(), sb.ID, sn.ID, req.DiskOnly)
 	// The guest's connections were the old machine's.
 	s.guests.Forget(sb.Guest)
@@ -195,15 +190,11 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 		return err
 	}
 	var req api.ForkRequest
-	sb, err := s.snapshotsRoute(c, true, parsed(api.ParseFork, &req))
+	sb, sn, err := s.snapshotRoute(c, true, parsed(api.ParseFork, &req))
 	if err != nil {
 		return err
 	}
 	r := c.Request()
-	sn, err := snapshotOf(c, sb)
-	if err != nil {
-		return err
-	}
 	made := []api.Sandbox{}
 	var failed []map[string]any
 	var first error
