@@ -28,7 +28,9 @@
 //     nothing needs once no mount uses them.
 //   - Compaction merges runs of sealed layers into spans so that a stack
 //     stays within log2(n)+3 lower layers; squash merges a layer no
-//     checkpoint names into its only child.
+//     checkpoint names into its only child. A merge reads layers as
+//     overlayfs looks them up, redirects of renamed directories included
+//     (merge_linux.go).
 //   - Crash safety: build where the metadata does not look, commit the
 //     metadata, then make the mounts match it. Open recovers from every
 //     crash point (finishes or undoes enrollments, finishes half-done
