@@ -289,7 +289,8 @@ func itoa(i int) string {
 
 type failingMounter struct{}
 
-func (failingMounter) Name() string { return "failing" }
+func (failingMounter) Name() string             { return "failing" }
+func (failingMounter) Options() overlay.Options { return overlay.DefaultOptions }
 func (failingMounter) Mount(context.Context, overlay.Target, overlay.Stack) error {
 	return errors.New("mount fails")
 }

@@ -38,6 +38,10 @@ type Config struct {
 	Logger *slog.Logger
 	// LegacyMount forces mount(2) instead of the new mount API.
 	LegacyMount bool
+	// NoRedirectDir mounts with redirect_dir=off, as on a kernel that
+	// refuses redirect_dir=on (tests of that fallback): renaming a
+	// directory that an earlier checkpoint holds then fails with EXDEV.
+	NoRedirectDir bool
 	// MinFree is the free space a capture needs on the store's filesystem
 	// (507 insufficient_storage below it). 0 means 1% of the filesystem's
 	// size, at least 1 MiB and at most 64 MiB: a small filesystem can
@@ -162,15 +166,21 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := clearDir(s.tmp); err != nil {
 		return nil, err
 	}
-	m, err := overlay.Probe(ctx, filepath.Join(s.tmp, "probe"), cfg.LegacyMount)
+	want := overlay.DefaultOptions
+	want.RedirectDir = !cfg.NoRedirectDir
+	m, refused, err := overlay.Probe(ctx, filepath.Join(s.tmp, "probe"), cfg.LegacyMount, want)
 	if err != nil && isNoSpace(err) {
 		// A full filesystem must not keep the directories it holds from
 		// being mounted: pick the mounter without writing anything.
 		s.log.Warn("store filesystem is full; choosing the mounter without a probe", "err", err)
-		m, err = overlay.ProbeNoWrite(s.layers, cfg.LegacyMount)
+		m, refused = overlay.ProbeNoWrite(s.layers, cfg.LegacyMount, want)
+		err = nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("overlayfs is not usable on %s (need overlay support, xattrs and d_type on the store's filesystem, and root): %w", s.dir, err)
+	}
+	if refused != nil {
+		s.log.Warn("overlayfs refused redirect_dir=on: mounting with redirect_dir=off, so renaming a directory that an earlier checkpoint holds fails with EXDEV (mv copies it instead)", "err", refused)
 	}
 	s.mounter = m
 	db, err := meta.Open(filepath.Join(s.dir, "meta.db"))
@@ -192,7 +202,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s.stop, s.workerDone = stop, make(chan struct{})
 	go s.worker(wctx)
-	s.log.Info("store open", "mounter", m.Name())
+	s.log.Info("store open", "mounter", m.Name(), "redirect_dir", m.Options().RedirectDir)
 	return s, nil
 }
 

@@ -12,10 +12,15 @@
 // A Mounter applies stacks: FSMounter builds a detached mount (fsopen,
 // fsconfig, fsmount) and slides it beneath the live one with
 // move_mount(MOVE_MOUNT_BENEATH), so the directory is never empty;
-// LegacyMounter unmounts and mounts with mount(2). Probe picks the best
-// one the kernel has by mounting a tiny stack. Both take a Target (a
-// directory fd and an entry name) rather than a path, so that a rename
-// between a check and a mount cannot redirect it; Freeze, Thaw and
+// LegacyMounter unmounts and mounts with mount(2). Every mount of a
+// Mounter carries its Options: index=off, metacopy=off, and redirect_dir=on
+// so that a directory a lower layer holds can be renamed (the kernel
+// records a redirect in the upper layer; readers of layers must follow
+// it). Probe picks the best Mounter the kernel has by mounting a tiny
+// stack and renaming a directory in it; a kernel that refuses
+// redirect_dir=on gets one with redirect_dir=off. Both Mounters take a
+// Target (a directory fd and an entry name) rather than a path, so that a
+// rename between a check and a mount cannot redirect it; Freeze, Thaw and
 // UnmountTop do the same. The same conformance suite (package layers'
 // store tests) runs against both.
 //

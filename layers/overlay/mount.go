@@ -13,6 +13,8 @@ import (
 type Mounter interface {
 	// Name identifies the implementation in logs and metrics.
 	Name() string
+	// Options are the options every mount it makes carries.
+	Options() Options
 	// Mount attaches s at t, on top of whatever is there.
 	Mount(ctx context.Context, t Target, s Stack) error
 	// Replace puts s at t in place of the mount on top of it, which the

@@ -23,9 +23,12 @@ const MoveMountBeneath = 0x200
 type fsMounter struct {
 	// probe: the startup probe's mounter, which is no crash point.
 	probe bool
+	opts  Options
 }
 
 func (m *fsMounter) Name() string { return "fsmount" }
+
+func (m *fsMounter) Options() Options { return m.opts }
 
 // build creates a detached mount of s and returns its fd.
 func (m *fsMounter) build(s Stack) (int, error) {
@@ -34,7 +37,7 @@ func (m *fsMounter) build(s Stack) (int, error) {
 		return -1, &MountError{Op: "fsopen", Target: "overlay", Err: err}
 	}
 	defer unix.Close(fd)
-	for _, kv := range s.Config() {
+	for _, kv := range s.Config(m.opts) {
 		if err := unix.FsconfigSetString(fd, kv[0], kv[1]); err != nil {
 			return -1, &MountError{Op: "fsconfig " + kv[0], Target: kv[1], Err: err}
 		}
@@ -99,12 +102,15 @@ func UnmountTop(t Target) (lazy bool, err error) {
 // that has its own working directory (unshare(CLONE_FS) + chdir).
 type legacyMounter struct {
 	probe bool // see fsMounter
+	opts  Options
 }
 
 func (legacyMounter) Name() string { return "mount2" }
 
-func (legacyMounter) Mount(ctx context.Context, t Target, s Stack) error {
-	data := s.LegacyData()
+func (l legacyMounter) Options() Options { return l.opts }
+
+func (l legacyMounter) Mount(ctx context.Context, t Target, s Stack) error {
+	data := s.LegacyData(l.opts)
 	if len(data) >= os.Getpagesize() {
 		return &MountError{Op: "mount", Target: t.Name, Err: errors.New("overlay options exceed one page")}
 	}
@@ -195,31 +201,47 @@ func SetImmutableFD(fd int, on bool) error {
 	return nil
 }
 
-// Probe picks the best Mounter the kernel supports by mounting a
-// tiny overlay under scratch (an empty directory on the store's filesystem)
-// with each candidate, newest first. legacy forces mount(2).
-func Probe(ctx context.Context, scratch string, legacy bool) (Mounter, error) {
+// Probe picks the best Mounter the kernel supports by mounting a tiny
+// overlay under scratch (an empty directory on the store's filesystem)
+// with each candidate, newest first, asking for the options want. legacy
+// forces mount(2). A kernel that refuses redirect_dir=on, or takes it and
+// still fails a directory rename with EXDEV, gets a Mounter with
+// redirect_dir=off, and refused says why; refused is nil otherwise.
+func Probe(ctx context.Context, scratch string, legacy bool, want Options) (m Mounter, refused, err error) {
+	kinds := []func(probe bool, o Options) Mounter{
+		func(probe bool, o Options) Mounter { return &fsMounter{probe: probe, opts: o} },
+		func(probe bool, o Options) Mounter { return legacyMounter{probe: probe, opts: o} },
+	}
 	if legacy {
-		return legacyMounter{}, probeOne(ctx, scratch, legacyMounter{probe: true})
+		kinds = kinds[1:]
 	}
-	if err := probeOne(ctx, scratch, &fsMounter{probe: true}); err == nil {
-		return &fsMounter{}, nil
+	for _, kind := range kinds {
+		err = probeOne(ctx, scratch, kind(true, want))
+		if err == nil {
+			return kind(false, want), nil, nil
+		}
+		if !want.RedirectDir || errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+			continue
+		}
+		off := want
+		off.RedirectDir = false
+		if offErr := probeOne(ctx, scratch, kind(true, off)); offErr == nil {
+			return kind(false, off), err, nil
+		}
 	}
-	if err := probeOne(ctx, scratch, legacyMounter{probe: true}); err != nil {
-		return nil, err
-	}
-	return legacyMounter{}, nil
+	return nil, nil, err
 }
 
-// probeOne mounts a two-layer stack, swaps it for another with Replace,
-// and unmounts, all under scratch.
+// probeOne mounts a two-layer stack, renames a directory of its lower
+// layer when m's options let it, swaps the stack for another with
+// Replace, and unmounts, all under scratch.
 func probeOne(ctx context.Context, scratch string, m Mounter) error {
 	if err := os.RemoveAll(scratch); err != nil {
 		return err
 	}
 	defer os.RemoveAll(scratch)
 	s := Stack{Layers: scratch, Upper: 3, Lowers: []uint64{1}}
-	for _, d := range []string{s.FSDir(1), s.FSDir(2), s.FSDir(3), s.WorkDir(3), s.FSDir(4), s.WorkDir(4), scratch + "/m"} {
+	for _, d := range []string{s.FSDir(1) + "/d", s.FSDir(2), s.FSDir(3), s.WorkDir(3), s.FSDir(4), s.WorkDir(4), scratch + "/m"} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return err
 		}
@@ -234,6 +256,13 @@ func probeOne(ctx context.Context, scratch string, m Mounter) error {
 		return err
 	}
 	defer unix.Unmount(t.Path(), unix.MNT_DETACH)
+	if m.Options().RedirectDir {
+		// The kernel may take redirect_dir=on and still not redirect (an
+		// upper filesystem without xattrs): what counts is the rename.
+		if err := unix.Rename(t.Path()+"/d", t.Path()+"/e"); err != nil {
+			return &MountError{Op: "rename a lower directory (redirect_dir=on)", Target: t.Name, Err: err}
+		}
+	}
 	if err := Freeze(t); err != nil {
 		return err
 	}
@@ -245,20 +274,29 @@ func probeOne(ctx context.Context, scratch string, m Mounter) error {
 
 // ProbeNoWrite picks a Mounter without creating anything (the store's
 // filesystem is full): the new mount API when the kernel's overlayfs
-// takes "lowerdir+" (6.8+), mount(2) otherwise. Nothing is mounted.
-func ProbeNoWrite(dir string, legacy bool) (Mounter, error) {
-	if legacy {
-		return legacyMounter{}, nil
-	}
+// takes "lowerdir+" (6.8+), mount(2) otherwise. Nothing is mounted, so
+// redirect_dir=on is checked only as far as fsconfig parses it (mount(2)
+// parses the same options the same way); refused is as in Probe.
+func ProbeNoWrite(dir string, legacy bool, want Options) (m Mounter, refused error) {
 	fd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
 	if err != nil {
-		return legacyMounter{}, nil
+		// No new mount API: nothing to ask without a mount.
+		return legacyMounter{opts: want}, nil
 	}
 	defer unix.Close(fd)
-	if err := unix.FsconfigSetString(fd, "lowerdir+", dir); err != nil {
-		return legacyMounter{}, nil
+	if want.RedirectDir {
+		if err := unix.FsconfigSetString(fd, "redirect_dir", "on"); err != nil {
+			refused = &MountError{Op: "fsconfig redirect_dir", Target: "on", Err: err}
+			want.RedirectDir = false
+		}
 	}
-	return &fsMounter{}, nil
+	if legacy {
+		return legacyMounter{opts: want}, refused
+	}
+	if err := unix.FsconfigSetString(fd, "lowerdir+", dir); err != nil {
+		return legacyMounter{opts: want}, refused
+	}
+	return &fsMounter{opts: want}, refused
 }
 
 // Target is where a mount goes: the entry Name of the directory open at
@@ -322,13 +360,14 @@ const (
 	FailpointSwapUnmounted = "mount.swap.unmounted"
 )
 
-// FSMounter is the Mounter built on the new mount API (kernel 6.8+).
-func FSMounter() Mounter { return &fsMounter{} }
+// FSMounter is the Mounter built on the new mount API (kernel 6.8+), with
+// DefaultOptions.
+func FSMounter() Mounter { return &fsMounter{opts: DefaultOptions} }
 
-// LegacyMounter is the Mounter built on mount(2).
-func LegacyMounter() Mounter { return legacyMounter{} }
+// LegacyMounter is the Mounter built on mount(2), with DefaultOptions.
+func LegacyMounter() Mounter { return legacyMounter{opts: DefaultOptions} }
 
-// Detached builds a detached mount of s (fsopen, fsconfig, fsmount) and
-// returns its fd, for a caller that moves it itself (tests that stop a
-// swap half way).
-func Detached(s Stack) (int, error) { return (&fsMounter{}).build(s) }
+// Detached builds a detached mount of s (fsopen, fsconfig, fsmount) with
+// DefaultOptions and returns its fd, for a caller that moves it itself
+// (tests that stop a swap half way).
+func Detached(s Stack) (int, error) { return (&fsMounter{opts: DefaultOptions}).build(s) }

@@ -6,12 +6,30 @@ import (
 	"strings"
 )
 
-// overlayOptions are set on every mount, whatever the distribution's
-// defaults: no index (we enforce one mount per upper ourselves), no
-// redirects (renaming a directory that a lower layer has fails with EXDEV,
-// and mv copies it instead: no layer ever points into another), no
-// metacopy (a copied-up file is whole in its layer).
-var overlayOptions = [][2]string{{"index", "off"}, {"redirect_dir", "off"}, {"metacopy", "off"}}
+// Options are the overlay options a Mounter sets on every mount, whatever
+// the distribution's defaults. Two are fixed: no index (we enforce one
+// mount per upper ourselves) and no metacopy (a copied-up file is whole in
+// its layer). The third is chosen once, when a store opens (Probe).
+type Options struct {
+	// RedirectDir (redirect_dir=on) lets rename(2) move a directory that a
+	// lower layer holds: the kernel copies the directory up without its
+	// contents and records in its trusted.overlay.redirect xattr where the
+	// lower layers hold it. Off (redirect_dir=off), that rename fails with
+	// EXDEV and mv copies the directory instead.
+	RedirectDir bool
+}
+
+// DefaultOptions are the options of a kernel that takes them all.
+var DefaultOptions = Options{RedirectDir: true}
+
+// pairs are the options as key/value pairs, in the order they are set.
+func (o Options) pairs() [][2]string {
+	redirect := "off"
+	if o.RedirectDir {
+		redirect = "on"
+	}
+	return [][2]string{{"index", "off"}, {"redirect_dir", redirect}, {"metacopy", "off"}}
+}
 
 // Stack is an overlay mount described as a value: which layer directories,
 // in which order. Everything about a mount except the final syscalls is
@@ -64,8 +82,9 @@ func (s Stack) FSDir(id uint64) string { return filepath.Join(s.Layers, RelFS(id
 func (s Stack) WorkDir(id uint64) string { return filepath.Join(s.Layers, RelWork(id)) }
 
 // Config is the stack as fsconfig key/value pairs with absolute paths, one
-// "lowerdir+" per layer (kernel 6.8+), in the order they must be applied.
-func (s Stack) Config() [][2]string {
+// "lowerdir+" per layer (kernel 6.8+), then the options o, in the order
+// they must be applied.
+func (s Stack) Config(o Options) [][2]string {
 	kv := make([][2]string, 0, len(s.Lowers)+5)
 	for _, l := range s.Lowers {
 		kv = append(kv, [2]string{"lowerdir+", s.FSDir(l)})
@@ -76,7 +95,7 @@ func (s Stack) Config() [][2]string {
 	if s.Source != "" {
 		kv = append(kv, [2]string{"source", s.Source})
 	}
-	return append(kv, overlayOptions...)
+	return append(kv, o.pairs()...)
 }
 
 // LegacySource is the source argument of mount(2) for the stack.
@@ -87,10 +106,11 @@ func (s Stack) LegacySource() string {
 	return s.Source
 }
 
-// LegacyData is the stack as a mount(2) option string with paths relative
-// to the layers directory: the caller mounts from a thread whose working
-// directory is Layers, so that deep stacks fit in one page.
-func (s Stack) LegacyData() string {
+// LegacyData is the stack and the options o as a mount(2) option string
+// with paths relative to the layers directory: the caller mounts from a
+// thread whose working directory is Layers, so that deep stacks fit in one
+// page.
+func (s Stack) LegacyData(o Options) string {
 	var b strings.Builder
 	b.WriteString("lowerdir=")
 	for i, l := range s.Lowers {
@@ -102,8 +122,8 @@ func (s Stack) LegacyData() string {
 	if s.Upper != 0 {
 		b.WriteString(",upperdir=" + RelFS(s.Upper) + ",workdir=" + RelWork(s.Upper))
 	}
-	for _, o := range overlayOptions {
-		b.WriteString("," + o[0] + "=" + o[1])
+	for _, kv := range o.pairs() {
+		b.WriteString("," + kv[0] + "=" + kv[1])
 	}
 	return b.String()
 }

@@ -2,31 +2,58 @@ package overlay
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 )
 
 func TestStackConfig(t *testing.T) {
 	s := Stack{Layers: "/s/layers", Upper: 9, Lowers: []uint64{7, 3, 1}}
-	got := s.Config()
-	want := [][2]string{
+	layers := [][2]string{
 		{"lowerdir+", "/s/layers/7/fs"}, {"lowerdir+", "/s/layers/3/fs"}, {"lowerdir+", "/s/layers/1/fs"},
 		{"upperdir", "/s/layers/9/fs"}, {"workdir", "/s/layers/9/work"},
-		{"index", "off"}, {"redirect_dir", "off"}, {"metacopy", "off"},
 	}
-	if len(got) != len(want) {
-		t.Fatalf("Config() = %v, want %v", got, want)
+	tests := []struct {
+		name   string
+		opts   Options
+		config [][2]string
+		legacy string
+	}{
+		{
+			name:   "redirect_dir on",
+			opts:   DefaultOptions,
+			config: append(slices.Clone(layers), [2]string{"index", "off"}, [2]string{"redirect_dir", "on"}, [2]string{"metacopy", "off"}),
+			legacy: "lowerdir=7/fs:3/fs:1/fs,upperdir=9/fs,workdir=9/work,index=off,redirect_dir=on,metacopy=off",
+		},
+		{
+			name:   "redirect_dir off (a kernel that refuses on)",
+			opts:   Options{RedirectDir: false},
+			config: append(slices.Clone(layers), [2]string{"index", "off"}, [2]string{"redirect_dir", "off"}, [2]string{"metacopy", "off"}),
+			legacy: "lowerdir=7/fs:3/fs:1/fs,upperdir=9/fs,workdir=9/work,index=off,redirect_dir=off,metacopy=off",
+		},
 	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("Config()[%d] = %v, want %v", i, got[i], want[i])
-		}
-	}
-	if d := s.LegacyData(); d != "lowerdir=7/fs:3/fs:1/fs,upperdir=9/fs,workdir=9/work,index=off,redirect_dir=off,metacopy=off" {
-		t.Errorf("LegacyData() = %q", d)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := s.Config(tc.opts); !slices.Equal(got, tc.config) {
+				t.Errorf("Config() = %v, want %v", got, tc.config)
+			}
+			if d := s.LegacyData(tc.opts); d != tc.legacy {
+				t.Errorf("LegacyData() = %q, want %q", d, tc.legacy)
+			}
+		})
 	}
 	if dirs := s.Dirs(); len(dirs) != 4 || dirs[0] != 9 || dirs[3] != 1 {
 		t.Errorf("Dirs() = %v", dirs)
+	}
+}
+
+// TestMounterOptions pins that the exported mounters mount with
+// redirect_dir=on: a store that probed otherwise makes its own.
+func TestMounterOptions(t *testing.T) {
+	for _, m := range []Mounter{FSMounter(), LegacyMounter()} {
+		if m.Options() != DefaultOptions || !m.Options().RedirectDir {
+			t.Errorf("%s: options %+v, want %+v", m.Name(), m.Options(), DefaultOptions)
+		}
 	}
 }
 
@@ -63,7 +90,7 @@ func TestLegacyDataDepth(t *testing.T) {
 	for i := 0; i < 300; i++ {
 		s.Lowers = append(s.Lowers, uint64(100000+i))
 	}
-	if d := s.LegacyData(); len(d) >= 4096 {
+	if d := s.LegacyData(DefaultOptions); len(d) >= 4096 {
 		t.Fatalf("300 lowers need %d bytes", len(d))
 	}
 	for i := 0; i < 200; i++ {
