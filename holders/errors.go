@@ -9,13 +9,19 @@ const CodeDirectoryBusy = "directory_busy"
 // and the holders found by Scanner.Holders. holders is never nil in the
 // error, so it marshals as [] rather than null.
 func BusyError(path string, holders []Holder) error {
+	return BusyErrorWith(path, holders, "Processes are using the directory; stop them and retry.")
+}
+
+// BusyErrorWith is BusyError with its own message, for a refusal whose
+// holders need explaining (unseen or uninspectable ones).
+func BusyErrorWith(path string, holders []Holder, message string) error {
 	if holders == nil {
 		holders = []Holder{}
 	}
 	return &fault.Error{
 		Kind:    fault.Conflict,
 		Code:    CodeDirectoryBusy,
-		Message: "Processes are using the directory; stop them and retry.",
+		Message: message,
 		Fields:  map[string]any{"path": path, "holders": holders},
 	}
 }

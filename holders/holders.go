@@ -28,6 +28,7 @@ const (
 	KindMmap           = "mmap"            // it maps a file from there, its executable included
 	KindMountNamespace = "mount-namespace" // its mount namespace holds a mount of the directory
 	KindUnknown        = "unknown"         // a /proc entry of it could not be read
+	KindUnseen         = "unseen"          // pid 0: a kernel gate saw a user that no scan found
 )
 
 // Holder is a process that uses a directory.
@@ -78,6 +79,19 @@ func NewScanner(proc string) *Scanner {
 // See the package documentation for what each kind matches, and why the
 // answer is advisory.
 func (s *Scanner) Holders(ctx context.Context, t Target) ([]Holder, error) {
+	return s.run(ctx, t, false)
+}
+
+// MountNamespaces is the part of Holders that no kernel gate in the
+// caller's namespace covers: the processes whose mount namespace holds a
+// mount of the target (kind mount-namespace), and those whose namespace
+// cannot be read (kind unknown). It reads one link per process and one
+// mountinfo per foreign namespace, so it costs a fraction of Holders.
+func (s *Scanner) MountNamespaces(ctx context.Context, t Target) ([]Holder, error) {
+	return s.run(ctx, t, true)
+}
+
+func (s *Scanner) run(ctx context.Context, t Target, nsOnly bool) ([]Holder, error) {
 	proc := s.Proc
 	if proc == "" {
 		proc = "/proc"
@@ -108,6 +122,7 @@ func (s *Scanner) Holders(ctx context.Context, t Target) ([]Holder, error) {
 		major:  unix.Major(t.Dev),
 		minor:  unix.Minor(t.Dev),
 		selfNS: selfNS,
+		nsOnly: nsOnly,
 		nsSeen: make(map[string]*nsAnswer),
 	}
 
@@ -174,6 +189,7 @@ type scan struct {
 	t            Target
 	major, minor uint32
 	selfNS       string
+	nsOnly       bool // mount namespaces only (MountNamespaces)
 
 	nsMu   sync.Mutex
 	nsSeen map[string]*nsAnswer // by mount namespace
@@ -242,20 +258,22 @@ func (sc *scan) process(pid int, ws *workspace, out []Holder) []Holder {
 	}
 	mark(0, false, err)
 
-	m, err := sc.linkMatches(dirfd, "cwd", ws)
-	mark(bitCwd, m, err)
-	m, err = sc.linkMatches(dirfd, "root", ws)
-	mark(bitRoot, m, err)
-	m, err = sc.linkMatches(dirfd, "exe", ws)
-	mark(bitMmap, m, err)
-	m, err = sc.fdsMatch(dirfd, ws)
-	mark(bitFD, m, err)
-	if bits&bitMmap == 0 {
-		m, err = sc.mapsMatch(dirfd, ws)
+	if !sc.nsOnly {
+		m, err := sc.linkMatches(dirfd, "cwd", ws)
+		mark(bitCwd, m, err)
+		m, err = sc.linkMatches(dirfd, "root", ws)
+		mark(bitRoot, m, err)
+		m, err = sc.linkMatches(dirfd, "exe", ws)
 		mark(bitMmap, m, err)
+		m, err = sc.fdsMatch(dirfd, ws)
+		mark(bitFD, m, err)
+		if bits&bitMmap == 0 {
+			m, err = sc.mapsMatch(dirfd, ws)
+			mark(bitMmap, m, err)
+		}
 	}
 	if ns != "" && ns != sc.selfNS {
-		m, err = sc.namespaceMatches(dirfd, ns, ws)
+		m, err := sc.namespaceMatches(dirfd, ns, ws)
 		mark(bitMountNamespace, m, err)
 	}
 	if bits == 0 {
