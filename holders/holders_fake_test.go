@@ -142,9 +142,25 @@ func TestHoldersFakeProc(t *testing.T) {
 
 	tests := []struct {
 		name   string
+		nsOnly bool // MountNamespaces instead of Holders
 		target Target
 		want   []Holder
 	}{
+		{
+			// Only what no kernel gate of this namespace covers: the
+			// foreign namespaces, and the processes that could not be
+			// read (the loop and the weird maps are read no more).
+			name:   "whole device, mount namespaces only",
+			nsOnly: true,
+			target: Target{Path: project, Dev: dev, WholeDev: true, BackingDirs: []string{filepath.Join(tmp, "layers/1/fs")}},
+			want: []Holder{
+				{110, "ns-dev", KindMountNamespace},
+				{111, "ns-dev-2", KindMountNamespace},
+				{113, "ns-bind", KindMountNamespace},
+				{114, "ns-clone", KindMountNamespace},
+				{122, "badns", KindUnknown},
+			},
+		},
 		{
 			name:   "whole device",
 			target: Target{Path: project, Dev: dev, WholeDev: true, BackingDirs: []string{filepath.Join(tmp, "layers/1/fs")}},
@@ -218,7 +234,11 @@ func TestHoldersFakeProc(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := NewScanner(fp.proc).Holders(context.Background(), tt.target)
+			scan := NewScanner(fp.proc).Holders
+			if tt.nsOnly {
+				scan = NewScanner(fp.proc).MountNamespaces
+			}
+			got, err := scan(context.Background(), tt.target)
 			if err != nil {
 				t.Fatal(err)
 			}
