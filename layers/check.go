@@ -175,7 +175,7 @@ func (s *Store) mountProblems(roots []*meta.Root, table []*mountinfo.Info) []str
 	writers := map[uint64]map[uint64]string{} // upper -> superblock -> a mountpoint
 	for _, m := range table {
 		up, ok := s.upperOf(m)
-		if !ok || overlay.ReadOnly(m.VFSOptions) {
+		if !ok || overlay.Frozen(m.Options, m.VFSOptions) {
 			continue
 		}
 		if writers[up] == nil {

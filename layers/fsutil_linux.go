@@ -2,13 +2,16 @@ package layers
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -51,6 +54,80 @@ func syncFS(path string) error {
 	return nil
 }
 
+// syncLayerLimit is the size above which syncLayer syncs a layer's whole
+// filesystem (one syncfs) rather than entry by entry.
+const syncLayerLimit = 1024
+
+// syncStart is the time to pass to a later syncLayer as since, read just
+// before a sync begins: the coarse clock that stamps change times, so
+// that every change made after it has a change time at or after it (a
+// change in the same tick, before it, is synced again: harmless).
+func syncStart() time.Time {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &ts); err != nil {
+		return time.Time{} // zero: sync everything
+	}
+	return time.Unix(ts.Unix())
+}
+
+// syncLayer makes the layer directory dir durable: its regular files and
+// directories fsynced one by one, so that the cost follows the layer's
+// size, never the dirty data of unrelated files on the filesystem (which
+// syncfs would write back too). Symlinks and whiteouts are entries of
+// their directory. With since set (from syncStart), entries whose change
+// time is older are skipped: the sync that began then covered them. A
+// layer of more than syncLayerLimit entries to sync is synced with
+// syncfs instead: one call, whatever else it writes.
+func syncLayer(ctx context.Context, dir string, since time.Time) error {
+	var paths []string
+	big := errors.New("big layer")
+	cutoff := since.UnixNano()
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !d.Type().IsRegular() && !d.IsDir() {
+			return nil
+		}
+		if !since.IsZero() {
+			var st unix.Stat_t
+			if err := unix.Lstat(p, &st); err != nil {
+				return &os.PathError{Op: "lstat", Path: p, Err: err}
+			}
+			if st.Ctim.Nano() < cutoff {
+				return nil
+			}
+		}
+		if len(paths) == syncLayerLimit {
+			return big
+		}
+		paths = append(paths, p)
+		return nil
+	})
+	if errors.Is(err, big) {
+		return syncFS(dir)
+	}
+	if err != nil {
+		return err
+	}
+	// Deepest first: an entry is durable before the directory naming it.
+	for i := len(paths) - 1; i >= 0; i-- {
+		fd, err := unix.Open(paths[i], unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return &os.PathError{Op: "open", Path: paths[i], Err: err}
+		}
+		err = unix.Fsync(fd)
+		unix.Close(fd)
+		if err != nil {
+			return &os.PathError{Op: "fsync", Path: paths[i], Err: err}
+		}
+	}
+	return nil
+}
+
 // syncDir makes a directory's entries (renames into it) durable.
 func syncDir(path string) error {
 	f, err := os.Open(path)
@@ -71,6 +148,23 @@ func copyDirAttrs(src, dst string) error {
 	}
 	defer unix.Close(fd)
 	return copyDirAttrsFD(fd, dst)
+}
+
+// dirAttrs is what copyDirAttrs copies, as stat shows it: the change time
+// moves with every chmod, chown and xattr change, and the access and
+// modification times are copied themselves.
+type dirAttrs struct {
+	mode, uid, gid      uint32
+	atime, mtime, ctime unix.Timespec
+}
+
+// statDirAttrs returns the attributes of the directory dir.
+func statDirAttrs(dir string) (dirAttrs, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return dirAttrs{}, &os.PathError{Op: "lstat", Path: dir, Err: err}
+	}
+	return dirAttrs{mode: st.Mode, uid: st.Uid, gid: st.Gid, atime: st.Atim, mtime: st.Mtim, ctime: st.Ctim}, nil
 }
 
 // copyDirAttrsFD is copyDirAttrs from the directory open at src; dst is a
@@ -261,4 +355,63 @@ func detachUnder(dir string) {
 	for i := len(ms) - 1; i >= 0; i-- {
 		unix.Unmount(ms[i].Mountpoint, unix.MNT_DETACH)
 	}
+}
+
+// cloneFile makes dst a new regular file with src's content, shared block
+// for block (FICLONE: no data is copied), and src's mode, owner, xattrs
+// and times: a copy as far as anyone can tell, with a link count of its
+// own. It fails (EOPNOTSUPP, EXDEV, EINVAL) where the filesystem cannot
+// clone; dst is then removed.
+func cloneFile(src, dst string, st *unix.Stat_t) (err error) {
+	in, err := unix.Open(src, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: src, Err: err}
+	}
+	defer unix.Close(in)
+	out, err := unix.Open(dst, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return &os.PathError{Op: "create", Path: dst, Err: err}
+	}
+	defer func() {
+		if cerr := unix.Close(out); err == nil && cerr != nil {
+			err = &os.PathError{Op: "close", Path: dst, Err: cerr}
+		}
+		if err != nil {
+			unix.Unlink(dst)
+		}
+	}()
+	if err := unix.IoctlFileClone(out, in); err != nil {
+		return &os.PathError{Op: "FICLONE", Path: dst, Err: err}
+	}
+	if err := unix.Fchown(out, int(st.Uid), int(st.Gid)); err != nil {
+		return &os.PathError{Op: "fchown", Path: dst, Err: err}
+	}
+	// After the chown, which clears set-user-ID and set-group-ID bits.
+	if err := unix.Fchmod(out, st.Mode&07777); err != nil {
+		return &os.PathError{Op: "fchmod", Path: dst, Err: err}
+	}
+	if err := copyXattrs(src, dst); err != nil {
+		return err
+	}
+	ts := []unix.Timespec{st.Atim, st.Mtim}
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, dst, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return &os.PathError{Op: "utimensat", Path: dst, Err: err}
+	}
+	return nil
+}
+
+// canClone reports whether the filesystem of dir (a scratch directory of
+// the store's) clones files: FICLONE of a small file made there.
+func canClone(dir string) bool {
+	src, dst := filepath.Join(dir, "clone-probe"), filepath.Join(dir, "clone-probe.copy")
+	defer os.Remove(src)
+	defer os.Remove(dst)
+	if err := os.WriteFile(src, []byte("probe"), 0o600); err != nil {
+		return false
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(src, &st); err != nil {
+		return false
+	}
+	return cloneFile(src, dst, &st) == nil
 }

@@ -340,7 +340,7 @@ func (s *Store) checkOneWriter(path string, table []*mountinfo.Info, upper uint6
 		if !ok || up != upper {
 			continue
 		}
-		if replacing != nil && mountDev(m) == mountDev(replacing) && overlay.ReadOnly(m.VFSOptions) {
+		if replacing != nil && mountDev(m) == mountDev(replacing) && overlay.Frozen(m.Options, m.VFSOptions) {
 			continue // the frozen stack being swapped out (or a bind of it)
 		}
 		return ErrDirectoryMoved.With("path", path).With("now_at", m.Mountpoint).

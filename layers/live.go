@@ -89,15 +89,15 @@ func (s *Store) settle(ctx context.Context, root *meta.Root, h *rootHandle) (cha
 		return false, fmt.Errorf("managed root %s is covered by a %s mount that is not strata's", root.Path, m.FSType)
 	}
 	if root.Mounted.Matches(m.VFSOptions) {
-		if overlay.ReadOnly(m.VFSOptions) {
+		if overlay.Frozen(m.Options, m.VFSOptions) {
 			return false, overlay.Thaw(h.target())
 		}
 		return false, nil
 	}
 	// A stack from before a crash: freeze it (it may share its upper with
 	// the stack we want) and swap.
-	if !overlay.ReadOnly(m.VFSOptions) {
-		if err := s.freezeOrBusy(ctx, root, h); err != nil {
+	if !overlay.Frozen(m.Options, m.VFSOptions) {
+		if err := s.freezeOrBusy(ctx, root, h, nil); err != nil {
 			return false, err
 		}
 	}
@@ -113,7 +113,7 @@ func (s *Store) settle(ctx context.Context, root *meta.Root, h *rootHandle) (cha
 		if lazy {
 			s.recordZombie(root.Path, mountDev(m), overlay.StackOf(s.layers, m.VFSOptions))
 		}
-		if overlay.ReadOnly(under.VFSOptions) {
+		if overlay.Frozen(under.Options, under.VFSOptions) {
 			return true, overlay.Thaw(h.target())
 		}
 		return true, nil
@@ -177,40 +177,130 @@ func (s *Store) recordZombie(path string, dev uint64, st overlay.Stack) {
 	}
 }
 
-// freezeOrBusy freezes the live mount of the open root h, turning the
-// kernel's EBUSY (a writer the advisory scan did not see) into 409
-// directory_busy.
-func (s *Store) freezeOrBusy(ctx context.Context, root *meta.Root, h *rootHandle) error {
+// freezeOrBusy runs the kernel's gates on the live mount of the open root
+// h and freezes it: the answer of busyCheckMounted's namespace scan
+// (pending, when there is one), then the in-use probe (EBUSY while anything uses the
+// mount: a working directory, a root, an open file, a mapping), then the
+// freeze (read-only: EBUSY while a file is open for writing). A refusal
+// becomes 409 directory_busy with the holders a scan finds, and the mount
+// stays writable. The probe goes first so that a directory in use is
+// refused without freezing it: writers never see it read-only for
+// nothing. It is not repeated after the freeze: every open that fails
+// there with EROFS holds the mount for an instant, so a writer in a loop
+// would make it refuse almost every time; whoever comes in between is
+// caught by the swap, whose unmount then detaches the old stack lazily.
+func (s *Store) freezeOrBusy(ctx context.Context, root *meta.Root, h *rootHandle, pending func() error) error {
+	if pending != nil {
+		if err := pending(); err != nil {
+			return err
+		}
+	}
+	if busy, err := overlay.InUse(h.target()); err != nil || busy {
+		if err != nil {
+			return err
+		}
+		return s.kernelBusy(ctx, root, h, inUseWhy)
+	}
 	err := overlay.Freeze(h.target())
-	if err == nil || !errors.Is(err, unix.EBUSY) {
+	if errors.Is(err, unix.EBUSY) {
+		return s.kernelBusy(ctx, root, h, "A process holds a file in the directory open for writing")
+	}
+	return err
+}
+
+// inUseWhy is what the in-use probe's refusal says.
+const inUseWhy = "A process uses the directory (its working directory, an open file or a mapping is there)"
+
+// kernelBusy is the 409 for a kernel gate's refusal: the holders a full
+// scan finds, and never an empty list. why says what the gate saw.
+func (s *Store) kernelBusy(ctx context.Context, root *meta.Root, h *rootHandle, why string) error {
+	found, err := s.holdersMounted(ctx, root, h)
+	if err != nil {
 		return err
 	}
-	found, _ := s.holdersMounted(ctx, root, h)
 	if err := s.busyFrom(root.Path, found); err != nil {
 		return err
 	}
-	return holders.BusyError(root.Path, nil)
+	return busyUnseen(root.Path, found, why)
 }
 
-func (s *Store) holdersMounted(ctx context.Context, root *meta.Root, h *rootHandle) ([]holders.Holder, error) {
+// busyUnseen is directory_busy when a gate refused but the scan named no
+// process it could inspect: the ones it could not inspect (kind unknown),
+// or else one holder of kind unseen (pid 0), with a message saying what
+// the gate saw and what to do.
+func busyUnseen(path string, uninspected []holders.Holder, why string) error {
+	if len(uninspected) > 0 {
+		return holders.BusyErrorWith(path, uninspected, why+"; no process could be named, and those listed could not be inspected: one of them holds it.")
+	}
+	return holders.BusyErrorWith(path, []holders.Holder{{Kind: holders.KindUnseen}},
+		why+", but no process in this PID namespace shows it (it may run in another one, or have just exited); stop it and retry.")
+}
+
+// busyTarget is the scan target of a mounted root: any use of the
+// overlay's device, or of its layer directories.
+func (s *Store) busyTarget(root *meta.Root, h *rootHandle) (holders.Target, error) {
 	top := h.top()
 	if top == nil {
-		return nil, fmt.Errorf("managed root %s is not mounted", root.Path)
+		return holders.Target{}, fmt.Errorf("managed root %s is not mounted", root.Path)
 	}
 	t := holders.Target{Path: root.Path, Dev: mountDev(top), WholeDev: true}
 	for _, id := range root.Mounted.Dirs() {
 		t.BackingDirs = append(t.BackingDirs, s.fsDir(id))
 	}
+	return t, nil
+}
+
+func (s *Store) holdersMounted(ctx context.Context, root *meta.Root, h *rootHandle) ([]holders.Holder, error) {
+	t, err := s.busyTarget(root, h)
+	if err != nil {
+		return nil, err
+	}
 	return s.cfg.Scanner.Holders(ctx, t)
 }
 
-// busyCheckMounted is the advisory scan of a managed root.
-func (s *Store) busyCheckMounted(ctx context.Context, root *meta.Root, h *rootHandle) error {
-	holders, err := s.holdersMounted(ctx, root, h)
+// busyCheckMounted is the busy rule that the kernel's gates in this mount
+// namespace cannot decide, checked before a capture or a restore: another
+// mount of the overlay's superblock here (a bind mount, which the in-use
+// probe of the root's mount does not count), or a mount namespace holding
+// a copy of it. Either keeps the old superblock alive after the swap,
+// under users who would see it frozen. Everything else (working
+// directories, open files, mappings) is the gates' (the in-use probe,
+// here and again in freezeOrBusy), and the full /proc scan runs only to
+// name the holders when one refuses: it is off the critical path of every
+// capture that goes through.
+//
+// The namespace scan reads a link per process: it runs in the background,
+// beside the operation's sync, and pending is its answer, which the
+// freeze waits for before it freezes anything.
+func (s *Store) busyCheckMounted(ctx context.Context, root *meta.Root, h *rootHandle) (pending func() error, err error) {
+	t, err := s.busyTarget(root, h)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return s.busyFrom(root.Path, holders)
+	top := h.top()
+	for _, m := range h.table {
+		if m != top && mountDev(m) == t.Dev {
+			return nil, s.kernelBusy(ctx, root, h, "The directory is also mounted at "+m.Mountpoint+"; unmount it")
+		}
+	}
+	// The in-use probe now too, not only at the freeze: a directory in
+	// use is refused before the sync, which can be long when the
+	// filesystem has much dirty data.
+	if busy, err := overlay.InUse(h.target()); err != nil || busy {
+		if err != nil {
+			return nil, err
+		}
+		return nil, s.kernelBusy(ctx, root, h, inUseWhy)
+	}
+	done := make(chan error, 1)
+	go func() {
+		found, err := s.cfg.Scanner.MountNamespaces(ctx, t)
+		if err == nil {
+			err = s.busyFrom(root.Path, found)
+		}
+		done <- err
+	}()
+	return func() error { return <-done }, nil
 }
 
 // busyError scans for holders of t and returns directory_busy if any.

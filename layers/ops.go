@@ -205,7 +205,14 @@ func (s *Store) enroll(o *op, path, name string, req meta.Request) (Checkpoint, 
 		}
 		ino, err := lstatIno(mountpoint)
 		intent.MountpointIno = ino
-		return err
+		if err != nil {
+			return err
+		}
+		// Whatever is dirty on the filesystem (the directory's own
+		// files included) is written now, while the directory is still
+		// the user's: the sync after the exchange then has almost
+		// nothing left.
+		return syncFS(s.layers)
 	})
 	if err != nil {
 		cleanup()
@@ -281,7 +288,10 @@ func (s *Store) enroll(o *op, path, name string, req meta.Request) (Checkpoint, 
 			return err
 		}
 		if n, err := countEntries(mp); err != nil || n > 0 {
-			return errors.Join(err, holders.BusyError(path, nil))
+			if err != nil {
+				return err
+			}
+			return busyUnseen(path, nil, "Something was written into the directory while it was being enrolled")
 		}
 		return nil
 	}); err != nil {
@@ -344,8 +354,12 @@ func (s *Store) undoExchange(root *meta.Root, e *enrollee, mp int, cause error) 
 
 // finishEnroll runs the steps after the exchange on the open root h (nil:
 // open it by path; recovery runs it so). Nothing after the exchange
-// depends on the caller's context. A root whose path no longer leads to
-// it (recovery after a parent was renamed) is still committed, so the
+// depends on the caller's context. The stack is mounted before the sync
+// and the commit, so that the directory looks empty only for the few
+// syscalls between the exchange and the mount; a crash before the commit
+// leaves the root enrolling with its recorded stack mounted, which the
+// next finishEnroll keeps. A root whose path no longer leads to it
+// (recovery after a parent was renamed) is still committed, so the
 // checkpoint the client asked for exists, and is mounted once it is back
 // at its path.
 func (s *Store) finishEnroll(o *op, root *meta.Root, h *rootHandle) (Checkpoint, error) {
@@ -364,10 +378,22 @@ func (s *Store) finishEnroll(o *op, root *meta.Root, h *rootHandle) (Checkpoint,
 				return err
 			}
 		}
-		if h.top() != nil {
+		if m := h.top(); m != nil {
+			if s.ours(m) && root.Mounted.Matches(m.VFSOptions) {
+				return nil // mounted before a crash: the flag went first
+			}
 			return fmt.Errorf("managed root %s: something is mounted on the directory being enrolled", root.Path)
 		}
 		return s.immutableAt(root, h)
+	}); err != nil {
+		return Checkpoint{}, err
+	}
+	if err := o.step(stepMount, func() error {
+		if moved != nil {
+			return nil
+		}
+		_, err := s.settle(o.ctx, root, h)
+		return err
 	}); err != nil {
 		return Checkpoint{}, err
 	}
@@ -398,14 +424,8 @@ func (s *Store) finishEnroll(o *op, root *meta.Root, h *rootHandle) (Checkpoint,
 	if err != nil {
 		return Checkpoint{}, err
 	}
-	if err := o.step(stepMount, func() error {
-		if moved != nil {
-			return moved
-		}
-		_, err := s.settle(o.ctx, root, h)
-		return err
-	}); err != nil {
-		return Checkpoint{}, err
+	if moved != nil {
+		return Checkpoint{}, moved
 	}
 	return res, nil
 }
@@ -478,7 +498,11 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request) (
 	}
 	unpinOld := s.pin(root.Mounted.Dirs()...)
 	defer unpinOld()
-	if err := o.step(stepBusyCheck, func() error { return s.busyCheckMounted(o.ctx, root, h) }); err != nil {
+	var pending func() error
+	if err := o.step(stepBusyCheck, func() (err error) {
+		pending, err = s.busyCheckMounted(o.ctx, root, h)
+		return err
+	}); err != nil {
 		return Checkpoint{}, err
 	}
 	if err := o.step(stepSpaceCheck, func() error { return s.checkSpace(path, false) }); err != nil {
@@ -498,7 +522,28 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request) (
 	sealed := root.Active
 	next := s.newLayerID()
 	defer s.unpin(next)
-	if err := o.step(stepPrepare, func() error { return s.makeLayerDir(next, true, -1) }); err != nil {
+	// The new upper's root takes the sealed root's attributes (the merged
+	// root's live there) now, and the filesystem is synced, before the
+	// freeze: inside the window (freeze to swap, in which writers see
+	// EROFS) the layer's sync then finds almost nothing left to write.
+	var attrs dirAttrs
+	var synced time.Time
+	if err := o.step(stepPrepare, func() (err error) {
+		if err := s.makeLayerDir(next, true, -1); err != nil {
+			return err
+		}
+		if attrs, err = statDirAttrs(s.fsDir(sealed)); err != nil {
+			return err
+		}
+		if err := copyDirAttrs(s.fsDir(sealed), s.fsDir(next)); err != nil {
+			return err
+		}
+		// One syncfs: the new layer dir and everything written so far.
+		// Unrelated dirty data makes it longer, but it is outside the
+		// window; inside, only what changed since it began is synced.
+		synced = syncStart()
+		return syncFS(s.layers)
+	}); err != nil {
 		s.removeLayerDir(next)
 		return Checkpoint{}, err
 	}
@@ -511,7 +556,7 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request) (
 		s.removeLayerDir(next)
 		return Checkpoint{}, err
 	}
-	if err := o.step(stepFreeze, func() error { return s.freezeOrBusy(o.ctx, root, h) }); err != nil {
+	if err := o.step(stepFreeze, func() error { return s.freezeOrBusy(o.ctx, root, h, pending) }); err != nil {
 		return fail(err, false)
 	}
 	if err := o.step(stepValidateLayer, func() error {
@@ -520,10 +565,23 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request) (
 		return fail(err, true)
 	}
 	if err := o.step(stepSeal, func() error {
+		// What was written between prepare and the freeze reaches the
+		// disk: only the layer's entries changed since prepare's sync
+		// began, so unrelated dirty data on the filesystem never
+		// lengthens the window, and an unchanged layer costs a walk.
+		if err := syncLayer(o.ctx, s.fsDir(sealed), synced); err != nil {
+			return err
+		}
+		// A root whose attributes changed since prepare has them copied,
+		// and synced, again.
+		now, err := statDirAttrs(s.fsDir(sealed))
+		if err != nil || now == attrs {
+			return err
+		}
 		if err := copyDirAttrs(s.fsDir(sealed), s.fsDir(next)); err != nil {
 			return err
 		}
-		return syncFS(s.layers)
+		return syncDir(s.fsDir(next))
 	}); err != nil {
 		return fail(err, true)
 	}
@@ -641,7 +699,11 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 	if err := o.step(stepValidateMounts, func() error { return s.cfg.Policy.CheckNoMountsBelow(path) }); err != nil {
 		return Checkpoint{}, err
 	}
-	if err := o.step(stepBusyCheck, func() error { return s.busyCheckMounted(o.ctx, root, h) }); err != nil {
+	var pending func() error
+	if err := o.step(stepBusyCheck, func() (err error) {
+		pending, err = s.busyCheckMounted(o.ctx, root, h)
+		return err
+	}); err != nil {
 		return Checkpoint{}, err
 	}
 	// A restore discards the live upper: it may free space, so it needs
@@ -667,7 +729,7 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 		s.removeLayerDir(next)
 		return Checkpoint{}, err
 	}
-	if err := o.step(stepFreeze, func() error { return s.freezeOrBusy(o.ctx, root, h) }); err != nil {
+	if err := o.step(stepFreeze, func() error { return s.freezeOrBusy(o.ctx, root, h, pending) }); err != nil {
 		s.removeLayerDir(next)
 		return Checkpoint{}, err
 	}

@@ -149,18 +149,63 @@ func (l legacyMounter) Replace(ctx context.Context, t Target, s Stack) (bool, er
 	return lazy, l.Mount(ctx, t, s)
 }
 
-// Freeze makes the overlay superblock at t read-only. It fails with
-// EBUSY while any process has a file open for writing on it (a writable
-// shared mapping too): the atomic gate of every capture and restore.
+// Freeze makes the mount on top of t read-only: this mount only, not its
+// superblock (mount_setattr MOUNT_ATTR_RDONLY; remount,bind,ro where that
+// call is missing). It fails with EBUSY while any process has a file open
+// for writing through the mount (a writable shared mapping too): the
+// atomic gate of every capture and restore. Unlike remount,ro of the
+// superblock, it writes nothing back: overlayfs syncs the upper's whole
+// filesystem when its superblock turns read-only, which put every dirty
+// page of unrelated files inside the window in which writers see EROFS.
 func Freeze(t Target) error {
-	if err := unix.Mount("", t.Path(), "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
-		return &MountError{Op: "remount ro", Target: t.Name, Err: err}
+	err := unix.MountSetattr(t.Dir, t.Name, 0, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY})
+	if errors.Is(err, unix.ENOSYS) {
+		err = unix.Mount("", t.Path(), "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, "")
+	}
+	if err != nil {
+		return &MountError{Op: "make the mount read-only", Target: t.Name, Err: err}
 	}
 	return nil
 }
 
-// Thaw makes the overlay superblock at t writable again.
+// InUse reports whether anything uses the mount on top of t: a working
+// directory, a root, an open file or a mapping in it, or a mount under
+// it. It is the kernel's own answer, atomic and exact for this mount
+// namespace, and costs one syscall: umount2(MNT_EXPIRE) fails with EBUSY
+// while the mount is used and otherwise only marks it expired (EAGAIN).
+// A second MNT_EXPIRE with the mark still set would unmount it, so the
+// mark is cleared at once: any reference taken and dropped clears it, and
+// an O_PATH open and close is the smallest one.
+func InUse(t Target) (bool, error) {
+	err := unix.Unmount(t.Path(), unix.MNT_EXPIRE)
+	switch {
+	case errors.Is(err, unix.EBUSY):
+		return true, nil
+	case errors.Is(err, unix.EAGAIN):
+		fd, oerr := unix.Open(t.Path(), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if oerr != nil {
+			return false, &MountError{Op: "clear expiry mark", Target: t.Name, Err: oerr}
+		}
+		unix.Close(fd)
+		return false, nil
+	case err == nil:
+		// Only a mark left set could do this; nothing here leaves one.
+		return false, &MountError{Op: "in-use probe", Target: t.Name, Err: errors.New("the mount was unmounted as expired")}
+	default:
+		return false, &MountError{Op: "in-use probe", Target: t.Name, Err: err}
+	}
+}
+
+// Thaw makes the mount on top of t writable again, and its superblock
+// too: a store from before per-mount freezes froze the superblock.
 func Thaw(t Target) error {
+	err := unix.MountSetattr(t.Dir, t.Name, 0, &unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_RDONLY})
+	if errors.Is(err, unix.ENOSYS) {
+		err = unix.Mount("", t.Path(), "", unix.MS_REMOUNT|unix.MS_BIND, "")
+	}
+	if err != nil {
+		return &MountError{Op: "make the mount writable", Target: t.Name, Err: err}
+	}
 	if err := unix.Mount("", t.Path(), "", unix.MS_REMOUNT, ""); err != nil {
 		return &MountError{Op: "remount rw", Target: t.Name, Err: err}
 	}
@@ -317,6 +362,13 @@ func (t Target) Path() string {
 // frozen stack).
 func ReadOnly(vfsOpts string) bool {
 	return vfsOpts == "ro" || strings.HasPrefix(vfsOpts, "ro,")
+}
+
+// Frozen reports whether a mount is frozen, by mountinfo's mount options
+// (a per-mount freeze) and super options (a superblock frozen by an
+// earlier version).
+func Frozen(mountOpts, superOpts string) bool {
+	return ReadOnly(mountOpts) || ReadOnly(superOpts)
 }
 
 // StackOf describes a mounted overlay of ours as a read-only Stack (its
