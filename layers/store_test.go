@@ -27,17 +27,25 @@ import (
 )
 
 // mounters are the implementations every store test runs against.
+// mounters are the implementations the conformance suite runs against:
+// each overlay.Mounter on the test's own filesystem (ext4 here and in CI),
+// and the new mount API on XFS with reflink, the guest's filesystem.
 var mounters = []struct {
 	name   string
 	legacy bool
-}{{"fsmount", false}, {"mount2", true}}
+	xfs    bool
+}{{"fsmount", false, false}, {"mount2", true, false}, {"xfs", false, true}}
 
-// forEachMounter runs fn once per overlay.Mounter implementation: the conformance
-// suite of the store.
+// forEachMounter runs fn once per overlay.Mounter implementation and
+// filesystem: the conformance suite of the store.
 func forEachMounter(t *testing.T, fn func(t *testing.T, h *harness)) {
 	for _, m := range mounters {
 		t.Run(m.name, func(t *testing.T) {
 			testenv.RequiresRootMounts(t)
+			if m.xfs {
+				fn(t, newHarnessIn(t, xfsDir(t), m.legacy))
+				return
+			}
 			fn(t, newHarness(t, m.legacy))
 		})
 	}
@@ -54,12 +62,23 @@ type harness struct {
 
 func newHarness(t *testing.T, legacy bool) *harness {
 	t.Helper()
-	base := t.TempDir()
+	return newHarnessIn(t, t.TempDir(), legacy)
+}
+
+// newHarnessIn is newHarness in base, an empty directory on the
+// filesystem to test; one on a mount of its own (xfsDir) is allowed to
+// hold managed directories.
+func newHarnessIn(t *testing.T, base string, legacy bool) *harness {
+	t.Helper()
 	h := &harness{t: t, legacy: legacy, dir: filepath.Join(base, "store"), work: filepath.Join(base, "work")}
 	if err := os.MkdirAll(h.work, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	h.cfg = Config{Dir: h.dir, LegacyMount: legacy, Policy: &pathpolicy.Policy{}, Scanner: holders.NewScanner("/proc")}
+	policy := &pathpolicy.Policy{}
+	if xfs.mnt != "" && strings.HasPrefix(base, xfs.mnt+"/") {
+		policy.AllowedMounts = append(slices.Clone(pathpolicy.DefaultAllowedMounts), xfs.mnt)
+	}
+	h.cfg = Config{Dir: h.dir, LegacyMount: legacy, Policy: policy, Scanner: holders.NewScanner("/proc")}
 	if os.Getenv("STRATA_TEST_LOG") != "" {
 		h.cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
