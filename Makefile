@@ -33,7 +33,7 @@ deps:
 	@missing=""; for c in unshare mount tar curl gcc; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq util-linux mount tar curl gcc; fi
 	@missing=""; for cp in qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils mmdebstrap:mmdebstrap \
-	  mkfs.xfs:xfsprogs zstd:zstd xz:xz-utils lz4:lz4 depmod:kmod modprobe:kmod; do \
+	  mkfs.xfs:xfsprogs mkfs.btrfs:btrfs-progs zstd:zstd xz:xz-utils lz4:lz4 depmod:kmod modprobe:kmod; do \
 	  PATH=$$PATH:/usr/sbin:/sbin command -v $${cp%%:*} >/dev/null || missing="$$missing $${cp#*:}"; done; \
 	if [ -n "$$missing" ] || ! ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1; then apt-get update -qq >&2; fi; \
 	if [ -n "$$missing" ]; then apt-get install -y -qq --no-install-recommends $$(echo $$missing | tr ' ' '\n' | sort -u) >&2; fi

@@ -42,6 +42,8 @@ var (
 	rounds   = flag.Int("rounds", 30, "captures and restores measured per directory")
 	many     = flag.Int("many", 1000, "checkpoints for the list and lookup rows")
 	procs    = flag.Int("procs", 1000, "processes for the busy-scan row")
+	writeCap = flag.Int("write-captures", 1000, "captures beside the write loop (a fiftieth of them with a gigabyte kept dirty)")
+	fidOnly  = flag.Bool("fidelity-only", false, "measure only the write loop and the one-byte writes on ext4 and XFS")
 )
 
 type row struct{ what, median, p99, note string }
@@ -59,12 +61,16 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer cleanup(base)
-	store, err := layers.Open(ctx, layers.Config{Dir: filepath.Join(base, "store"), Policy: &pathpolicy.Policy{}, Scanner: holders.NewScanner("/proc")})
+	rec := &stepRecorder{}
+	store, err := layers.Open(ctx, layers.Config{Dir: filepath.Join(base, "store"), Policy: &pathpolicy.Policy{}, Scanner: holders.NewScanner("/proc"), StepHook: rec.hook})
 	if err != nil {
 		return err
 	}
 	defer store.Close()
 	var rows []row
+	if *fidOnly {
+		return printRows(ctx, store, base)
+	}
 	for _, size := range []struct {
 		name  string
 		files int
@@ -86,6 +92,7 @@ func run(ctx context.Context) error {
 			return exec.Command("tar", "-cf", filepath.Join(base, "t.tar"), "-C", dir, ".").Run()
 		})
 		os.Remove(filepath.Join(base, "t.tar"))
+		nprocs := procCount()
 		t0 := time.Now()
 		first, err := store.Capture(ctx, dir, "first")
 		if err != nil {
@@ -93,12 +100,15 @@ func run(ctx context.Context) error {
 		}
 		enroll := time.Since(t0)
 		var ids []string
+		rec.reset()
 		capT := timeN(*rounds, func(i int) error {
 			os.WriteFile(filepath.Join(dir, "changing"), []byte(fmt.Sprint(i)), 0o644)
 			c, err := store.Capture(ctx, dir, "")
 			ids = append(ids, c.ID)
 			return err
 		})
+		capSteps := rec.summary("capture")
+		rec.reset()
 		resT := timeN(*rounds, func(i int) error {
 			id := first.ID
 			if i%2 == 1 {
@@ -109,11 +119,17 @@ func run(ctx context.Context) error {
 		})
 		rows = append(rows,
 			row{"first capture (enroll), " + size.name, dur(enroll), "", "one-time: walks the tree for hardlinks and special files"},
-			row{"capture, " + size.name, dur(median(capT)), dur(p99(capT)), fmt.Sprintf("%d runs, one file changed before each", len(capT))},
-			row{"restore, " + size.name, dur(median(resT)), dur(p99(resT)), fmt.Sprintf("%d runs", len(resT))},
+			row{"capture, " + size.name, dur(median(capT)), dur(p99(capT)), fmt.Sprintf("%d runs, one file changed before each; %d processes on the machine; step medians: %s", len(capT), nprocs, capSteps)},
+			row{"restore, " + size.name, dur(median(resT)), dur(p99(resT)), fmt.Sprintf("%d runs; step medians: %s", len(resT), rec.summary("restore"))},
 			row{"cp -a, " + size.name, dur(median(cp)), dur(slices.Max(cp)), "3 runs (p99 column: worst)"},
 			row{"tar -c, " + size.name, dur(median(tarT)), dur(slices.Max(tarT)), "3 runs (p99 column: worst)"},
 		)
+	}
+
+	if r, err := btrfsRow(base, *bigFiles, *bigBytes, *rounds); err != nil {
+		return err
+	} else {
+		rows = append(rows, r)
 	}
 
 	// 1,000 checkpoints of one directory.
@@ -195,11 +211,39 @@ func run(ctx context.Context) error {
 		_, err := scanner.Holders(ctx, holders.Target{Path: dir, Dev: st.Dev, WholeDev: true})
 		return err
 	})
+	among := procCount()
+	crowdT := timeN(*rounds, func(i int) error {
+		os.WriteFile(filepath.Join(dir, "crowd"), []byte(fmt.Sprint(i)), 0o644)
+		_, err := store.Capture(ctx, dir, "")
+		return err
+	})
 	for _, c := range cmds {
 		c.Process.Kill()
 		c.Wait()
 	}
-	rows = append(rows, row{fmt.Sprintf("busy scan, %d processes", *procs), dur(median(scanT)), dur(slices.Max(scanT)), "10 runs (p99 column: worst)"})
+	rows = append(rows,
+		row{fmt.Sprintf("busy scan, %d processes", *procs), dur(median(scanT)), dur(slices.Max(scanT)), "10 runs (p99 column: worst); a capture runs it only to name holders when the kernel refuses"},
+		row{fmt.Sprintf("capture among %d processes", among), dur(median(crowdT)), dur(p99(crowdT)), fmt.Sprintf("%d runs, one file changed before each (the 1,000-checkpoint directory)", len(crowdT))},
+	)
+
+	return printRows(ctx, store, base, rows...)
+}
+
+// printRows adds the fidelity rows to rows, prints the engine table, and
+// goes on to the microVM tables.
+func printRows(ctx context.Context, store *layers.Store, base string, rows ...row) error {
+	fmt.Fprintf(os.Stderr, "captures beside a write loop…\n")
+	wr, err := writerRows(ctx, base, *writeCap)
+	if err != nil {
+		return err
+	}
+	rows = append(rows, wr...)
+	fmt.Fprintf(os.Stderr, "one-byte writes into a 1 GiB file, ext4 and XFS…\n")
+	er, err := editRows(ctx, base)
+	if err != nil {
+		return err
+	}
+	rows = append(rows, er...)
 
 	fmt.Printf("| measurement | median | p99 | notes |\n| --- | ---: | ---: | --- |\n")
 	for _, r := range rows {
