@@ -143,7 +143,9 @@ func (s *Store) immutableAt(root *meta.Root, h *rootHandle) error {
 
 // swap replaces the (frozen) stack of old at the open root h with
 // newRoot's. An old stack still in use is detached lazily and recorded as
-// a zombie, so that its layer dirs outlive it.
+// a zombie, so that its layer dirs outlive it. The old stack's superblock
+// is let go in the background (teardown): its last unmount writes back
+// the upper's whole filesystem, which is no business of the operation.
 func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *meta.Root) error {
 	top := h.top()
 	if top == nil {
@@ -152,18 +154,44 @@ func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *meta.Root
 	if err := s.checkOneWriter(old.Path, h.table, newRoot.Mounted.Upper, top); err != nil {
 		return err
 	}
+	hold, herr := overlay.Hold(h.target())
+	if herr != nil {
+		s.log.Debug("old stack not held; its teardown runs in the swap", "path", old.Path, "err", herr)
+	}
 	lazy, err := s.mounter.Replace(ctx, h.target(), s.tagged(newRoot.Mounted))
 	if lazy {
 		s.recordZombie(old.Path, mountDev(top), old.Mounted)
 	}
+	var work string
 	if err == nil && !lazy && old.Mounted.Upper != 0 && old.Mounted.Upper != newRoot.Mounted.Upper {
 		// The old upper is no mount's upper any more: its overlay work
 		// dir is scratch space nobody will use again.
-		if rerr := os.RemoveAll(filepath.Join(s.layers, overlay.RelWork(old.Mounted.Upper))); rerr != nil {
-			s.log.Warn("remove work dir of a sealed layer", "layer", old.Mounted.Upper, "err", rerr)
-		}
+		work = filepath.Join(s.layers, overlay.RelWork(old.Mounted.Upper))
 	}
+	s.teardown(hold, work)
 	return err
+}
+
+// teardown closes hold, a clone of an old stack's mount (overlay.Hold;
+// -1 for none), and then removes work, that stack's old work dir ("" for
+// none), in the background: the write-back of the upper's filesystem
+// that comes with the superblock's end runs outside the operation.
+func (s *Store) teardown(hold int, work string) {
+	if hold < 0 && work == "" {
+		return
+	}
+	s.teardowns.Add(1)
+	go func() {
+		defer s.teardowns.Done()
+		if hold >= 0 {
+			unix.Close(hold)
+		}
+		if work != "" {
+			if err := os.RemoveAll(work); err != nil {
+				s.log.Warn("remove work dir of a sealed layer", "dir", work, "err", err)
+			}
+		}
+	}()
 }
 
 // recordZombie records a stack detached lazily because it was in use: its

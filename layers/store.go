@@ -73,17 +73,20 @@ type Checkpoint struct {
 // Store is one filesystem's layer store: layer directories, the metadata
 // database, and the managed roots whose layers live there.
 type Store struct {
-	cfg     Config
-	dir     string
-	layers  string
-	tmp     string
-	trash   string
-	db      *bolt.DB
-	lock    *os.File // flock held for the store's lifetime
-	source  string   // the source tag of this store's mounts (see ours)
-	mounter overlay.Mounter
-	log     *slog.Logger
-	boot    string
+	// teardowns are the old stacks let go in the background (see
+	// teardown); Settle and Close wait for them.
+	teardowns sync.WaitGroup
+	cfg       Config
+	dir       string
+	layers    string
+	tmp       string
+	trash     string
+	db        *bolt.DB
+	lock      *os.File // flock held for the store's lifetime
+	source    string   // the source tag of this store's mounts (see ours)
+	mounter   overlay.Mounter
+	log       *slog.Logger
+	boot      string
 
 	// compaction in the background
 	compactMu  sync.Mutex
@@ -211,6 +214,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 func (s *Store) Close() error {
 	s.stop()
 	<-s.workerDone
+	s.teardowns.Wait()
 	err := s.db.Close()
 	s.lock.Close()
 	return err

@@ -81,6 +81,22 @@ func (m *fsMounter) Replace(ctx context.Context, t Target, s Stack) (bool, error
 	return UnmountTop(t)
 }
 
+// Hold returns a detached clone of the mount on top of t (open_tree with
+// OPEN_TREE_CLONE): another mount of the same superblock, reachable only
+// through the returned fd, read-only when the mount is. It keeps the
+// superblock alive when the mount itself is unmounted, until the fd is
+// closed; the unmount then only detaches, and the superblock's teardown
+// (overlayfs writes back the upper's whole filesystem when its last
+// mount goes) runs in whoever closes the fd. It does not count as a use
+// of the mount: a plain umount of it still succeeds.
+func Hold(t Target) (int, error) {
+	fd, err := unix.OpenTree(t.Dir, t.Name, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return -1, &MountError{Op: "open_tree clone", Target: t.Name, Err: err}
+	}
+	return fd, nil
+}
+
 // UnmountTop removes the top mount at t: a plain umount when nothing uses
 // it, a lazy detach when something does.
 func UnmountTop(t Target) (lazy bool, err error) {
