@@ -145,6 +145,8 @@ type lookupState struct {
 	redirected bool // name is no longer the entry's own (d->redirect)
 	isDir      bool // a directory was found: only directories merge with it
 	stop       bool // the layers further down are not looked at
+	// st is the stat of the entry found last (saves a second lstat).
+	st unix.Stat_t
 }
 
 // single looks up name in the directory base of layer, as
@@ -154,15 +156,15 @@ type lookupState struct {
 func (v *stackView) single(d *lookupState, layer int, base, name string, prelen int, post string) (string, bool, error) {
 	p := path.Join(base, name)
 	full := filepath.Join(v.dirs[layer], p)
-	var st unix.Stat_t
-	if err := unix.Lstat(full, &st); err != nil {
+	st := &d.st
+	if err := unix.Lstat(full, st); err != nil {
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENAMETOOLONG) {
 			return "", false, nil
 		}
 		return "", false, &os.PathError{Op: "lstat", Path: full, Err: err}
 	}
 	last := post == ""
-	if isWhiteout(&st) {
+	if isWhiteout(st) {
 		d.stop = true
 		return "", false, nil
 	}
@@ -272,8 +274,8 @@ func (v *stackView) lookupLayer(d *lookupState, layer int, base string) (string,
 // lookup looks up the entry name of dir in the src layers, as ovl_lookup
 // does, and says where the lookup goes on below them: found lists the src
 // layers that hold the entry, topmost first (the first decides what it
-// is; only directories come after it).
-func (v *stackView) lookup(dir *mergedDir, name string) (found []layerPath, child mergedDir, err error) {
+// is, top is its stat; only directories come after it).
+func (v *stackView) lookup(dir *mergedDir, name string) (found []layerPath, top unix.Stat_t, child mergedDir, err error) {
 	d := lookupState{name: name}
 	at := dir.srcs // the parent's layers; after an absolute redirect, every layer's root
 	absolute := false
@@ -281,10 +283,13 @@ func (v *stackView) lookup(dir *mergedDir, name string) (found []layerPath, chil
 		e := at[i]
 		p, ok, err := v.lookupLayer(&d, e.layer, e.path)
 		if err != nil {
-			return nil, mergedDir{}, err
+			return nil, top, mergedDir{}, err
 		}
 		if !ok {
 			continue
+		}
+		if len(found) == 0 {
+			top = d.st
 		}
 		found = append(found, layerPath{layer: e.layer, path: p})
 		if d.stop {
@@ -310,7 +315,7 @@ func (v *stackView) lookup(dir *mergedDir, name string) (found []layerPath, chil
 	default:
 		child.below = path.Join(dir.below, d.name)
 	}
-	return found, child, nil
+	return found, top, child, nil
 }
 
 // shownBelow reports whether the layers below the srcs show an entry at
@@ -353,7 +358,7 @@ func (v *stackView) mergeDir(ctx context.Context, dir *mergedDir, dst string, de
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		found, child, err := v.lookup(dir, name)
+		found, st, child, err := v.lookup(dir, name)
 		if err != nil {
 			return err
 		}
@@ -376,10 +381,6 @@ func (v *stackView) mergeDir(ctx context.Context, dir *mergedDir, dst string, de
 			continue
 		}
 		src := filepath.Join(v.dirs[found[0].layer], found[0].path)
-		var st unix.Stat_t
-		if err := unix.Lstat(src, &st); err != nil {
-			return &os.PathError{Op: "lstat", Path: src, Err: err}
-		}
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			if err := copyEntry(src, d, &st); err != nil {
 				return err
