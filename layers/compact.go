@@ -115,7 +115,7 @@ func (s *Store) buildMerged(o *op, id, lower, upper uint64, below []uint64) erro
 		if err := os.MkdirAll(filepath.Join(stage, "fs"), 0o755); err != nil {
 			return err
 		}
-		return merge(o.ctx, filepath.Join(stage, "fs"), []string{s.fsDir(lower), s.fsDir(upper)}, belowDirs)
+		return merge(o.ctx, filepath.Join(stage, "fs"), []string{s.fsDir(lower), s.fsDir(upper)}, belowDirs, s.clone)
 	})
 	if err == nil {
 		err = o.step(stepSync, func() error {

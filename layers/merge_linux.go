@@ -28,18 +28,21 @@ import (
 // trusted.overlay.redirect where the lookup must go on in below at a path
 // other than its own.
 //
-// Regular files are hard links to the sources (sealed layers never
-// change, so sharing inodes is safe and costs no data); directories,
-// symlinks and whiteouts are made anew. The cost is a few syscalls per
+// Regular files are clones of the sources where the filesystem can clone
+// (clone: FICLONE shares the blocks, so no data is copied, and each file
+// keeps a link count of its own), and hard links to them where it cannot
+// (sealed layers never change, so sharing inodes is safe and costs no
+// data, but a file's link count then counts the store's links too);
+// directories, symlinks and whiteouts are made anew. The cost is a few syscalls per
 // entry, never per byte. A whiteout is made only where below shows the
 // name it hides: overlayfs lists a directory that exists in one layer only
 // straight from that layer, so a whiteout with nothing under it would show
 // up in readdir as a name that cannot be looked up.
-func merge(ctx context.Context, dst string, srcs, below []string) error {
+func merge(ctx context.Context, dst string, srcs, below []string, clone bool) error {
 	if len(srcs) == 0 {
 		return errors.New("merge: no layers to merge")
 	}
-	v := &stackView{nsrc: len(srcs)}
+	v := &stackView{nsrc: len(srcs), clone: clone}
 	for i := len(srcs) - 1; i >= 0; i-- {
 		v.dirs = append(v.dirs, srcs[i])
 	}
@@ -112,8 +115,9 @@ const maxMergeDepth = 2048
 // metacopy off. dirs are the layers topmost first: the srcs of a merge,
 // then the layers below them.
 type stackView struct {
-	dirs []string
-	nsrc int
+	dirs  []string
+	nsrc  int
+	clone bool // regular files are cloned, not hard-linked (see merge)
 }
 
 // layerPath is where one layer holds an entry: the layer's index in dirs
@@ -382,6 +386,12 @@ func (v *stackView) mergeDir(ctx context.Context, dir *mergedDir, dst string, de
 		}
 		src := filepath.Join(v.dirs[found[0].layer], found[0].path)
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			if v.clone && st.Mode&unix.S_IFMT == unix.S_IFREG {
+				if err := cloneFile(src, d, &st); err != nil {
+					return err
+				}
+				continue
+			}
 			if err := copyEntry(src, d, &st); err != nil {
 				return err
 			}

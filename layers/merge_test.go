@@ -138,7 +138,7 @@ func (o *overlayLayers) checkMerges(label string) {
 				below = append(below, o.fs(id))
 			}
 			m := o.newLayer()
-			if err := merge(context.Background(), o.fs(m), srcs, below); err != nil {
+			if err := merge(context.Background(), o.fs(m), srcs, below, canClone(o.dir)); err != nil {
 				o.t.Fatalf("%s: merge of layers %d..%d: %v", label, lo, hi, err)
 			}
 			stack := append(append(reversed(o.ids[hi+1:]), m), reversed(o.ids[:lo])...)
@@ -453,7 +453,7 @@ func BenchmarkMerge(b *testing.B) {
 	for i := range b.N {
 		dst := filepath.Join(dir, fmt.Sprintf("m%d", i))
 		os.Mkdir(dst, 0o755)
-		if err := merge(context.Background(), dst, []string{l1, l2}, []string{base}); err != nil {
+		if err := merge(context.Background(), dst, []string{l1, l2}, []string{base}, canClone(base)); err != nil {
 			b.Fatal(err)
 		}
 	}

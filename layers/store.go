@@ -85,6 +85,7 @@ type Store struct {
 	lock      *os.File // flock held for the store's lifetime
 	source    string   // the source tag of this store's mounts (see ours)
 	mounter   overlay.Mounter
+	clone     bool // the filesystem clones files (FICLONE): merges clone, not link
 	log       *slog.Logger
 	boot      string
 
@@ -169,6 +170,8 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := clearDir(s.tmp); err != nil {
 		return nil, err
 	}
+	// Merges clone files where the filesystem can (exact link counts).
+	s.clone = canClone(s.tmp)
 	want := overlay.DefaultOptions
 	want.RedirectDir = !cfg.NoRedirectDir
 	m, refused, err := overlay.Probe(ctx, filepath.Join(s.tmp, "probe"), cfg.LegacyMount, want)
@@ -205,7 +208,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s.stop, s.workerDone = stop, make(chan struct{})
 	go s.worker(wctx)
-	s.log.Info("store open", "mounter", m.Name(), "redirect_dir", m.Options().RedirectDir)
+	s.log.Info("store open", "mounter", m.Name(), "redirect_dir", m.Options().RedirectDir, "clone", s.clone)
 	return s, nil
 }
 
