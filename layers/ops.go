@@ -493,7 +493,7 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request) (
 		return Checkpoint{}, err
 	}
 	path := root.Path
-	if err := o.step(stepValidateMounts, func() error { return s.cfg.Policy.CheckNoMountsBelow(path) }); err != nil {
+	if err := o.step(stepValidateMounts, func() error { return pathpolicy.CheckNoMountsIn(path, h.table) }); err != nil {
 		return Checkpoint{}, err
 	}
 	unpinOld := s.pin(root.Mounted.Dirs()...)
@@ -696,7 +696,7 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 	}
 	unpinOld := s.pin(root.Mounted.Dirs()...)
 	defer unpinOld()
-	if err := o.step(stepValidateMounts, func() error { return s.cfg.Policy.CheckNoMountsBelow(path) }); err != nil {
+	if err := o.step(stepValidateMounts, func() error { return pathpolicy.CheckNoMountsIn(path, h.table) }); err != nil {
 		return Checkpoint{}, err
 	}
 	var pending func() error

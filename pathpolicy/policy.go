@@ -105,6 +105,13 @@ func (p *Policy) CheckNoMountsBelow(path string) error {
 	if err != nil {
 		return err
 	}
+	return CheckNoMountsIn(path, mounts)
+}
+
+// CheckNoMountsIn is CheckNoMountsBelow against a mount table the caller
+// has just read (the one it opened the directory with), saving a second
+// read of mountinfo.
+func CheckNoMountsIn(path string, mounts []*mountinfo.Info) error {
 	if mp := firstBelow(path, mounts); mp != "" {
 		return violation(CodePathMount, path, mp, "The directory contains a mount point.")
 	}
