@@ -135,7 +135,7 @@ func writerRows(ctx context.Context, base string, captures int) ([]row, error) {
 		t0 := time.Now()
 		// The writer has the file open most of the time, and a capture
 		// then answers busy: try until n are taken.
-		for done < n && busy < 1000*n && (done == 0 || time.Since(t0) < 2*time.Minute) {
+		for done < n && time.Since(t0) < 2*time.Minute {
 			_, err := store.Capture(ctx, dir, "")
 			switch {
 			case err == nil:
@@ -160,12 +160,13 @@ func writerRows(ctx context.Context, base string, captures int) ([]row, error) {
 			}
 		}
 		mu.Unlock()
-		if len(ws) == 0 {
-			return nil, fmt.Errorf("no capture taken beside the write loop in %d tries", busy)
-		}
 		what := "captures beside a tight write loop"
 		if dirty {
 			what += ", 1 GiB of other data kept dirty on the filesystem"
+		}
+		if len(ws) == 0 {
+			rows = append(rows, row{what, "", "", fmt.Sprintf("no capture taken in %s: all %d tries refused busy (the writer had the file open each time)", dur(took), busy)})
+			continue
 		}
 		errs := "no write failed"
 		if len(failed) > 0 {
