@@ -72,8 +72,9 @@ func (r *stepRecorder) summary(op string) string {
 // which a new write into the directory fails with EROFS.
 var windowSteps = []string{"freeze", "validate.layer", "seal", "commit", "mount.swap"}
 
-// writerRows runs a tight open-write-close loop on one file of a managed
-// directory while it is captured captures times, once with nothing else
+// writerRows runs a tight loop opening one file of a managed directory
+// for writing (and closing it) while the directory is captured captures
+// times, once with nothing else
 // dirty on the filesystem and once while another file of a gigabyte is
 // rewritten without end beside it, and reports the errors the loop saw
 // and the window (freeze to swap) of each capture.
@@ -160,7 +161,7 @@ func writerRows(ctx context.Context, base string, captures int) ([]row, error) {
 			}
 		}
 		mu.Unlock()
-		what := "captures beside a tight write loop"
+		what := "captures beside a tight loop opening a file for writing"
 		if dirty {
 			what += ", 1 GiB of other data kept dirty on the filesystem"
 		}
@@ -186,7 +187,7 @@ func writerRows(ctx context.Context, base string, captures int) ([]row, error) {
 	return rows, nil
 }
 
-// writer is a tight open-write-close loop on one file.
+// writer is a tight loop opening one file for writing and closing it.
 type writer struct {
 	quit   atomic.Bool
 	done   chan struct{}
@@ -202,17 +203,17 @@ func startWriter(path string) *writer {
 	w := &writer{done: make(chan struct{}), failed: map[string]int{}}
 	go func() {
 		defer close(w.done)
-		buf := []byte("written by the loop\n")
 		var failing time.Time
 		for !w.quit.Load() {
 			w.writes++
 			began := time.Now()
+			// Open for writing, truncating, and close: the call that fails
+			// with EROFS in the window. No data: a write(2) would be
+			// throttled while a gigabyte is dirty, with the file open, and
+			// every capture would find the directory busy.
 			fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o644)
 			if err == nil {
-				_, err = unix.Write(fd, buf)
-				if cerr := unix.Close(fd); err == nil {
-					err = cerr
-				}
+				err = unix.Close(fd)
 			}
 			switch {
 			case err != nil && failing.IsZero():
