@@ -122,7 +122,11 @@ func runExec(ctx context.Context, req api.ExecRequest, env []string) (api.ExecRe
 	if err != nil {
 		return api.ExecResult{}, err
 	}
-	tctx, cancel := context.WithTimeout(ctx, time.Duration(req.TimeoutS)*time.Second)
+	// The duration is measured from the same instant as the deadline: a
+	// program killed at its timeout has run for timeout_s, not a few
+	// milliseconds of setup less.
+	start := time.Now()
+	tctx, cancel := context.WithDeadline(ctx, start.Add(time.Duration(req.TimeoutS)*time.Second))
 	defer cancel()
 	cmd := exec.CommandContext(tctx, path)
 	cmd.Args = req.Cmd
@@ -146,7 +150,6 @@ func runExec(ctx context.Context, req api.ExecRequest, env []string) (api.ExecRe
 	}
 	cmd.WaitDelay = execPipeGrace
 
-	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return api.ExecResult{}, startError(req.Cmd[0], err)
 	}
