@@ -20,17 +20,21 @@
 //     twice.
 //   - A layer is an overlayfs upper directory, active (the live, writable
 //     upper) or sealed (never changes again). A checkpoint names a sealed
-//     layer; its content is that layer's chain. Capture freezes the live
-//     mount (remount read-only: the kernel's EBUSY is the busy gate),
-//     seals the upper, commits, and slides a new stack (package overlay)
-//     under the old one. Restore puts a fresh upper on a checkpoint's
+//     layer; its content is that layer's chain. Capture asks the kernel
+//     whether the live mount is in use (umount2 MNT_EXPIRE: EBUSY is the
+//     busy gate; the /proc scan only names the holders), syncs, freezes
+//     the mount (read-only, this mount only: EBUSY again for a writer),
+//     syncs what changed since, seals the upper, commits, and slides a
+//     new stack (package overlay) under the old one; the old
+//     superblock's end (a write-back) runs in the background. Restore puts a fresh upper on a checkpoint's
 //     layer. Delete drops a record; mark-and-sweep frees the layers
 //     nothing needs once no mount uses them.
 //   - Compaction merges runs of sealed layers into spans so that a stack
 //     stays within log2(n)+3 lower layers; squash merges a layer no
 //     checkpoint names into its only child. A merge reads layers as
 //     overlayfs looks them up, redirects of renamed directories included
-//     (merge_linux.go).
+//     (merge_linux.go), and clones files where the filesystem can (exact
+//     link counts), hard-linking them elsewhere.
 //   - Crash safety: build where the metadata does not look, commit the
 //     metadata, then make the mounts match it. Open recovers from every
 //     crash point (finishes or undoes enrollments, finishes half-done
