@@ -455,3 +455,51 @@ func procCount() int {
 	}
 	return n
 }
+
+// enrollRow measures how long a directory looks empty while it is
+// enrolled (its first capture): a reader stats one of its files in a
+// tight loop, and the spell in which the file is missing is the window
+// between the exchange that moves the contents into the store and the
+// mount that shows them again.
+func enrollRow(ctx context.Context, base string, runs int) (row, error) {
+	store, err := layers.Open(ctx, layers.Config{Dir: filepath.Join(base, "estore"), Policy: &pathpolicy.Policy{}, Scanner: holders.NewScanner("/proc")})
+	if err != nil {
+		return row{}, err
+	}
+	defer store.Close()
+	var spells []time.Duration
+	for i := range runs {
+		dir := filepath.Join(base, fmt.Sprintf("enrolled-%d", i))
+		if err := makeTree(dir, 2000, 2<<20); err != nil {
+			return row{}, err
+		}
+		var quit atomic.Bool
+		done := make(chan time.Duration)
+		go func() {
+			var longest time.Duration
+			var missing time.Time
+			var st unix.Stat_t
+			for !quit.Load() {
+				began := time.Now()
+				err := unix.Stat(filepath.Join(dir, "d0", "f0"), &st)
+				switch {
+				case err != nil && missing.IsZero():
+					missing = began
+				case err == nil && !missing.IsZero():
+					longest = max(longest, began.Sub(missing))
+					missing = time.Time{}
+				}
+			}
+			done <- longest
+		}()
+		_, err := store.Capture(ctx, dir, "")
+		time.Sleep(time.Millisecond)
+		quit.Store(true)
+		spells = append(spells, <-done)
+		if err != nil {
+			return row{}, err
+		}
+	}
+	return row{"first capture (enroll): how long the directory looks empty", dur(median(spells)), dur(slices.Max(spells)),
+		fmt.Sprintf("%d runs (p99 column: worst), 2000 files; a reader stats a file in a loop: the exchange, the scan for holders of the old directory, the mount; %d processes on the machine", runs, procCount())}, nil
+}

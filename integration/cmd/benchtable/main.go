@@ -238,6 +238,11 @@ func printRows(ctx context.Context, store *layers.Store, base string, rows ...ro
 		return err
 	}
 	rows = append(rows, wr...)
+	er0, err := enrollRow(ctx, base, 10)
+	if err != nil {
+		return err
+	}
+	rows = append(rows, er0)
 	fmt.Fprintf(os.Stderr, "one-byte writes into a 1 GiB file, ext4 and XFS…\n")
 	er, err := editRows(ctx, base)
 	if err != nil {
