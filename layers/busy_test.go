@@ -227,3 +227,41 @@ func TestWritersDuringCaptures(t *testing.T) {
 		h.assertNoOrphans()
 	})
 }
+
+// TestLateMountCannotChangeASealedLayer: a bind mount of the directory
+// made while a capture is under way (after its busy checks) cannot write
+// into the layer the capture sealed: once the capture's background
+// teardown has made the old stack's superblock read-only, a write
+// through the late mount fails with EROFS, and the checkpoint keeps what
+// it had.
+func TestLateMountCannotChangeASealedLayer(t *testing.T) {
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		dir := h.mkdir("project", func(d string) { write(t, d+"/f", "v1") })
+		h.capture(dir, "")
+		write(t, dir+"/f", "v2") // in the upper the capture seals: no copy-up needed to write it
+		late := h.mkdir("late", nil)
+		mounted := false
+		h.store.cfg.StepHook = func(op, step string, d time.Duration, err error) {
+			if op == "capture" && step == "prepare" && !mounted {
+				mounted = true
+				if err := unix.Mount(dir, late, "", unix.MS_BIND, ""); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		cp := h.capture(dir, "")
+		h.store.cfg.StepHook = nil
+		defer unix.Unmount(late, unix.MNT_DETACH)
+		if err := h.store.Settle(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(late+"/f", []byte("through the late mount"), 0o644); !errors.Is(err, unix.EROFS) {
+			t.Fatalf("write through a mount of the old stack: %v, want EROFS", err)
+		}
+		write(t, dir+"/f", "v3")
+		h.restore(cp.ID)
+		if got := readString(t, dir+"/f"); got != "v2" {
+			t.Fatalf("the checkpoint holds f=%q, want v2", got)
+		}
+	})
+}

@@ -225,7 +225,7 @@ func (s *Store) worker(ctx context.Context) {
 
 // Settle waits until background compaction has caught up (tests, tools).
 func (s *Store) Settle(ctx context.Context) error {
-	s.teardowns.Wait()
+	s.teardowns.wait()
 	for !s.compactMu.TryLock() {
 		select {
 		case <-ctx.Done():

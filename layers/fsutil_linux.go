@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -58,30 +57,17 @@ func syncFS(path string) error {
 // filesystem (one syncfs) rather than entry by entry.
 const syncLayerLimit = 1024
 
-// syncStart is the time to pass to a later syncLayer as since, read just
-// before a sync begins: the coarse clock that stamps change times, so
-// that every change made after it has a change time at or after it (a
-// change in the same tick, before it, is synced again: harmless).
-func syncStart() time.Time {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &ts); err != nil {
-		return time.Time{} // zero: sync everything
-	}
-	return time.Unix(ts.Unix())
-}
-
 // syncLayer makes the layer directory dir durable: its regular files and
-// directories fsynced one by one, so that the cost follows the layer's
-// size, never the dirty data of unrelated files on the filesystem (which
-// syncfs would write back too). Symlinks and whiteouts are entries of
-// their directory. With since set (from syncStart), entries whose change
-// time is older are skipped: the sync that began then covered them. A
-// layer of more than syncLayerLimit entries to sync is synced with
-// syncfs instead: one call, whatever else it writes.
-func syncLayer(ctx context.Context, dir string, since time.Time) error {
+// directories fsynced one by one, deepest first, so that the cost follows
+// the layer's size, never the dirty data of unrelated files on the
+// filesystem (which syncfs would write back too). A file already clean
+// costs a call. A layer of more than syncLayerLimit such entries, or one
+// holding a symlink (a symlink cannot be opened to be fsynced, and on XFS
+// nothing else forces its own changes to the log), is synced with syncfs
+// instead: one call, whatever else it writes.
+func syncLayer(ctx context.Context, dir string) error {
 	var paths []string
-	big := errors.New("big layer")
-	cutoff := since.UnixNano()
+	whole := errors.New("sync the filesystem")
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -89,31 +75,23 @@ func syncLayer(ctx context.Context, dir string, since time.Time) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if !d.Type().IsRegular() && !d.IsDir() {
-			return nil
-		}
-		if !since.IsZero() {
-			var st unix.Stat_t
-			if err := unix.Lstat(p, &st); err != nil {
-				return &os.PathError{Op: "lstat", Path: p, Err: err}
-			}
-			if st.Ctim.Nano() < cutoff {
-				return nil
-			}
-		}
-		if len(paths) == syncLayerLimit {
-			return big
+		switch {
+		case d.Type()&fs.ModeSymlink != 0:
+			return whole
+		case !d.Type().IsRegular() && !d.IsDir():
+			return nil // whiteouts: entries of their directory
+		case len(paths) == syncLayerLimit:
+			return whole
 		}
 		paths = append(paths, p)
 		return nil
 	})
-	if errors.Is(err, big) {
+	if errors.Is(err, whole) {
 		return syncFS(dir)
 	}
 	if err != nil {
 		return err
 	}
-	// Deepest first: an entry is durable before the directory naming it.
 	for i := len(paths) - 1; i >= 0; i-- {
 		fd, err := unix.Open(paths[i], unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -150,21 +128,25 @@ func copyDirAttrs(src, dst string) error {
 	return copyDirAttrsFD(fd, dst)
 }
 
-// dirAttrs is what copyDirAttrs copies, as stat shows it: the change time
-// moves with every chmod, chown and xattr change, and the access and
-// modification times are copied themselves.
-type dirAttrs struct {
-	mode, uid, gid      uint32
-	atime, mtime, ctime unix.Timespec
-}
-
-// statDirAttrs returns the attributes of the directory dir.
-func statDirAttrs(dir string) (dirAttrs, error) {
-	var st unix.Stat_t
-	if err := unix.Lstat(dir, &st); err != nil {
-		return dirAttrs{}, &os.PathError{Op: "lstat", Path: dir, Err: err}
+// replaceDirAttrs is copyDirAttrs onto a directory that already has
+// attributes: dst's xattrs that src does not have go first (overlayfs's
+// own excepted), so that dst ends up with exactly src's.
+func replaceDirAttrs(src, dst string) error {
+	names, err := listXattrs(dst)
+	if err != nil {
+		return err
 	}
-	return dirAttrs{mode: st.Mode, uid: st.Uid, gid: st.Gid, atime: st.Atim, mtime: st.Mtim, ctime: st.Ctim}, nil
+	for _, n := range names {
+		if strings.HasPrefix(n, overlayXattrPrefix) && !strings.HasPrefix(n, overlayXattrPrefix+"overlay.") {
+			continue
+		}
+		if _, err := getXattr(src, n); errors.Is(err, unix.ENODATA) {
+			if err := unix.Lremovexattr(dst, n); err != nil && !errors.Is(err, unix.ENODATA) {
+				return &os.PathError{Op: "removexattr " + n, Path: dst, Err: err}
+			}
+		}
+	}
+	return copyDirAttrs(src, dst)
 }
 
 // copyDirAttrsFD is copyDirAttrs from the directory open at src; dst is a

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -156,7 +157,12 @@ func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *meta.Root
 	}
 	hold, herr := overlay.Hold(h.target())
 	if herr != nil {
-		s.log.Debug("old stack not held; its teardown runs in the swap", "path", old.Path, "err", herr)
+		// No clone to end it through later: make the old superblock
+		// read-only now, as the teardown would (with its write-back).
+		s.log.Warn("old stack not held; made read-only in the swap", "path", old.Path, "err", herr)
+		if err := overlay.FreezeSuperAt(h.target()); err != nil {
+			s.log.Error("old stack not made read-only: a process may still write into its layers through another mount of it", "path", old.Path, "err", err)
+		}
 	}
 	lazy, err := s.mounter.Replace(ctx, h.target(), s.tagged(newRoot.Mounted))
 	if lazy {
@@ -168,22 +174,48 @@ func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *meta.Root
 		// dir is scratch space nobody will use again.
 		work = filepath.Join(s.layers, overlay.RelWork(old.Mounted.Upper))
 	}
-	s.teardown(hold, work)
+	s.teardown(hold, work, old.Mounted.Dirs(), old.ID)
 	return err
 }
 
-// teardown closes hold, a clone of an old stack's mount (overlay.Hold;
-// -1 for none), and then removes work, that stack's old work dir ("" for
-// none), in the background: the write-back of the upper's filesystem
-// that comes with the superblock's end runs outside the operation.
-func (s *Store) teardown(hold int, work string) {
+// teardown ends, in the background, an old stack the swap let go: hold
+// is a clone of its mount (overlay.Hold; -1 for none), work its old work
+// dir ("" for none), dirs its layers, pinned until it is done (then the
+// root rootID is maintained if one of them has no record any more). The
+// superblock is made read-only through the clone first: a mount of it
+// that the busy checks could not see (a bind mount or a mount namespace
+// made during the operation) then cannot write into what is now a sealed
+// layer. That, and the write-back of the upper's filesystem that comes
+// with it, run outside the operation.
+func (s *Store) teardown(hold int, work string, dirs []uint64, rootID uint64) {
 	if hold < 0 && work == "" {
 		return
 	}
-	s.teardowns.Add(1)
+	unpin := s.pin(dirs...)
+	s.teardowns.add()
 	go func() {
-		defer s.teardowns.Done()
+		defer s.teardowns.done()
+		defer func() {
+			unpin()
+			// A layer the pin kept from a collection (a restore's
+			// discarded upper) goes at the root's next maintenance.
+			if len(dirs) == 0 {
+				return
+			}
+			gone := false
+			s.view(func(t meta.Tx) error {
+				_, err := t.Layer(dirs[0]) // the old upper, if it had one
+				gone = errors.Is(err, meta.ErrInconsistent)
+				return nil
+			})
+			if gone {
+				s.kick(rootID, true)
+			}
+		}()
 		if hold >= 0 {
+			if err := overlay.FreezeSuper(hold); err != nil {
+				s.log.Error("old stack not made read-only: a process may still write into its layers through another mount of it", "layers", dirs, "err", err)
+			}
 			unix.Close(hold)
 		}
 		if work != "" {
@@ -192,6 +224,41 @@ func (s *Store) teardown(hold int, work string) {
 			}
 		}
 	}()
+}
+
+// inflight counts background work that Settle and Close wait for. Unlike
+// a sync.WaitGroup, it may be added to while someone waits.
+type inflight struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	n    int
+}
+
+func (f *inflight) add() {
+	f.mu.Lock()
+	f.n++
+	f.mu.Unlock()
+}
+
+func (f *inflight) done() {
+	f.mu.Lock()
+	f.n--
+	if f.n == 0 && f.cond != nil {
+		f.cond.Broadcast()
+	}
+	f.mu.Unlock()
+}
+
+// wait returns once nothing is in flight.
+func (f *inflight) wait() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cond == nil {
+		f.cond = sync.NewCond(&f.mu)
+	}
+	for f.n > 0 {
+		f.cond.Wait()
+	}
 }
 
 // recordZombie records a stack detached lazily because it was in use: its
@@ -225,13 +292,27 @@ func (s *Store) freezeOrBusy(ctx context.Context, root *meta.Root, h *rootHandle
 	}
 	if busy, err := overlay.InUse(h.target()); err != nil || busy {
 		if err != nil {
-			return err
+			return s.afterProbe(ctx, root, err)
 		}
 		return s.kernelBusy(ctx, root, h, inUseWhy)
 	}
 	err := overlay.Freeze(h.target())
 	if errors.Is(err, unix.EBUSY) {
 		return s.kernelBusy(ctx, root, h, "A process holds a file in the directory open for writing")
+	}
+	return err
+}
+
+// afterProbe handles an in-use probe that failed: one that unmounted the
+// live mount (an expiry mark left by a crash) has the recorded stack
+// mounted again at once; the operation fails either way, and a retry
+// goes through.
+func (s *Store) afterProbe(ctx context.Context, root *meta.Root, err error) error {
+	if errors.Is(err, overlay.ErrExpiredUnmount) {
+		s.log.Error("the in-use probe unmounted the directory; mounting it again", "path", root.Path)
+		if merr := s.ensureMounted(ctx, root); merr != nil {
+			return errors.Join(err, merr)
+		}
 	}
 	return err
 }
@@ -316,7 +397,7 @@ func (s *Store) busyCheckMounted(ctx context.Context, root *meta.Root, h *rootHa
 	// filesystem has much dirty data.
 	if busy, err := overlay.InUse(h.target()); err != nil || busy {
 		if err != nil {
-			return nil, err
+			return nil, s.afterProbe(ctx, root, err)
 		}
 		return nil, s.kernelBusy(ctx, root, h, inUseWhy)
 	}

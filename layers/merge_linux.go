@@ -387,10 +387,15 @@ func (v *stackView) mergeDir(ctx context.Context, dir *mergedDir, dst string, de
 		src := filepath.Join(v.dirs[found[0].layer], found[0].path)
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			if v.clone && st.Mode&unix.S_IFMT == unix.S_IFREG {
-				if err := cloneFile(src, d, &st); err != nil {
+				err := cloneFile(src, d, &st)
+				if err == nil {
+					continue
+				}
+				// A file this filesystem will not clone (a realtime or
+				// DAX file on XFS): a hard link, as where none clones.
+				if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EXDEV) {
 					return err
 				}
-				continue
 			}
 			if err := copyEntry(src, d, &st); err != nil {
 				return err

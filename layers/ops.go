@@ -526,13 +526,8 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request) (
 	// root's live there) now, and the filesystem is synced, before the
 	// freeze: inside the window (freeze to swap, in which writers see
 	// EROFS) the layer's sync then finds almost nothing left to write.
-	var attrs dirAttrs
-	var synced time.Time
-	if err := o.step(stepPrepare, func() (err error) {
+	if err := o.step(stepPrepare, func() error {
 		if err := s.makeLayerDir(next, true, -1); err != nil {
-			return err
-		}
-		if attrs, err = statDirAttrs(s.fsDir(sealed)); err != nil {
 			return err
 		}
 		if err := copyDirAttrs(s.fsDir(sealed), s.fsDir(next)); err != nil {
@@ -540,8 +535,7 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request) (
 		}
 		// One syncfs: the new layer dir and everything written so far.
 		// Unrelated dirty data makes it longer, but it is outside the
-		// window; inside, only what changed since it began is synced.
-		synced = syncStart()
+		// window; inside, the layer's own fsyncs find it clean.
 		return syncFS(s.layers)
 	}); err != nil {
 		s.removeLayerDir(next)
@@ -565,23 +559,18 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request) (
 		return fail(err, true)
 	}
 	if err := o.step(stepSeal, func() error {
-		// What was written between prepare and the freeze reaches the
-		// disk: only the layer's entries changed since prepare's sync
-		// began, so unrelated dirty data on the filesystem never
-		// lengthens the window, and an unchanged layer costs a walk.
-		if err := syncLayer(o.ctx, s.fsDir(sealed), synced); err != nil {
+		// The root's attributes again, exactly (xattrs removed since
+		// prepare go too), and then the layer and the new root reach
+		// the disk: only the layer's own entries are fsynced, clean
+		// after prepare's syncfs unless written since, so unrelated
+		// dirty data on the filesystem never lengthens the window.
+		if err := replaceDirAttrs(s.fsDir(sealed), s.fsDir(next)); err != nil {
 			return err
 		}
-		// A root whose attributes changed since prepare has them copied,
-		// and synced, again.
-		now, err := statDirAttrs(s.fsDir(sealed))
-		if err != nil || now == attrs {
+		if err := syncDir(s.fsDir(next)); err != nil {
 			return err
 		}
-		if err := copyDirAttrs(s.fsDir(sealed), s.fsDir(next)); err != nil {
-			return err
-		}
-		return syncDir(s.fsDir(next))
+		return syncLayer(o.ctx, s.fsDir(sealed))
 	}); err != nil {
 		return fail(err, true)
 	}

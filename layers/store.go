@@ -75,7 +75,7 @@ type Checkpoint struct {
 type Store struct {
 	// teardowns are the old stacks let go in the background (see
 	// teardown); Settle and Close wait for them.
-	teardowns sync.WaitGroup
+	teardowns inflight
 	cfg       Config
 	dir       string
 	layers    string
@@ -217,7 +217,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 func (s *Store) Close() error {
 	s.stop()
 	<-s.workerDone
-	s.teardowns.Wait()
+	s.teardowns.wait()
 	err := s.db.Close()
 	s.lock.Close()
 	return err

@@ -97,6 +97,40 @@ func Hold(t Target) (int, error) {
 	return fd, nil
 }
 
+// FreezeSuper makes the superblock of the mount open at fd (a clone from
+// Hold) read-only: every mount of it, in every mount namespace, refuses
+// writes from then on. It writes back the upper's whole filesystem first
+// (overlayfs does when its superblock turns read-only). It fails with
+// EBUSY while a file is open for writing through any of its mounts.
+func FreezeSuper(fd int) error {
+	return freezeSuper(fd, "", unix.FSPICK_EMPTY_PATH)
+}
+
+// FreezeSuperAt is FreezeSuper for the mount on top of t.
+func FreezeSuperAt(t Target) error {
+	return freezeSuper(t.Dir, t.Name, 0)
+}
+
+func freezeSuper(dirfd int, name string, flags int) error {
+	fs, err := unix.Fspick(dirfd, name, flags|unix.FSPICK_CLOEXEC)
+	if err != nil {
+		return &MountError{Op: "fspick", Target: "held mount", Err: err}
+	}
+	defer unix.Close(fs)
+	if err := unix.FsconfigSetFlag(fs, "ro"); err != nil {
+		return &MountError{Op: "fsconfig ro", Target: "held mount", Err: err}
+	}
+	if err := unix.FsconfigReconfigure(fs); err != nil {
+		return &MountError{Op: "reconfigure read-only", Target: "held mount", Err: err}
+	}
+	return nil
+}
+
+// ErrExpiredUnmount says that the in-use probe unmounted the mount: an
+// expiry mark was left set on it (a crash between the probe and the
+// clearing). The caller mounts the stack again.
+var ErrExpiredUnmount = errors.New("the in-use probe unmounted the mount (an expiry mark was left set)")
+
 // UnmountTop removes the top mount at t: a plain umount when nothing uses
 // it, a lazy detach when something does.
 func UnmountTop(t Target) (lazy bool, err error) {
@@ -198,15 +232,19 @@ func InUse(t Target) (bool, error) {
 	case errors.Is(err, unix.EBUSY):
 		return true, nil
 	case errors.Is(err, unix.EAGAIN):
-		fd, oerr := unix.Open(t.Path(), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if oerr != nil {
-			return false, &MountError{Op: "clear expiry mark", Target: t.Name, Err: oerr}
+		var oerr error
+		for range 3 {
+			var fd int
+			if fd, oerr = unix.Open(t.Path(), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); oerr == nil {
+				unix.Close(fd)
+				return false, nil
+			}
 		}
-		unix.Close(fd)
-		return false, nil
+		return false, &MountError{Op: "clear expiry mark", Target: t.Name, Err: oerr}
 	case err == nil:
-		// Only a mark left set could do this; nothing here leaves one.
-		return false, &MountError{Op: "in-use probe", Target: t.Name, Err: errors.New("the mount was unmounted as expired")}
+		// Only a mark left set could do this: a crash (or a failed
+		// clearing) between a probe and its clearing.
+		return false, &MountError{Op: "in-use probe", Target: t.Name, Err: ErrExpiredUnmount}
 	default:
 		return false, &MountError{Op: "in-use probe", Target: t.Name, Err: err}
 	}
