@@ -19,6 +19,9 @@ import (
 // in a root's mounted stack, not used by a lazily detached stack that
 // still has users, not pinned by an operation in flight.
 func (s *Store) collect(ctx context.Context) {
+	// One at a time: a teardown's collection may meet an operation's.
+	s.collectMu.Lock()
+	defer s.collectMu.Unlock()
 	// Drop the dead zombies first; the ones kept are read again below.
 	s.liveZombies(ctx)
 	s.mu.Lock()

@@ -174,20 +174,21 @@ func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *meta.Root
 		// dir is scratch space nobody will use again.
 		work = filepath.Join(s.layers, overlay.RelWork(old.Mounted.Upper))
 	}
-	s.teardown(hold, work, old.Mounted.Dirs(), old.ID)
+	s.teardown(hold, work, old.Mounted.Dirs())
 	return err
 }
 
 // teardown ends, in the background, an old stack the swap let go: hold
 // is a clone of its mount (overlay.Hold; -1 for none), work its old work
-// dir ("" for none), dirs its layers, pinned until it is done (then the
-// root rootID is maintained if one of them has no record any more). The
+// dir ("" for none), dirs its layers, pinned until it is done (then
+// collected, when its upper has no record any more: a restore's
+// discarded upper, which the restore's own collection had to leave). The
 // superblock is made read-only through the clone first: a mount of it
 // that the busy checks could not see (a bind mount or a mount namespace
 // made during the operation) then cannot write into what is now a sealed
 // layer. That, and the write-back of the upper's filesystem that comes
 // with it, run outside the operation.
-func (s *Store) teardown(hold int, work string, dirs []uint64, rootID uint64) {
+func (s *Store) teardown(hold int, work string, dirs []uint64) {
 	if hold < 0 && work == "" {
 		return
 	}
@@ -209,7 +210,7 @@ func (s *Store) teardown(hold int, work string, dirs []uint64, rootID uint64) {
 				return nil
 			})
 			if gone {
-				s.kick(rootID, true)
+				s.collect(context.Background())
 			}
 		}()
 		if hold >= 0 {

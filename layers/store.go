@@ -91,6 +91,7 @@ type Store struct {
 
 	// compaction in the background
 	compactMu  sync.Mutex
+	collectMu  sync.Mutex      // collect runs one at a time
 	pending    map[uint64]bool // roots to compact (true: squash too)
 	wake       chan struct{}
 	stop       context.CancelFunc
