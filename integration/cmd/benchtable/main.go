@@ -43,6 +43,7 @@ var (
 	many     = flag.Int("many", 1000, "checkpoints for the list and lookup rows")
 	procs    = flag.Int("procs", 1000, "processes for the busy-scan row")
 	writeCap = flag.Int("write-captures", 100, "captures beside the write loop (a fiftieth of them with a gigabyte kept dirty)")
+	noCopies = flag.Bool("no-copies", false, "skip the cp -a and tar baselines")
 	fidOnly  = flag.Bool("fidelity-only", false, "measure only the write loop and the one-byte writes on ext4 and XFS")
 )
 
@@ -83,12 +84,16 @@ func run(ctx context.Context) error {
 		}
 		unix.Sync() // measure checkpoints, not the writeback of the tree just made
 		// Baselines first, on the plain tree: what a copy-based checkpoint costs.
-		cp := timeN(3, func(i int) error {
+		baseRuns := 3
+		if *noCopies {
+			baseRuns = 0
+		}
+		cp := timeN(baseRuns, func(i int) error {
 			dst := filepath.Join(base, "copy")
 			defer os.RemoveAll(dst)
 			return exec.Command("cp", "-a", dir, dst).Run()
 		})
-		tarT := timeN(3, func(i int) error {
+		tarT := timeN(baseRuns, func(i int) error {
 			return exec.Command("tar", "-cf", filepath.Join(base, "t.tar"), "-C", dir, ".").Run()
 		})
 		os.Remove(filepath.Join(base, "t.tar"))
@@ -121,9 +126,13 @@ func run(ctx context.Context) error {
 			row{"first capture (enroll), " + size.name, dur(enroll), "", "one-time: walks the tree for hardlinks and special files"},
 			row{"capture, " + size.name, dur(median(capT)), dur(p99(capT)), fmt.Sprintf("%d runs, one file changed before each; %d processes on the machine; step medians: %s", len(capT), nprocs, capSteps)},
 			row{"restore, " + size.name, dur(median(resT)), dur(p99(resT)), fmt.Sprintf("%d runs; step medians: %s", len(resT), rec.summary("restore"))},
-			row{"cp -a, " + size.name, dur(median(cp)), dur(slices.Max(cp)), "3 runs (p99 column: worst)"},
-			row{"tar -c, " + size.name, dur(median(tarT)), dur(slices.Max(tarT)), "3 runs (p99 column: worst)"},
 		)
+		if baseRuns > 0 {
+			rows = append(rows,
+				row{"cp -a, " + size.name, dur(median(cp)), dur(slices.Max(cp)), "3 runs (p99 column: worst)"},
+				row{"tar -c, " + size.name, dur(median(tarT)), dur(slices.Max(tarT)), "3 runs (p99 column: worst)"},
+			)
+		}
 	}
 
 	if r, err := btrfsRow(base, *bigFiles, *bigBytes, *rounds); err != nil {
