@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -571,14 +572,14 @@ func TestOneOperationPerDirectory(t *testing.T) {
 		first := h.capture(dir, "")
 		h.capture(other, "")
 		inside, release := make(chan struct{}), make(chan struct{})
+		var held atomic.Bool
 		h.store.cfg.StepHook = func(op, step string, d time.Duration, err error) {
-			// Only the first capture to get here waits: the slow one.
-			if op == "capture" && step == "busy.check" {
-				select {
-				case inside <- struct{}{}:
-					<-release
-				default:
-				}
+			// Only the first capture to get here waits: the slow one. (A
+			// non-blocking send raced with the receive below once
+			// busy.check became fast.)
+			if op == "capture" && step == "busy.check" && held.CompareAndSwap(false, true) {
+				inside <- struct{}{}
+				<-release
 			}
 		}
 		done := make(chan error, 1)
