@@ -199,7 +199,7 @@ func (s *Store) teardown(hold int, work string, dirs []uint64) {
 		defer func() {
 			unpin()
 			// A layer the pin kept from a collection (a restore's
-			// discarded upper) goes at the root's next maintenance.
+			// discarded upper) goes now.
 			if len(dirs) == 0 {
 				return
 			}

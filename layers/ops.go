@@ -647,9 +647,9 @@ func (s *Store) Restore(ctx context.Context, id string, opts ...Option) (Checkpo
 	o := s.newOp(ctx, opRestore, root.Path)
 	res, err := s.restore(o, id, req)
 	if err == nil {
-		// After restore's pins are gone: the discarded upper goes now,
-		// and a layer whose other child it was may be squashable.
-		s.collect(ctx)
+		// The discarded upper is collected by the swap's teardown once
+		// its old superblock is gone; a layer whose other child it was
+		// may be squashable.
 		s.kick(root.ID, true)
 	}
 	o.done(err)
