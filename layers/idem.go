@@ -20,7 +20,15 @@ var ErrIdempotencyKeyReused = meta.ErrIdempotencyKeyReused
 type Option func(*options)
 
 type options struct {
-	idemKey string
+	idemKey   string
+	retention int
+}
+
+// WithRetention makes a Capture delete the directory's oldest checkpoints
+// (automatic ones aside) so that it keeps at most max (1–MaxCheckpoints),
+// the new one included. 0 means no retention.
+func WithRetention(max int) Option {
+	return func(o *options) { o.retention = max }
 }
 
 // WithIdempotencyKey makes the operation answer a retry that carries the

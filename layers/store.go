@@ -56,6 +56,10 @@ type Config struct {
 	// NoCompaction turns background compaction off (tests that need a
 	// fixed layout). Captures still compact in line past syncCompactDepth.
 	NoCompaction bool
+	// AutoCheckpoints is how many automatic checkpoints (a restore's
+	// safety checkpoints of unsaved changes) are kept per directory, the
+	// newest; 0 turns them off. guestd's default is DefaultAutoCheckpoints.
+	AutoCheckpoints int
 	// StepHook, when set, is called after every step of every operation
 	// (metrics).
 	StepHook func(op, step string, d time.Duration, err error)
@@ -68,6 +72,16 @@ type Checkpoint struct {
 	Name      string
 	CreatedAt time.Time
 	ParentID  string
+	// Auto marks a checkpoint the store made itself (a restore's safety
+	// checkpoint of unsaved changes).
+	Auto bool
+	// SizeBytes is the space held by the checkpoint's own layer: what
+	// deleting it alone could free.
+	SizeBytes int64
+	// SafetyCheckpointID is, in a restore's answer, the automatic
+	// checkpoint that keeps the unsaved changes it discarded ("" if there
+	// were none).
+	SafetyCheckpointID string
 }
 
 // Store is one filesystem's layer store: layer directories, the metadata
@@ -304,6 +318,9 @@ type Directory struct {
 	State   string
 	NowAt   string
 	Problem string
+	// SizeBytes is the space held by the directory's layers: its
+	// checkpoints' and its unsaved changes'.
+	SizeBytes int64
 }
 
 // Directory states.
