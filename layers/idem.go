@@ -1,6 +1,8 @@
 package layers
 
 import (
+	"strconv"
+	"strings"
 	"time"
 
 	"strata/layers/meta"
@@ -45,8 +47,12 @@ func applyOptions(opts []Option) options {
 	return o
 }
 
-func createRequest(key, path, name string) meta.Request {
-	return meta.Request{Key: key, Body: "create\x00" + path + "\x00" + name}
+func createRequest(key, path, name string, retention int) meta.Request {
+	body := "create\x00" + path + "\x00" + name
+	if retention > 0 {
+		body += "\x00retain " + strconv.Itoa(retention)
+	}
+	return meta.Request{Key: key, Body: body}
 }
 
 func restoreRequest(key, id string) meta.Request {
@@ -55,7 +61,7 @@ func restoreRequest(key, id string) meta.Request {
 
 // answer is a checkpoint as the idempotency record keeps it.
 func answer(c Checkpoint) meta.Answer {
-	return meta.Answer{ID: c.ID, Path: c.Path, Name: c.Name, CreatedAt: c.CreatedAt, ParentID: c.ParentID}
+	return meta.Answer{ID: c.ID, Path: c.Path, Name: c.Name, CreatedAt: c.CreatedAt, ParentID: c.ParentID, Safety: c.SafetyCheckpointID}
 }
 
 // fromAnswer is a kept answer as the store returns it.
@@ -63,7 +69,7 @@ func fromAnswer(a *meta.Answer) *Checkpoint {
 	if a == nil {
 		return nil
 	}
-	return &Checkpoint{ID: a.ID, Path: a.Path, Name: a.Name, CreatedAt: a.CreatedAt, ParentID: a.ParentID}
+	return &Checkpoint{ID: a.ID, Path: a.Path, Name: a.Name, CreatedAt: a.CreatedAt, ParentID: a.ParentID, SafetyCheckpointID: a.Safety}
 }
 
 // replay returns the kept answer to req, or nil (see meta.Replay).
@@ -74,6 +80,9 @@ func (s *Store) replay(req meta.Request) (*Checkpoint, error) {
 		prior = fromAnswer(a)
 		return err
 	})
+	if prior != nil && strings.HasPrefix(req.Body, "create\x00") {
+		prior.SizeBytes = s.sizeOf(prior.ID)
+	}
 	return prior, err
 }
 

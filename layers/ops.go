@@ -24,7 +24,11 @@ func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) 
 	if err := pathpolicy.CheckSyntax(path, s.policy().ExtraProtected); err != nil {
 		return Checkpoint{}, err
 	}
-	req := createRequest(applyOptions(opts).idemKey, path, name)
+	opt := applyOptions(opts)
+	if opt.retention < 0 || opt.retention > MaxCheckpoints {
+		return Checkpoint{}, fmt.Errorf("retention %d: want 1 to %d", opt.retention, MaxCheckpoints)
+	}
+	req := createRequest(opt.idemKey, path, name, opt.retention)
 	release, err := s.begin(path)
 	if err != nil {
 		return Checkpoint{}, err
@@ -65,12 +69,54 @@ func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) 
 		o := s.newOp(ctx, opEnroll, path)
 		cp, err = s.enroll(o, path, name, req)
 		o.done(err)
+		if err == nil {
+			cp.SizeBytes = s.sizeOf(cp.ID)
+		}
 		return cp, err
 	}
+	// The cap, before any work: the commit checks it again.
+	if err := s.view(func(t meta.Tx) error { return checkCap(t, root.ID, opt.retention) }); err != nil {
+		return Checkpoint{}, err
+	}
 	o := s.newOp(ctx, opCapture, path)
-	cp, err = s.capture(o, root, name, req)
+	cp, err = s.capture(o, root, name, req, opt.retention)
 	o.done(err)
+	if err == nil {
+		cp.SizeBytes = s.sizeOf(cp.ID)
+	}
 	return cp, err
+}
+
+// checkpointCap is MaxCheckpoints; tests lower it.
+var checkpointCap = MaxCheckpoints
+
+// checkCap refuses a new checkpoint of root when the root holds
+// MaxCheckpoints made by clients and no retention makes room.
+func checkCap(t meta.Tx, root uint64, retention int) error {
+	if retention == 0 && t.CountOf(root, false) >= checkpointCap {
+		return ErrCheckpointLimit.With("limit", checkpointCap)
+	}
+	return nil
+}
+
+// retain deletes the oldest checkpoints of root made by clients (auto is
+// false) or by the store (auto is true) so that keep remain, and reports
+// whether it deleted any. The caller sweeps.
+func retain(t meta.Tx, root uint64, auto bool, keep int) (bool, error) {
+	excess := t.CountOf(root, auto) - keep
+	if excess <= 0 {
+		return false, nil
+	}
+	old, err := t.OldestOf(root, auto, excess)
+	if err != nil {
+		return false, err
+	}
+	for _, c := range old {
+		if err := t.DeleteCheckpoint(c); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // enrollee is the plain directory being enrolled, held open: its parent
@@ -483,7 +529,7 @@ func (s *Store) openSettled(ctx context.Context, root *meta.Root) (*rootHandle, 
 // orphan until the commit; the old mount is frozen read-only before the
 // commit, so nothing written after the freeze can be lost or land in a
 // sealed layer; after the commit, recovery mounts the new stack.
-func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request) (Checkpoint, error) {
+func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, retention int) (Checkpoint, error) {
 	var h *rootHandle
 	defer func() { h.Close() }()
 	if err := o.step(stepMountCheck, func() (err error) {
@@ -608,7 +654,23 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request) (
 			// that layer squashable.
 			squash = l.Parent != 0 && !t.Referenced(l.Parent)
 			newRoot.Active, newRoot.Head, newRoot.Mounted = next, cp.ID, stack
-			return t.PutRoot(&newRoot)
+			if err := t.PutRoot(&newRoot); err != nil {
+				return err
+			}
+			if retention == 0 {
+				if t.CountOf(root.ID, false) > checkpointCap { // the new one counted
+					return ErrCheckpointLimit.With("limit", checkpointCap)
+				}
+				return nil
+			}
+			// Retention: the oldest go in the same commit, so a crash
+			// never leaves more than asked for.
+			deleted, err := retain(t, root.ID, false, retention)
+			if err != nil || !deleted {
+				return err
+			}
+			squash = true
+			return t.Sweep()
 		})
 	})
 	if err != nil {
@@ -702,6 +764,8 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 	}
 	next := s.newLayerID()
 	defer s.unpin(next)
+	discarded := root.Active
+	keepAuto := s.cfg.AutoCheckpoints > 0
 	if err := o.step(stepPrepare, func() error {
 		src, err := openDirAt(unix.AT_FDCWD, s.fsDir(cp.Layer))
 		if err != nil {
@@ -710,6 +774,17 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 		defer unix.Close(src)
 		if err := s.makeLayerDir(next, true, src); err != nil {
 			return err
+		}
+		if keepAuto {
+			// Unsaved changes that may become a safety checkpoint are
+			// written now, outside the window: seal's fsyncs then find
+			// them clean.
+			if n, err := countEntriesAt(s.fsDir(discarded)); err != nil || n > 0 {
+				if err != nil {
+					return err
+				}
+				return syncFS(s.layers)
+			}
 		}
 		// The commit names it: its rename into layers/ must be durable
 		// first (bbolt's fdatasync does not commit the fs journal).
@@ -722,9 +797,40 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 		s.removeLayerDir(next)
 		return Checkpoint{}, err
 	}
-	discarded := root.Active
+	fail := func(err error) (Checkpoint, error) {
+		if terr := overlay.Thaw(h.target()); terr != nil {
+			s.log.Error("thaw after failed restore", "path", path, "err", terr)
+		}
+		s.removeLayerDir(next)
+		return Checkpoint{}, err
+	}
+	// The unsaved changes, frozen now, are kept as an automatic
+	// checkpoint: the discarded upper is sealed instead of dropped, as a
+	// capture seals it (no copy).
+	var safety *meta.Checkpoint
+	if keepAuto {
+		changed, err := s.unsaved(discarded)
+		if err != nil {
+			return fail(err)
+		}
+		if changed {
+			if err := o.step(stepValidateLayer, func() error {
+				return pathpolicy.CheckTree(o.ctx, s.fsDir(discarded), true, func(rel string) string { return filepath.Join(path, rel) })
+			}); err != nil {
+				return fail(err)
+			}
+			if err := o.step(stepSeal, func() error { return syncLayer(o.ctx, s.fsDir(discarded)) }); err != nil {
+				return fail(err)
+			}
+			safety = &meta.Checkpoint{ID: newCheckpointID(), Root: root.ID, Layer: discarded, Name: "before restoring " + id,
+				Created: time.Now().UTC(), Parent: root.Head, Auto: true}
+		}
+	}
 	newRoot := *root
 	res := Checkpoint{ID: cp.ID, Path: path}
+	if safety != nil {
+		res.SafetyCheckpointID = safety.ID
+	}
 	err = o.step(stepCommit, func() error {
 		return s.update(func(t meta.Tx) error {
 			// Squashing may have replaced the checkpoint's layer by one with
@@ -736,7 +842,7 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 			if err := t.Record(req, answer(res), time.Now()); err != nil {
 				return err
 			}
-			if err := t.DeleteLayer(discarded); err != nil {
+			if err := s.keepOrDrop(t, discarded, safety); err != nil {
 				return err
 			}
 			if err := t.PutLayer(&meta.Layer{ID: next, Root: root.ID, Parent: c.Layer, Created: time.Now().UTC()}); err != nil {
@@ -755,17 +861,75 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 		})
 	})
 	if err != nil {
-		if terr := overlay.Thaw(h.target()); terr != nil {
-			s.log.Error("thaw after failed restore", "path", path, "err", terr)
-		}
-		s.removeLayerDir(next)
-		return Checkpoint{}, err
+		return fail(err)
 	}
 	o.ctx = context.WithoutCancel(o.ctx) // committed: the swap must run
 	if err := o.step(stepMountSwap, func() error { return s.swapOrRecover(o.ctx, h, root, &newRoot) }); err != nil {
 		return Checkpoint{}, err
 	}
 	return res, nil
+}
+
+// unsaved reports whether the active layer upper holds changes: an entry,
+// or root attributes other than its parent layer's root's.
+func (s *Store) unsaved(upper uint64) (bool, error) {
+	n, err := countEntriesAt(s.fsDir(upper))
+	if err != nil || n > 0 {
+		return n > 0, err
+	}
+	var parent uint64
+	if err := s.view(func(t meta.Tx) error {
+		l, err := t.Layer(upper)
+		if err == nil {
+			parent = l.Parent
+		}
+		return err
+	}); err != nil {
+		return false, err
+	}
+	var a, b unix.Stat_t
+	if err := unix.Lstat(s.fsDir(upper), &a); err != nil {
+		return false, err
+	}
+	if err := unix.Lstat(s.fsDir(parent), &b); err != nil {
+		return false, err
+	}
+	return a.Mode != b.Mode || a.Uid != b.Uid || a.Gid != b.Gid, nil
+}
+
+// keepOrDrop, inside a restore's commit, seals the discarded upper as the
+// safety checkpoint (keeping the newest AutoCheckpoints automatic ones of
+// the root), or drops its record when there is none.
+func (s *Store) keepOrDrop(t meta.Tx, discarded uint64, safety *meta.Checkpoint) error {
+	if safety == nil {
+		return t.DeleteLayer(discarded)
+	}
+	l, err := t.Layer(discarded)
+	if err != nil {
+		return err
+	}
+	l.Sealed = true
+	if err := t.PutLayer(l); err != nil {
+		return err
+	}
+	if safety.Seq, err = t.NextCheckpointSeq(); err != nil {
+		return err
+	}
+	if err := t.PutCheckpoint(safety); err != nil {
+		return err
+	}
+	_, err = retain(t, safety.Root, true, s.cfg.AutoCheckpoints)
+	return err
+}
+
+// countEntriesAt counts the entries of the directory dir.
+func countEntriesAt(dir string) (int, error) {
+	fd, err := openDirAt(unix.AT_FDCWD, dir)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	return countEntries(fd)
 }
 
 // Delete removes checkpoint id's record, never the live directory. Layers

@@ -118,8 +118,9 @@ type Store struct {
 
 	mu     sync.Mutex
 	nextID uint64
-	busy   map[string]bool // paths with an operation under way
-	pins   map[uint64]int  // layer dirs an operation is using
+	busy   map[string]bool  // paths with an operation under way
+	pins   map[uint64]int   // layer dirs an operation is using
+	sizes  map[uint64]int64 // bytes held by sealed layer and span dirs (sizes.go)
 }
 
 // Errors of the store's operations.
@@ -152,6 +153,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		boot:    bootID(),
 		busy:    map[string]bool{},
 		pins:    map[uint64]int{},
+		sizes:   map[uint64]int64{},
 		pending: map[uint64]bool{},
 		wake:    make(chan struct{}, 1),
 	}
@@ -247,6 +249,7 @@ func (s *Store) Dir() string { return s.dir }
 // List returns every checkpoint of every managed root, oldest first.
 func (s *Store) List(ctx context.Context) ([]Checkpoint, error) {
 	var out []Checkpoint
+	layer := map[string]uint64{}
 	err := s.view(func(t meta.Tx) error {
 		cs, err := t.Checkpoints()
 		if err != nil {
@@ -266,11 +269,16 @@ func (s *Store) List(ctx context.Context) ([]Checkpoint, error) {
 			if !ok {
 				return fmt.Errorf("checkpoint %s: root %d: %w", c.ID, c.Root, meta.ErrInconsistent)
 			}
-			out = append(out, Checkpoint{ID: c.ID, Path: p, Name: c.Name, CreatedAt: c.Created, ParentID: c.Parent})
+			out = append(out, Checkpoint{ID: c.ID, Path: p, Name: c.Name, CreatedAt: c.Created, ParentID: c.Parent, Auto: c.Auto})
+			layer[c.ID] = c.Layer
 		}
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	s.fillSizes(out, layer)
+	return out, nil
 }
 
 // update runs fn in a read-write transaction of the metadata.
@@ -349,6 +357,9 @@ func (s *Store) Directories() ([]Directory, error) {
 	out := make([]Directory, 0, len(rs))
 	for _, r := range rs {
 		d := Directory{Path: r.Path, CheckpointID: r.Head, State: DirReady}
+		if d.SizeBytes, err = s.rootBytes(r.ID); err != nil {
+			return nil, err
+		}
 		if r.State != meta.RootReady {
 			d.State, d.Problem = DirUnavailable, "an interrupted enrollment could not be finished"
 			out = append(out, d)

@@ -28,9 +28,13 @@ var (
 	bucketSpans        = []byte("spans")
 	bucketLayerRefs    = []byte("layer_checkpoints")
 	bucketIdempotency  = []byte("idempotency")
-	allBuckets         = [][]byte{bucketMeta, bucketRoots, bucketLayers, bucketCheckpoints, bucketCheckpointID, bucketZombies, bucketSpans, bucketLayerRefs, bucketIdempotency}
-	keySchema          = []byte("schema")
-	keyStoreID         = []byte("store_id")
+	// bucketRootRefs indexes checkpoints by root: key root, kind (0 made
+	// by a client, 1 automatic), seq. It counts a directory's checkpoints
+	// and finds its oldest of each kind without reading the records.
+	bucketRootRefs = []byte("root_checkpoints")
+	allBuckets     = [][]byte{bucketMeta, bucketRoots, bucketLayers, bucketCheckpoints, bucketCheckpointID, bucketZombies, bucketSpans, bucketLayerRefs, bucketIdempotency, bucketRootRefs}
+	keySchema      = []byte("schema")
+	keyStoreID     = []byte("store_id")
 )
 
 const schemaVersion = 1
@@ -106,6 +110,9 @@ type Checkpoint struct {
 	Name    string    `json:"name,omitempty"`
 	Created time.Time `json:"created"`
 	Parent  string    `json:"parent,omitempty"`
+	// Auto marks a checkpoint the store made itself: a restore's safety
+	// checkpoint of the unsaved changes it discarded.
+	Auto bool `json:"auto,omitempty"`
 }
 
 // Span is a compacted layer: one directory holding the merge of a
@@ -229,12 +236,16 @@ func (t Tx) Checkpoint(id string) (*Checkpoint, error) {
 }
 
 // PutCheckpoint stores a new checkpoint (use moveCheckpoint to change the
-// layer of a stored one) with its two indexes: by public id, and by layer.
+// layer of a stored one) with its three indexes: by public id, by layer,
+// and by root.
 func (t Tx) PutCheckpoint(c *Checkpoint) error {
 	if err := putJSON(t.Bucket(bucketCheckpoints), u64key(c.Seq), c); err != nil {
 		return err
 	}
 	if err := t.Bucket(bucketLayerRefs).Put(spanKey(c.Layer, c.Seq), nil); err != nil {
+		return err
+	}
+	if err := t.Bucket(bucketRootRefs).Put(rootRefKey(c.Root, c.Auto, c.Seq), nil); err != nil {
 		return err
 	}
 	return t.Bucket(bucketCheckpointID).Put([]byte(c.ID), u64key(c.Seq))
@@ -247,7 +258,63 @@ func (t Tx) DeleteCheckpoint(c *Checkpoint) error {
 	if err := t.Bucket(bucketLayerRefs).Delete(spanKey(c.Layer, c.Seq)); err != nil {
 		return err
 	}
+	if err := t.Bucket(bucketRootRefs).Delete(rootRefKey(c.Root, c.Auto, c.Seq)); err != nil {
+		return err
+	}
 	return t.Bucket(bucketCheckpointID).Delete([]byte(c.ID))
+}
+
+// rootRefKey is a checkpoint's key in the by-root index.
+func rootRefKey(root uint64, auto bool, seq uint64) []byte {
+	k := append(u64key(root), 0)
+	if auto {
+		k[8] = 1
+	}
+	return append(k, u64key(seq)...)
+}
+
+// CountOf returns how many checkpoints of root there are of one kind
+// (auto: made by the store; else made by clients).
+func (t Tx) CountOf(root uint64, auto bool) int {
+	prefix := rootRefKey(root, auto, 0)[:9]
+	n := 0
+	c := t.Bucket(bucketRootRefs).Cursor()
+	for k, _ := c.Seek(prefix); k != nil && string(k[:9]) == string(prefix); k, _ = c.Next() {
+		n++
+	}
+	return n
+}
+
+// OldestOf returns up to n checkpoints of root of one kind, oldest first.
+func (t Tx) OldestOf(root uint64, auto bool, n int) ([]*Checkpoint, error) {
+	prefix := rootRefKey(root, auto, 0)[:9]
+	var out []*Checkpoint
+	c := t.Bucket(bucketRootRefs).Cursor()
+	for k, _ := c.Seek(prefix); k != nil && string(k[:9]) == string(prefix) && len(out) < n; k, _ = c.Next() {
+		cp, err := boltjson.Get[Checkpoint](t.Bucket(bucketCheckpoints), k[9:])
+		if err == nil && cp == nil {
+			err = fmt.Errorf("checkpoint seq %d: index without record: %w", binary.BigEndian.Uint64(k[9:]), ErrInconsistent)
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, cp)
+	}
+	return out, nil
+}
+
+// CheckpointsOf returns root's checkpoints, oldest first.
+func (t Tx) CheckpointsOf(root uint64) ([]*Checkpoint, error) {
+	var out []*Checkpoint
+	for _, auto := range []bool{false, true} {
+		cs, err := t.OldestOf(root, auto, MaxChain)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, cs...)
+	}
+	slices.SortFunc(out, func(a, b *Checkpoint) int { return cmp.Compare(a.Seq, b.Seq) })
+	return out, nil
 }
 
 // MoveCheckpoint points a stored checkpoint at another layer.
@@ -381,6 +448,9 @@ func Open(path string) (*bolt.DB, error) {
 				return err
 			}
 		}
+		if err := indexByRoot(btx); err != nil {
+			return err
+		}
 		m := btx.Bucket(bucketMeta)
 		if v := m.Get(keySchema); v != nil {
 			if got := binary.BigEndian.Uint64(v); got != schemaVersion {
@@ -395,6 +465,18 @@ func Open(path string) (*bolt.DB, error) {
 		return nil, err
 	}
 	return db, nil
+}
+
+// indexByRoot fills the by-root index of a store that predates it: every
+// checkpoint, when the index is empty and checkpoints exist.
+func indexByRoot(btx *bolt.Tx) error {
+	idx := btx.Bucket(bucketRootRefs)
+	if k, _ := idx.Cursor().First(); k != nil {
+		return nil
+	}
+	return boltjson.ForEach(btx.Bucket(bucketCheckpoints), func(_ []byte, c *Checkpoint) error {
+		return idx.Put(rootRefKey(c.Root, c.Auto, c.Seq), nil)
+	})
 }
 
 // Segment is one lower layer of a mount stack.
@@ -598,6 +680,8 @@ type Answer struct {
 	Name      string
 	CreatedAt time.Time
 	ParentID  string
+	// Safety is a restore's safety checkpoint.
+	Safety string `json:",omitempty"`
 }
 
 // Replay returns the recorded answer to r, if there is one younger than

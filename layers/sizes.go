@@ -1,0 +1,136 @@
+package layers
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"strata/layers/meta"
+)
+
+// Sizes. A checkpoint's size_bytes is the space its own layer holds: the
+// blocks allocated to the layer's entries (st_blocks, directories and
+// whiteouts included), which is what deleting that checkpoint alone could
+// free once nothing else needs the layer. A file the layer shares with a
+// span (a hard link on a filesystem that cannot clone) or blocks it
+// shares by reflink are counted in each. A directory's size_bytes is the
+// sum over the layer and span dirs it made (its unsaved changes
+// included); layers a clone shares count for the directory that made
+// them.
+//
+// Sealed layers and spans never change, so their sizes are computed once
+// (a walk of the dir) and cached for the store's lifetime; an active
+// layer is walked each time.
+
+// dirBytes returns the space held by layer or span dir id; cache says the
+// dir never changes.
+func (s *Store) dirBytes(id uint64, cache bool) int64 {
+	if cache {
+		s.mu.Lock()
+		n, ok := s.sizes[id]
+		s.mu.Unlock()
+		if ok {
+			return n
+		}
+	}
+	n, err := treeBytes(s.fsDir(id))
+	if err != nil {
+		// A dir collected meanwhile holds nothing; anything else is
+		// logged and counted as far as the walk got.
+		if !errors.Is(err, fs.ErrNotExist) {
+			s.log.Warn("size of a layer", "layer", id, "err", err)
+		}
+		return n
+	}
+	if cache {
+		s.mu.Lock()
+		s.sizes[id] = n
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// treeBytes sums the allocated bytes of dir and everything under it.
+func treeBytes(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && p != dir {
+				return nil // gone meanwhile
+			}
+			return err
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			n += st.Blocks * 512
+		}
+		return nil
+	})
+	return n, err
+}
+
+// fillSizes sets SizeBytes of cps from their layers (layer maps each
+// checkpoint id to its layer).
+func (s *Store) fillSizes(cps []Checkpoint, layer map[string]uint64) {
+	for i := range cps {
+		if l, ok := layer[cps[i].ID]; ok {
+			cps[i].SizeBytes = s.dirBytes(l, true)
+		}
+	}
+}
+
+// rootBytes is the space held by the dirs root made: its layers (the
+// active one walked afresh) and spans.
+func (s *Store) rootBytes(rootID uint64) (int64, error) {
+	type dir struct {
+		id     uint64
+		sealed bool
+	}
+	var dirs []dir
+	err := s.view(func(t meta.Tx) error {
+		ls, err := t.Layers()
+		if err != nil {
+			return err
+		}
+		for _, l := range ls {
+			if l.Root == rootID {
+				dirs = append(dirs, dir{l.ID, l.Sealed})
+			}
+		}
+		sps, err := t.Spans()
+		for _, sp := range sps {
+			if sp.Root == rootID {
+				dirs = append(dirs, dir{sp.ID, true})
+			}
+		}
+		return err
+	})
+	var n int64
+	for _, d := range dirs {
+		n += s.dirBytes(d.id, d.sealed)
+	}
+	return n, err
+}
+
+// sizeOf returns the size of checkpoint id's layer (0 when it is gone).
+func (s *Store) sizeOf(id string) int64 {
+	var layer uint64
+	s.view(func(t meta.Tx) error {
+		if c, err := t.Checkpoint(id); err == nil && c != nil {
+			layer = c.Layer
+		}
+		return nil
+	})
+	if layer == 0 {
+		return 0
+	}
+	return s.dirBytes(layer, true)
+}
