@@ -83,4 +83,10 @@ var (
 	ErrEntryNotFound   = fault.New(fault.NotFound, "entry_not_found", "the checkpoint has no entry at this path")
 	ErrFileTooLarge    = fault.New(fault.TooLarge, "file_too_large", "the file is larger than 4 MiB; restore it or read it in the sandbox")
 	ErrCheckpointLimit = fault.New(fault.Conflict, "checkpoint_limit", "the directory holds the most checkpoints it may; delete some, or create with retention delete_oldest")
+	// ErrCheckpointOtherDirectory answers a comparison with a checkpoint
+	// of another managed directory.
+	ErrCheckpointOtherDirectory = fault.New(fault.Unprocessable, "checkpoint_other_directory", "the checkpoint to compare with belongs to another directory")
+	// ErrLiveUnavailable answers a read of a live directory whose mount is
+	// not in place (the next operation on it remounts it).
+	ErrLiveUnavailable = fault.New(fault.Conflict, "directory_unavailable", "the directory's live mount is not in place; retry after the next operation on it")
 )

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -346,21 +345,10 @@ func (v *stackView) mergeDir(ctx context.Context, dir *mergedDir, dst string, de
 	if depth > maxMergeDepth {
 		return fmt.Errorf("merge: %s is deeper than %d directories (a redirect loop?)", dst, maxMergeDepth)
 	}
-	seen := map[string]bool{}
-	var names []string
-	for _, e := range dir.srcs {
-		ents, err := os.ReadDir(filepath.Join(v.dirs[e.layer], e.path))
-		if err != nil {
-			return err
-		}
-		for _, ent := range ents {
-			if !seen[ent.Name()] {
-				seen[ent.Name()] = true
-				names = append(names, ent.Name())
-			}
-		}
+	names, err := v.dirNames(dir)
+	if err != nil {
+		return err
 	}
-	slices.Sort(names)
 	for _, name := range names {
 		found, st, child, err := v.lookup(dir, name)
 		if err != nil {
