@@ -24,6 +24,9 @@ const TimeFormat = "2006-01-02T15:04:05.000Z"
 type CreateRequest struct {
 	Path *string `json:"path"`
 	Name *string `json:"name"`
+	// Retention (extension) lets the capture delete the directory's
+	// oldest checkpoints; see RetentionCount.
+	Retention *Retention `json:"retention,omitempty"`
 }
 
 // Checkpoint is a checkpoint as the API shows it.
@@ -33,6 +36,12 @@ type Checkpoint struct {
 	Name      string `json:"name"`
 	CreatedAt string `json:"created_at"`
 	ParentID  string `json:"parent_id,omitempty"`
+	// Auto (extension) marks a checkpoint the store made itself: a
+	// restore's safety checkpoint of unsaved changes. Always present.
+	Auto bool `json:"auto"`
+	// SizeBytes (extension) is the space held by the checkpoint's own
+	// layer: what deleting it alone could free.
+	SizeBytes int64 `json:"size_bytes"`
 }
 
 // Directory is a managed directory (extension: GET …/directories): its
@@ -47,6 +56,9 @@ type Directory struct {
 	State   string `json:"state"`
 	NowAt   string `json:"now_at,omitempty"`
 	Problem string `json:"problem,omitempty"`
+	// SizeBytes (extension) is the space held by the directory's layers:
+	// its checkpoints' and its unsaved changes'.
+	SizeBytes int64 `json:"size_bytes"`
 }
 
 // Credentials is what the host gives a guest for the processes inside it
@@ -83,6 +95,10 @@ func ValidTokenSHA256(s string) bool {
 type RestoreResult struct {
 	CheckpointID string `json:"checkpoint_id"`
 	Path         string `json:"path"`
+	// SafetyCheckpointID (extension) is the automatic checkpoint that
+	// keeps the unsaved changes the restore discarded; absent when there
+	// were none.
+	SafetyCheckpointID string `json:"safety_checkpoint_id,omitempty"`
 }
 
 // FormatTime renders t as created_at.
@@ -91,7 +107,8 @@ func FormatTime(t time.Time) string { return t.UTC().Format(TimeFormat) }
 // Validate checks the fields of a create request and returns the path
 // and name. The path's own rules (absolute, clean, allowed) are the
 // guest's policy; here it must only be a non-empty string without the
-// characters that names refuse (see HiddenRune).
+// characters that names refuse (see HiddenRune). Retention, when given,
+// must be mode "delete_oldest" with max_count 1 to MaxCheckpoints.
 func (r CreateRequest) Validate() (path, name string, err error) {
 	if r.Path == nil {
 		return "", "", jsend.InvalidField("path", "path is required")
@@ -107,6 +124,9 @@ func (r CreateRequest) Validate() (path, name string, err error) {
 		if err := ValidateName(name); err != nil {
 			return "", "", err
 		}
+	}
+	if err := r.validateRetention(); err != nil {
+		return "", "", err
 	}
 	return *r.Path, name, nil
 }
