@@ -92,15 +92,16 @@ func openEngine(ctx context.Context, cfg Config, stepHook func(string, string, t
 
 func (e *engine) storeConfig(dir string, stepHook func(string, string, time.Duration, error)) layers.Config {
 	return layers.Config{
-		Dir:          dir,
-		Policy:       e.policy,
-		Scanner:      holders.NewScanner("/proc"),
-		Logger:       e.log,
-		LegacyMount:  e.cfg.LegacyMount,
-		NoCompaction: e.cfg.NoCompaction,
-		MinFree:      e.cfg.MinFree,
-		StepHook:     stepHook,
-		Others:       func() ([]string, []string) { return e.others(dir) },
+		Dir:             dir,
+		Policy:          e.policy,
+		Scanner:         holders.NewScanner("/proc"),
+		Logger:          e.log,
+		LegacyMount:     e.cfg.LegacyMount,
+		NoCompaction:    e.cfg.NoCompaction,
+		MinFree:         e.cfg.MinFree,
+		StepHook:        stepHook,
+		AutoCheckpoints: e.cfg.AutoCheckpoints,
+		Others:          func() ([]string, []string) { return e.others(dir) },
 	}
 }
 
@@ -268,7 +269,9 @@ func mountOf(path string) (string, error) {
 	return best, nil
 }
 
-func (e *engine) capture(ctx context.Context, path, name, key string) (layers.Checkpoint, error) {
+// capture captures path; retention, when not 0, lets the capture delete
+// the directory's oldest checkpoints (layers.WithRetention).
+func (e *engine) capture(ctx context.Context, path, name, key string, retention int) (layers.Checkpoint, error) {
 	st, err := e.storeFor(ctx, path)
 	if err != nil {
 		return layers.Checkpoint{}, err
@@ -276,7 +279,11 @@ func (e *engine) capture(ctx context.Context, path, name, key string) (layers.Ch
 	if err := e.keyUsedElsewhere(st, key); err != nil {
 		return layers.Checkpoint{}, err
 	}
-	return st.Capture(ctx, path, name, layers.WithIdempotencyKey(key))
+	opts := []layers.Option{layers.WithIdempotencyKey(key)}
+	if retention > 0 {
+		opts = append(opts, layers.WithRetention(retention))
+	}
+	return st.Capture(ctx, path, name, opts...)
 }
 
 // keyUsedElsewhere refuses an Idempotency-Key that another store (another

@@ -52,6 +52,11 @@ type Config struct {
 	// context ends (30 s when zero); inside a microVM it is short, so
 	// that a running exec does not outlast the host's clean stop.
 	ShutdownTimeout time.Duration
+	// AutoCheckpoints is how many automatic checkpoints (a restore's
+	// safety checkpoints of unsaved changes) each directory keeps; 0
+	// turns them off. The guestd command's default is
+	// layers.DefaultAutoCheckpoints.
+	AutoCheckpoints int
 	// PowerOff, set only inside a strata microVM, ends the machine; it
 	// enables POST /v1/shutdown, the host's clean stop, and POST
 	// /v1/resync, the host's call after a restore from a memory snapshot
@@ -203,6 +208,14 @@ func (s *Server) routes() http.Handler {
 	}))
 	mux.HandleFunc("/v1/checkpoints/{id}", s.method(map[string]handler{http.MethodDelete: s.delete}))
 	mux.HandleFunc("/v1/checkpoints/{id}/restore", s.method(map[string]handler{http.MethodPost: s.restore}))
+	mux.HandleFunc("/v1/checkpoints/{id}/changes", s.method(map[string]handler{http.MethodGet: s.changes}))
+	// The root's listing is files/ and, without the slash, files: the
+	// mux would answer the latter with a redirect that is not JSON.
+	mux.HandleFunc("/v1/checkpoints/{id}/files", s.method(map[string]handler{http.MethodGet: s.readEntry}))
+	mux.HandleFunc("/v1/checkpoints/{id}/files/{path...}", s.method(map[string]handler{http.MethodGet: s.readEntry}))
+	mux.HandleFunc("/v1/checkpoints/{id}/restore-paths", s.method(map[string]handler{http.MethodPost: s.restorePaths}))
+	mux.HandleFunc("/v1/checkpoints/{id}/clone", s.method(map[string]handler{http.MethodPost: s.clone}))
+	mux.HandleFunc("/v1/directories/release", s.method(map[string]handler{http.MethodPost: s.release}))
 	mux.HandleFunc("/v1/credentials", s.method(map[string]handler{http.MethodPut: s.credentials}))
 	mux.HandleFunc("/v1/directories", s.method(map[string]handler{http.MethodGet: s.directories}))
 	mux.HandleFunc("/v1/check", s.method(map[string]handler{http.MethodGet: s.check}))
@@ -254,7 +267,8 @@ func (s *Server) health(r *http.Request) (any, error) {
 }
 
 func toAPI(c layers.Checkpoint) api.Checkpoint {
-	return api.Checkpoint{ID: c.ID, Path: c.Path, Name: c.Name, CreatedAt: api.FormatTime(c.CreatedAt), ParentID: c.ParentID}
+	return api.Checkpoint{ID: c.ID, Path: c.Path, Name: c.Name, CreatedAt: api.FormatTime(c.CreatedAt), ParentID: c.ParentID,
+		Auto: c.Auto, SizeBytes: c.SizeBytes}
 }
 
 func (s *Server) create(r *http.Request) (any, error) {
@@ -273,7 +287,10 @@ func (s *Server) create(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	cp, err := s.observe("create", func() (layers.Checkpoint, error) { return s.engine.capture(r.Context(), path, name, key) })
+	retention := req.RetentionCount()
+	cp, err := s.observe("create", func() (layers.Checkpoint, error) {
+		return s.engine.capture(r.Context(), path, name, key, retention)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -317,7 +334,7 @@ func (s *Server) directories(r *http.Request) (any, error) {
 	}
 	out := make([]api.Directory, len(ds))
 	for i, d := range ds {
-		out[i] = api.Directory{Path: d.Path, CheckpointID: d.CheckpointID, State: d.State, NowAt: d.NowAt, Problem: d.Problem}
+		out[i] = api.Directory{Path: d.Path, CheckpointID: d.CheckpointID, State: d.State, NowAt: d.NowAt, Problem: d.Problem, SizeBytes: d.SizeBytes}
 	}
 	return out, nil
 }
@@ -338,7 +355,7 @@ func (s *Server) restore(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.RestoreResult{CheckpointID: cp.ID, Path: cp.Path}, nil
+	return api.RestoreResult{CheckpointID: cp.ID, Path: cp.Path, SafetyCheckpointID: cp.SafetyCheckpointID}, nil
 }
 
 func (s *Server) delete(r *http.Request) (any, error) {

@@ -21,6 +21,7 @@ import (
 	"strata/guestd"
 	"strata/internal/api"
 	"strata/internal/logx"
+	"strata/layers"
 	"strata/pathpolicy"
 	"strata/vmm"
 )
@@ -55,6 +56,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.config.Credentials, "credentials", guestd.DefaultCredentials,
 		"env `file` written for processes in the sandbox (API address, sandbox id, access token); make run puts it under its STATE")
 	fs.BoolVar(&o.config.NoCompaction, "no-compaction", false, "do not compact layers in the background (tests)")
+	fs.IntVar(&o.config.AutoCheckpoints, "auto-checkpoints", layers.DefaultAutoCheckpoints,
+		"automatic `count` of safety checkpoints (a restore's unsaved changes) kept per directory, the newest; 0 turns them off")
 	fs.Uint64Var(&o.config.MinFree, "min-free", 0, "`bytes` a capture leaves free on a store's filesystem (0: 1% of it, 1 MiB to 64 MiB)")
 	fs.BoolVar(&o.vm, "vm", false, "run as the daemon of a strata microVM: serve the host on the virtio-serial port "+vmm.ChannelPort+
 		" too, carry calls to "+api.GuestAPIURL+" to the host's API through it, and let the host power the machine off")
@@ -70,6 +73,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if fs.NArg() > 0 {
 		return options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if o.config.AutoCheckpoints < 0 || o.config.AutoCheckpoints > layers.MaxCheckpoints {
+		return options{}, fmt.Errorf("--auto-checkpoints: want 0 to %d", layers.MaxCheckpoints)
+	}
 	if o.config.Credentials == "" {
 		return options{}, errors.New("--credentials: want a file path")
 	}
@@ -78,6 +84,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "export" {
+		return export(ctx, args[1:], stderr)
+	}
 	o, err := parse(args, stderr)
 	if err != nil {
 		return err

@@ -77,3 +77,47 @@ func TestRunRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestParseAutoCheckpoints pins --auto-checkpoints: 5 unless told, 0
+// turns them off, a negative count is refused.
+func TestParseAutoCheckpoints(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int
+		ok   bool
+	}{
+		{nil, 5, true},
+		{[]string{"--auto-checkpoints", "0"}, 0, true},
+		{[]string{"--auto-checkpoints", "12"}, 12, true},
+		{[]string{"--auto-checkpoints", "-1"}, 0, false},
+	} {
+		o, err := parse(tc.args, &bytes.Buffer{})
+		if (err == nil) != tc.ok || (tc.ok && o.config.AutoCheckpoints != tc.want) {
+			t.Errorf("%q: %d, %v; want %d, ok %v", tc.args, o.config.AutoCheckpoints, err, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestExportRequest pins guestd export's command line: one of
+// --checkpoint and --path, and --to.
+func TestExportRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		ok   bool
+	}{
+		{"checkpoint", []string{"--store", "/s", "--checkpoint", "cp_x", "--to", "/out"}, true},
+		{"live", []string{"--store", "/s", "--path", "/w", "--to", "/out"}, true},
+		{"both", []string{"--checkpoint", "cp_x", "--path", "/w", "--to", "/out"}, false},
+		{"neither", []string{"--to", "/out"}, false},
+		{"no to", []string{"--checkpoint", "cp_x"}, false},
+		{"extra", []string{"--checkpoint", "cp_x", "--to", "/out", "more"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := exportRequest(tc.args, &bytes.Buffer{})
+			if (err == nil) != tc.ok {
+				t.Errorf("err %v, want ok %v", err, tc.ok)
+			}
+		})
+	}
+}
