@@ -17,6 +17,8 @@ const (
 	CodePathNested       = "path_nested"
 	CodePathHardlink     = "path_hardlink"
 	CodePathSpecialFile  = "path_special_file"
+	// CodePathExists refuses a path that must not exist yet (a clone's).
+	CodePathExists = "path_exists"
 
 	CodeInvalidField = "invalid_field"
 )
@@ -25,7 +27,7 @@ const (
 var ViolationCodes = []string{
 	CodePathNotAbsolute, CodePathNotClean, CodePathNotFound, CodePathNotDirectory,
 	CodePathProtected, CodePathSymlink, CodePathMount, CodePathNested,
-	CodePathHardlink, CodePathSpecialFile,
+	CodePathHardlink, CodePathSpecialFile, CodePathExists,
 }
 
 // MaxPathLen is the longest path accepted, in bytes (Linux PATH_MAX).

@@ -10,6 +10,8 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"strata/internal/fault"
 )
 
 // DefaultAllowedMounts are the mount points whose mounts may hold managed
@@ -84,6 +86,47 @@ func (p *Policy) CheckEnrollPath(path string, managed []string) error {
 		return err
 	}
 	return p.checkMounts(path, mounts)
+}
+
+// CheckNewPath checks a path that is to become a new managed root and
+// must not exist yet (a clone's): the rules of CheckEnrollPath, with the
+// components checked up to the parent, which must be a directory, and
+// the path itself refused when anything is there (path_exists, whatever
+// it is, a dangling symlink too). The caller creates the directory with
+// a rename that refuses to replace, so a path made after this check is
+// still refused.
+func (p *Policy) CheckNewPath(path string, managed []string) error {
+	if err := CheckSyntax(path, p.ExtraProtected); err != nil {
+		return err
+	}
+	if err := checkNested(path, managed); err != nil {
+		return err
+	}
+	if err := p.checkComponents(filepath.Dir(path)); err != nil {
+		if fe := fault.As(err); fe != nil && fe.Fields != nil {
+			fe.Fields["path"] = path // the path asked for, not its parent
+		}
+		return err
+	}
+	var st unix.Stat_t
+	switch err := unix.Lstat(p.fsPath(path), &st); {
+	case err == nil:
+		return ErrPathExists(path)
+	case errors.Is(err, unix.ENAMETOOLONG):
+		return violation(CodePathNotFound, path, path, "The name is longer than the filesystem allows.")
+	case !errors.Is(err, unix.ENOENT):
+		return fmt.Errorf("pathpolicy: lstat %s: %w", p.fsPath(path), err)
+	}
+	mounts, err := p.mounts()
+	if err != nil {
+		return err
+	}
+	return p.checkMounts(path, mounts)
+}
+
+// ErrPathExists is the 422 for a path that must not exist and does.
+func ErrPathExists(path string) error {
+	return violation(CodePathExists, path, path, "Something already exists at this path; name one that does not exist yet.")
 }
 
 // displayUnder maps a path relative to the directory path to the path the

@@ -321,3 +321,42 @@ func FuzzCheckEnroll(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCheckNewPath checks CheckNewPath's invariants on any path over the
+// fake tree: it never panics, refuses with a known code and the requested
+// path, and accepts only a path that does not exist below a directory.
+func FuzzCheckNewPath(f *testing.F) {
+	for _, s := range []string{
+		"/workspace/project", "/workspace/clone", "/workspace/project/new", "/workspace/linked/new",
+		"/workspace/afile/x", "/home/user/app/x", "/home/new", "/nope/x", "/usr/x", "/workspace/bound/x",
+	} {
+		f.Add(s)
+	}
+	p := newFakePolicy(f)
+	managed := []string{"/home/user/app"}
+	f.Fuzz(func(t *testing.T, path string) {
+		err := p.CheckNewPath(path, managed)
+		if err == nil {
+			var st unix.Stat_t
+			if lerr := unix.Lstat(p.fsPath(path), &st); !errors.Is(lerr, unix.ENOENT) {
+				t.Fatalf("accepted %q, which exists (%v)", path, lerr)
+			}
+			if lerr := unix.Stat(p.fsPath(filepath.Dir(path)), &st); lerr != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				t.Fatalf("accepted %q, whose parent is no directory (%v)", path, lerr)
+			}
+			return
+		}
+		fe := fault.As(err)
+		switch {
+		case fe == nil:
+			t.Fatalf("CheckNewPath(%q) = %v (%T), want *fault.Error", path, err, err)
+		case fe.Code == CodeInvalidField:
+		case slices.Contains(ViolationCodes, fe.Code):
+			if fe.Kind != fault.Unprocessable || fe.Fields["path"] != path {
+				t.Fatalf("violation %+v for %q", fe, path)
+			}
+		default:
+			t.Fatalf("CheckNewPath(%q): unknown code %q", path, fe.Code)
+		}
+	})
+}
