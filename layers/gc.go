@@ -220,15 +220,15 @@ func (s *Store) recover(ctx context.Context) error {
 		}
 	}
 	for _, r := range roots {
-		if r.State != meta.RootEnrolling {
-			continue
-		}
-		// An enrollment that cannot be finished is reported for its root
-		// and never keeps the others from being served.
-		if err := s.resolveEnroll(ctx, r); err != nil {
-			s.log.Error("interrupted enrollment could not be finished", "path", r.Path, "err", err)
+		// An enrollment (clone, release) that cannot be finished is
+		// reported for its root and never keeps the others from being
+		// served.
+		if err := s.resolvePending(ctx, r); err != nil {
+			s.log.Error("interrupted operation could not be finished", "path", r.Path, "state", r.State, "err", err)
 		}
 	}
+	// A release's staging that no intent names is half-done work.
+	s.clearReleaseStaging()
 	if err := s.update(func(t meta.Tx) error { return t.Sweep() }); err != nil {
 		return err
 	}
@@ -253,6 +253,20 @@ func (s *Store) recover(ctx context.Context) error {
 	// After the mounts: a stack left on top by a crash is in use until it
 	// is swapped out (and recorded as a zombie if still held).
 	s.collect(ctx)
+	return nil
+}
+
+// resolvePending finishes or undoes the interrupted operation a root
+// record is in the middle of: an enrollment, a clone or a release.
+func (s *Store) resolvePending(ctx context.Context, r *meta.Root) error {
+	switch r.State {
+	case meta.RootEnrolling:
+		return s.resolveEnroll(ctx, r)
+	case meta.RootCloning:
+		return s.resolveClone(ctx, r)
+	case meta.RootReleasing:
+		return s.resolveRelease(ctx, r)
+	}
 	return nil
 }
 

@@ -15,7 +15,13 @@ import (
 // TestMain doubles as a helper process: with STRATA_TEST_MMAP=file it maps
 // the file shared, closes it and sleeps, so a test can show a holder that
 // has no fd and no cwd in the directory, only a mapping.
+//
+// With STRATA_TEST_OP set it runs one store operation and exits (the
+// crash tests' child: see runTestOp).
 func TestMain(m *testing.M) {
+	if os.Getenv("STRATA_TEST_OP") != "" {
+		os.Exit(runTestOp())
+	}
 	if f := os.Getenv("STRATA_TEST_MMAP"); f != "" {
 		fd, err := unix.Open(f, unix.O_RDONLY, 0)
 		if err != nil {

@@ -3,6 +3,8 @@ package layers
 import (
 	"context"
 	"errors"
+
+	"strata/layers/meta"
 )
 
 // Release turns the managed directory at path back into a plain
@@ -11,3 +13,7 @@ import (
 func (s *Store) Release(ctx context.Context, path string) ([]string, error) {
 	return nil, errors.New("release: not built yet")
 }
+
+func (s *Store) resolveRelease(ctx context.Context, r *meta.Root) error { return nil }
+
+func (s *Store) clearReleaseStaging() {}

@@ -78,7 +78,9 @@ func (s *Store) squash(ctx context.Context, rootID uint64, p meta.SquashPair, be
 			if err != nil {
 				return err
 			}
-			merged := &meta.Layer{ID: id, Root: rootID, Parent: lower.Parent, Sealed: true, Created: upper.Created}
+			// The merge belongs with the child: the parent may be a
+			// clone's source layer, the child the clone's.
+			merged := &meta.Layer{ID: id, Root: upper.Root, Parent: lower.Parent, Sealed: true, Created: upper.Created}
 			if err := t.PutLayer(merged); err != nil {
 				return err
 			}

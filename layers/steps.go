@@ -14,13 +14,17 @@ import (
 // ("<op>.<step>", hit right after a step succeeds), guestd's metrics and
 // docs/design.md, so they are constants, never spelled out twice.
 const (
-	opEnroll        = "enroll"
-	opCapture       = "capture"
-	opRestore       = "restore"
-	opDelete        = "delete"
-	opCompact       = "compact"
-	opSquash        = "squash"
-	opRecoverEnroll = "recover.enroll"
+	opEnroll         = "enroll"
+	opCapture        = "capture"
+	opRestore        = "restore"
+	opDelete         = "delete"
+	opCompact        = "compact"
+	opSquash         = "squash"
+	opRecoverEnroll  = "recover.enroll"
+	opClone          = "clone"
+	opRelease        = "release"
+	opRecoverClone   = "recover.clone"
+	opRecoverRelease = "recover.release"
 
 	stepValidatePath   = "validate.path"
 	stepValidateMounts = "validate.mounts"
@@ -42,6 +46,9 @@ const (
 	stepCompact        = "compact"
 	stepMerge          = "merge"
 	stepCollect        = "collect"
+	stepPlace          = "place"
+	stepMaterialize    = "materialize"
+	stepUnmount        = "unmount"
 )
 
 // fpCollectTrashed is a failpoint inside cleanup: a layer dir is in

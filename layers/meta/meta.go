@@ -46,6 +46,12 @@ const (
 	RootEnrolling = "enrolling"
 	// RootReady: the directory is a managed mount root.
 	RootReady = "ready"
+	// RootCloning: a clone's intent is recorded; its mountpoint (Move)
+	// may or may not be at Path yet.
+	RootCloning = "cloning"
+	// RootReleasing: a release's intent is recorded; its staged content
+	// (Move) may or may not have taken the mountpoint's place at Path.
+	RootReleasing = "releasing"
 )
 
 // Root is a managed mount root.
@@ -66,6 +72,17 @@ type Root struct {
 	Mounted overlay.Stack `json:"mounted"`
 	// Enroll is set while State is RootEnrolling.
 	Enroll *EnrollIntent `json:"enroll,omitempty"`
+	// Move is set while State is RootCloning or RootReleasing.
+	Move *MoveIntent `json:"move,omitempty"`
+}
+
+// MoveIntent is what recovery needs to finish or undo a clone or a
+// release: a directory built in the store that is to take Path's place
+// by one rename. The inode found at Path tells whether it did.
+type MoveIntent struct {
+	// Stage is where the directory waits, relative to the store dir.
+	Stage    string `json:"stage"`
+	StageIno uint64 `json:"stage_ino"`
 }
 
 // EnrollIntent is what recovery needs to finish or undo a first capture.
