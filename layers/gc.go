@@ -250,6 +250,13 @@ func (s *Store) recover(ctx context.Context) error {
 			s.log.Info("managed root ready", "path", r.Path, "layers", len(r.Mounted.Dirs()))
 		}
 	}
+	for _, r := range roots {
+		if r.State == meta.RootReady && r.Paths != nil {
+			if err := s.finishPaths(ctx, r); err != nil {
+				s.log.Error("clear an interrupted restore of paths", "path", r.Path, "err", err)
+			}
+		}
+	}
 	// After the mounts: a stack left on top by a crash is in use until it
 	// is swapped out (and recorded as a zombie if still held).
 	s.collect(ctx)

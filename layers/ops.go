@@ -74,6 +74,13 @@ func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) 
 		}
 		return cp, err
 	}
+	if root.Paths != nil {
+		// A restore of paths was interrupted: its hidden names must not
+		// be captured.
+		if err := s.finishPaths(ctx, root); err != nil {
+			return Checkpoint{}, err
+		}
+	}
 	// The cap, before any work: the commit checks it again.
 	if err := s.view(func(t meta.Tx) error { return checkCap(t, root.ID, opt.retention) }); err != nil {
 		return Checkpoint{}, err

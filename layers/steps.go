@@ -25,6 +25,7 @@ const (
 	opRelease        = "release"
 	opRecoverClone   = "recover.clone"
 	opRecoverRelease = "recover.release"
+	opRestorePaths   = "restore-paths"
 
 	stepValidatePath   = "validate.path"
 	stepValidateMounts = "validate.mounts"

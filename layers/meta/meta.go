@@ -74,6 +74,16 @@ type Root struct {
 	Enroll *EnrollIntent `json:"enroll,omitempty"`
 	// Move is set while State is RootCloning or RootReleasing.
 	Move *MoveIntent `json:"move,omitempty"`
+	// Paths is set while a restore of single paths is under way.
+	Paths *PathsIntent `json:"paths,omitempty"`
+}
+
+// PathsIntent is what recovery needs to clear an interrupted restore of
+// single paths: the hidden names it builds under and the parent
+// directories it makes, relative to the root.
+type PathsIntent struct {
+	Staged []string `json:"staged"`
+	Made   []string `json:"made,omitempty"`
 }
 
 // MoveIntent is what recovery needs to finish or undo a clone or a

@@ -1,0 +1,182 @@
+package layers
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"strata/internal/fstree"
+	"strata/layers/meta"
+	"strata/pathpolicy"
+)
+
+// withPaths is live with each of rels (and its subtree) as cp has it, and
+// the parents cp has that live lacks: what restoring rels must give.
+func withPaths(live, cp fstree.Tree, rels []string) fstree.Tree {
+	out := fstree.Tree{}
+	under := func(k, rel string) bool { return k == rel || strings.HasPrefix(k, rel+"/") }
+	for k, e := range live {
+		keep := true
+		for _, rel := range rels {
+			if under(k, rel) {
+				keep = false
+			}
+		}
+		if keep {
+			out[k] = e
+		}
+	}
+	for k, e := range cp {
+		for _, rel := range rels {
+			if under(k, rel) || (strings.HasPrefix(rel, k+"/") && out[k] == fstree.Entry{}) {
+				out[k] = e
+			}
+		}
+	}
+	return out
+}
+
+// TestRestorePaths: a file, a directory, a path the checkpoint lacks, a
+// path under a directory the live one lacks, and a type change become
+// what the checkpoint has; everything else stays as it was, unsaved
+// changes included.
+func TestRestorePaths(t *testing.T) {
+	forEachMounter(t, func(t *testing.T, h *harness) {
+		dir := h.mkdir("proj", func(d string) {
+			richTree(t, d)
+			write(t, d+"/docs/readme", "read me")
+			write(t, d+"/keep/k", "k")
+		})
+		cp := h.capture(dir, "one")
+		cpTree := fstree.MustSnapshot(t, dir)
+		write(t, dir+"/a.txt", "edited")
+		write(t, dir+"/keep/k", "unsaved and not restored")
+		write(t, dir+"/only-live/x", "x")
+		if err := os.RemoveAll(dir + "/sub"); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(dir + "/docs"); err != nil {
+			t.Fatal(err)
+		}
+		write(t, dir+"/docs", "now a file")
+		rels := []string{"a.txt", "sub/deep", "only-live", "docs", "never", "sub/deep/b.txt"}
+		want := withPaths(fstree.MustSnapshot(t, dir), cpTree, []string{"a.txt", "sub/deep", "only-live", "docs"})
+		res, err := h.store.RestorePaths(context.Background(), cp.ID, rels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ID != cp.ID || res.Path != dir {
+			t.Fatalf("answer %+v", res)
+		}
+		assertTree(t, dir, want)
+		if b, _ := os.ReadFile(dir + "/keep/k"); string(b) != "unsaved and not restored" {
+			t.Fatalf("an unnamed path changed: %q", b)
+		}
+		h.reopen()
+		assertTree(t, dir, want)
+		// The result is captured like any other change.
+		cp2 := h.capture(dir, "two")
+		h.restore(cp.ID)
+		h.restore(cp2.ID)
+		assertTree(t, dir, want)
+	})
+}
+
+// TestRestorePathsRefused: bad paths and a live parent that is not a
+// directory are refused before anything changes.
+func TestRestorePathsRefused(t *testing.T) {
+	h := newHarness(t, false)
+	dir := h.mkdir("proj", func(d string) { write(t, d+"/a/b", "b"); write(t, d+"/c", "c") })
+	cp := h.capture(dir, "one")
+	if err := os.RemoveAll(dir + "/a"); err != nil {
+		t.Fatal(err)
+	}
+	write(t, dir+"/a", "a file now")
+	write(t, dir+"/c", "edited")
+	before := fstree.MustSnapshot(t, dir)
+	for _, tc := range []struct {
+		paths []string
+		code  string
+	}{
+		{nil, "invalid_field"},
+		{[]string{""}, "invalid_field"},
+		{[]string{"."}, "invalid_field"},
+		{[]string{"/c"}, "invalid_field"},
+		{[]string{"../c"}, "invalid_field"},
+		{[]string{"a//b"}, "invalid_field"},
+		{[]string{"a/"}, "invalid_field"},
+		{[]string{"c", "a/b"}, pathpolicy.CodePathNotDirectory},
+	} {
+		_, err := h.store.RestorePaths(context.Background(), cp.ID, tc.paths)
+		wantCode(t, err, tc.code)
+	}
+	many := make([]string, MaxRestorePaths+1)
+	for i := range many {
+		many[i] = "c"
+	}
+	_, err := h.store.RestorePaths(context.Background(), cp.ID, many)
+	wantCode(t, err, "invalid_field")
+	_, err = h.store.RestorePaths(context.Background(), "cp_AAAAAAAAAAAAAAAAAAAAAA", []string{"c"})
+	wantCode(t, err, ErrCheckpointNotFound.Code)
+	assertTree(t, dir, before)
+	// A symlinked parent is refused too.
+	if err := os.Remove(dir + "/a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc", dir+"/a"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.store.RestorePaths(context.Background(), cp.ID, []string{"a/b"})
+	wantCode(t, err, pathpolicy.CodePathSymlink)
+	if _, err := os.Stat("/etc/b"); !os.IsNotExist(err) {
+		t.Fatal("a restore of paths wrote through a symlink")
+	}
+}
+
+// TestRestorePathsLeftovers: what an interrupted restore of paths leaves
+// (its hidden names, a parent it made) is cleared at the next start, and
+// the paths are each before or after.
+func TestRestorePathsLeftovers(t *testing.T) {
+	h := newHarness(t, false)
+	dir := h.mkdir("proj", func(d string) { write(t, d+"/f", "old"); write(t, d+"/n/m/g", "g") })
+	cp := h.capture(dir, "one")
+	write(t, dir+"/f", "new")
+	if err := os.RemoveAll(dir + "/n"); err != nil {
+		t.Fatal(err)
+	}
+	before := fstree.MustSnapshot(t, dir)
+	// What a crash after the intent and part of the staging leaves.
+	root, err := h.store.rootByPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stage := stagePrefix + "crashed"
+	write(t, filepath.Join(dir, stage), "half a new f")
+	if err := os.Mkdir(dir+"/n", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.store.setPathsIntent(root.ID, pathsIntent([]string{stage, "n/m/" + stagePrefix + "never"}, []string{"n", "n/m"})); err != nil {
+		t.Fatal(err)
+	}
+	h.reopen()
+	assertTree(t, dir, before)
+	// The next one works, and leaves no hidden name.
+	if _, err := h.store.RestorePaths(context.Background(), cp.ID, []string{"f", "n/m"}); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), stagePrefix) {
+			t.Fatalf("hidden name left: %s", e.Name())
+		}
+	}
+	if b, _ := os.ReadFile(dir + "/n/m/g"); string(b) != "g" {
+		t.Fatalf("n/m/g = %q", b)
+	}
+}
+
+func pathsIntent(staged, made []string) *meta.PathsIntent {
+	return &meta.PathsIntent{Staged: staged, Made: made}
+}
