@@ -248,7 +248,7 @@ func apiCases() []apiCase {
 			return request{method: "GET", path: cpsA1, key: keyA}
 		}, status: 503, code: "guest_timeout", reachesGuest: true},
 	}
-	return cases
+	return append(cases, beyondCases()...)
 }
 
 // TestAPI provokes every code of the API through hostproxy's HTTP server
@@ -258,6 +258,9 @@ func TestAPI(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := startStack(t, tc.config)
 			req := tc.setup(s)
+			if f := beyondFaults[tc.name]; f != nil {
+				f(s)
+			}
 			guest := s.guests["sb-a1"]
 			before := guest.Requests()
 			start := time.Now()
@@ -301,6 +304,7 @@ func TestAPICoversEveryCode(t *testing.T) {
 		"path_not_absolute", "path_not_clean", "path_not_found", "path_not_directory", "path_protected",
 		"path_symlink", "path_mount", "path_nested", "path_hardlink", "path_special_file",
 		"token_exists", "token_not_found", "rate_limited", "idempotency_key_reused",
+		"entry_not_found", "file_too_large", "checkpoint_limit",
 	}
 	have := map[string]bool{}
 	statuses := map[int]bool{}

@@ -108,8 +108,9 @@ func (g *GuestClient) Check(guest string) error {
 
 // CreateRequest is the body of a capture, after validation at the edge.
 type CreateRequest struct {
-	Path string  `json:"path"`
-	Name *string `json:"name,omitempty"`
+	Path      string         `json:"path"`
+	Name      *string        `json:"name,omitempty"`
+	Retention *api.Retention `json:"retention,omitempty"`
 }
 
 // CreateCheckpoint captures a directory; it returns guestd's data

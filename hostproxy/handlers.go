@@ -52,12 +52,18 @@ func (s *Server) sandbox(c echo.Context, management bool) (Sandbox, error) {
 // checkpointRoute does the checks shared by the four operations, in the
 // order of doc.go, up to the sandbox state.
 func (s *Server) checkpointRoute(c echo.Context, body func(r *http.Request) error) (Sandbox, error) {
+	return s.checkpointRouteQuery(c, jsend.RejectQuery, body)
+}
+
+// checkpointRouteQuery is checkpointRoute for a route that takes a query
+// (changes): query checks it where the four refuse any.
+func (s *Server) checkpointRouteQuery(c echo.Context, query, body func(r *http.Request) error) (Sandbox, error) {
 	sb, err := s.sandbox(c, false)
 	if err != nil {
 		return sb, err
 	}
 	r := c.Request()
-	if err := jsend.RejectQuery(r); err != nil {
+	if err := query(r); err != nil {
 		return sb, err
 	}
 	if err := body(r); err != nil {
@@ -192,7 +198,7 @@ func decodeCreate(r *http.Request) (CreateRequest, error) {
 	if err := pathpolicy.CheckSyntax(p, nil); err != nil {
 		return CreateRequest{}, err
 	}
-	return CreateRequest{Path: p, Name: body.Name}, nil
+	return CreateRequest{Path: p, Name: body.Name, Retention: body.Retention}, nil
 }
 
 // Access-token management: account keys only, any sandbox state.

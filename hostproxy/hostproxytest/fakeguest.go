@@ -11,6 +11,10 @@
 // demand (SetFault) or stalls (SetDelay). It never touches a filesystem.
 // The real guestd is exercised by the integration tests.
 //
+// It answers the routes of issue 8 too (beyond.go): changes, files,
+// restore-paths, clone and release over in-memory file trees, and
+// retention on create.
+//
 // Like guestd, it honours the Idempotency-Key header of create and
 // restore: the first successful answer under a key is kept for
 // IdempotencyWindow (on the double's clock, SetClock); a retry with the
@@ -124,6 +128,8 @@ type FakeGuest struct {
 	lastHeader  http.Header
 	answers     map[string]kept // by Idempotency-Key
 	now         func() time.Time
+	trees       map[string]Tree // by checkpoint id (beyond.go)
+	live        map[string]Tree // by path
 }
 
 // Epoch is the created_at of a FakeGuest's first checkpoint; each next one
@@ -148,6 +154,7 @@ func StartFakeGuest(t testing.TB, name string) *FakeGuest {
 		Addr: "unix://" + sock, Socket: sock, name: name,
 		head: map[string]string{}, faults: map[faultKey]Fault{}, done: make(chan struct{}),
 		answers: map[string]kept{}, now: time.Now,
+		trees: map[string]Tree{}, live: map[string]Tree{},
 	}
 	g.srv = &http.Server{Handler: g, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
@@ -275,6 +282,9 @@ func (g *FakeGuest) route(r *http.Request) (any, error) {
 		return nil, errNotFound
 	}
 	parts := strings.Split(rest, "/")
+	if data, ok, err := g.routeBeyond(r, parts); ok {
+		return data, err
+	}
 	switch {
 	case len(parts) == 1 && parts[0] == "health" && r.Method == http.MethodGet:
 		return map[string]string{"status": "ok"}, nil
@@ -370,8 +380,32 @@ func (g *FakeGuest) create(r *http.Request) (any, error) {
 	}
 	g.head[p] = cp.ID
 	g.checkpoints = append(g.checkpoints, cp)
+	g.retain(p, body.RetentionCount())
 	g.keep(key, request, cp)
 	return cp, nil
+}
+
+// retain deletes the oldest checkpoints of path (automatic ones aside)
+// until it holds at most max; 0 keeps them all.
+func (g *FakeGuest) retain(path string, max int) {
+	if max == 0 {
+		return
+	}
+	n := 0
+	for _, cp := range g.checkpoints {
+		if cp.Path == path && !cp.Auto {
+			n++
+		}
+	}
+	kept := g.checkpoints[:0]
+	for _, cp := range g.checkpoints {
+		if n > max && cp.Path == path && !cp.Auto {
+			n--
+			continue
+		}
+		kept = append(kept, cp)
+	}
+	g.checkpoints = kept
 }
 
 // replay answers a request that carries an Idempotency-Key already used:
