@@ -71,6 +71,27 @@ var scenarios = []scenario{
 		// after nil: the unsaved file makes one automatic checkpoint.
 	},
 	{
+		// Each path is before or after; the failpoints fall between
+		// steps, where every path is on the same side.
+		name: "restore-paths",
+		setup: func(t *testing.T, g *guest, dir string) map[string]string {
+			writeFile(t, dir+"/a", "A")
+			writeFile(t, dir+"/d/deep/x", "x")
+			writeFile(t, dir+"/other", "o")
+			a := g.create(dir, "A")["id"].(string)
+			writeFile(t, dir+"/a", "unsaved")
+			os.RemoveAll(dir + "/d")
+			writeFile(t, dir+"/new", "n")
+			writeFile(t, dir+"/other", "unsaved, not restored")
+			return map[string]string{"A": a}
+		},
+		op: func(t *testing.T, g *guest, dir string, st map[string]string) error {
+			_, err := g.do("POST", "/v1/checkpoints/"+st["A"]+"/restore-paths", "application/json", `{"paths":["a","d/deep","new"]}`)
+			return err
+		},
+		after: func(before []string, _ map[string]string) []string { return before },
+	},
+	{
 		name: "delete",
 		setup: func(t *testing.T, g *guest, dir string) map[string]string {
 			writeFile(t, dir+"/a", "A")
