@@ -3,27 +3,16 @@ package guestd
 import (
 	"context"
 	"net/http"
-	"path/filepath"
 	"slices"
-	"strings"
 
 	"strata/internal/api"
-	"strata/internal/fault"
 	"strata/internal/jsend"
 	"strata/layers"
-	"strata/pathpolicy"
 )
 
 // The routes beyond the seed's four (issue 8). Each goes to the store
 // that holds what it names: a checkpoint's (owner), or a managed
 // directory's (managing).
-
-// ErrCloneOtherFilesystem refuses a clone whose path is on another
-// filesystem than the checkpoint's store: a clone shares the
-// checkpoint's layers, and an overlay's upper and work directories must
-// be on the filesystem of the store that holds them.
-var ErrCloneOtherFilesystem = fault.New(fault.Unprocessable, pathpolicy.CodePathMount,
-	"a clone must be on the same filesystem (mount) as the directory of its checkpoint")
 
 func (s *Server) changes(r *http.Request) (any, error) {
 	if err := jsend.RejectBody(r); err != nil {
@@ -197,53 +186,14 @@ func (e *engine) managing(path string) (*layers.Store, error) {
 	return e.main, nil
 }
 
-// clone makes path a clone of checkpoint id, in the checkpoint's store.
-// A path that passes the path rules but lies on another filesystem than
-// that store is refused here (ErrCloneOtherFilesystem): the store could
-// not share its layers there. Every other path goes to the store, whose
-// checks give the path codes (a path inside a managed directory, whose
-// overlay is a mount of its own, is path_nested there, not this).
+// clone makes path a clone of checkpoint id, in the checkpoint's store:
+// a clone shares the checkpoint's layers, so it must be on that store's
+// filesystem. The store checks that on the parent it opens (422
+// path_mount otherwise), with the other path rules (path_exists, …).
 func (e *engine) clone(ctx context.Context, id, path string) error {
 	st, err := e.owner(id)
 	if err != nil {
 		return err
 	}
-	if err := e.sameFilesystem(st, path); err != nil {
-		return err
-	}
 	return st.Clone(ctx, id, path)
-}
-
-func (e *engine) sameFilesystem(st *layers.Store, path string) error {
-	if !filepath.IsAbs(path) || filepath.Clean(path) != path || path == "/" {
-		return nil
-	}
-	var managed []string
-	for _, other := range e.stores() {
-		rs, err := other.Roots()
-		if err != nil {
-			return err
-		}
-		managed = append(managed, rs...)
-	}
-	for _, m := range managed {
-		if path == m || strings.HasPrefix(path, m+"/") || strings.HasPrefix(m, path+"/") {
-			return nil
-		}
-	}
-	if err := e.policy.CheckEnrollPath(path, nil); err != nil {
-		return nil
-	}
-	want, err := mountOf(st.Dir())
-	if err != nil {
-		return err
-	}
-	got, err := mountOf(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	if got != want {
-		return ErrCloneOtherFilesystem.With("path", path).With("offending", got)
-	}
-	return nil
 }
