@@ -176,8 +176,18 @@ func TestSeedExamples(t *testing.T) {
 		t.Fatal(err, out)
 	}
 	var all []map[string]any
-	if err := json.Unmarshal([]byte(out), &all); err != nil || len(all) != 4 {
+	if err := json.Unmarshal([]byte(out), &all); err != nil || len(all) != 5 {
 		t.Fatalf("list -o json: %v %s", err, out)
+	}
+	// The seed's restore over a broken main.go kept it as an automatic
+	// checkpoint; the four of the lineage are the client's.
+	if safe := all[0]; safe["auto"] != true || safe["name"] != "before restoring "+checkpointID || restored["data"].(map[string]any)["safety_checkpoint_id"] != safe["id"] {
+		t.Fatalf("automatic checkpoint of the seed's restore: %v (restore answered %v)", safe, restored)
+	}
+	for _, cp := range all[1:] {
+		if cp["auto"] != false {
+			t.Fatalf("a client's checkpoint listed as automatic: %v", cp)
+		}
 	}
 	tree, err := s.createos("sandbox", "checkpoint", "tree")
 	if err != nil || !strings.Contains(tree, "D") || !strings.Contains(tree, "live") {
