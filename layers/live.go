@@ -181,8 +181,9 @@ func (s *Store) swap(ctx context.Context, h *rootHandle, old, newRoot *meta.Root
 // teardown ends, in the background, an old stack the swap let go: hold
 // is a clone of its mount (overlay.Hold; -1 for none), work its old work
 // dir ("" for none), dirs its layers, pinned until it is done (then
-// collected, when its upper has no record any more: a restore's
-// discarded upper, which the restore's own collection had to leave). The
+// collected, when one of them has no record any more: a restore's
+// discarded upper, which the restore's own collection had to leave, or a
+// lower layer a squash replaced while the stack used it). The
 // superblock is made read-only through the clone first: a mount of it
 // that the busy checks could not see (a bind mount or a mount namespace
 // made during the operation) then cannot write into what is now a sealed
@@ -205,8 +206,22 @@ func (s *Store) teardown(hold int, work string, dirs []uint64) {
 			}
 			gone := false
 			s.view(func(t meta.Tx) error {
-				_, err := t.Layer(dirs[0]) // the old upper, if it had one
-				gone = errors.Is(err, meta.ErrInconsistent)
+				sps, err := t.Spans()
+				if err != nil {
+					return err
+				}
+				spans := make(map[uint64]bool, len(sps))
+				for _, sp := range sps {
+					spans[sp.ID] = true
+				}
+				// The old upper, or a lower that a squash replaced while
+				// this stack used it (a clone's source layer too).
+				for _, d := range dirs {
+					if _, err := t.Layer(d); errors.Is(err, meta.ErrInconsistent) && !spans[d] {
+						gone = true
+						break
+					}
+				}
 				return nil
 			})
 			if gone {
