@@ -1,19 +1,470 @@
 package layers
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"strata/layers/meta"
 )
 
 // Changes returns what checkpoint id changed, sorted by path: against its
 // parent ("" as against), against the live directory (AgainstLive), or
 // against another checkpoint of the same directory (its id).
+//
+// The two states compared, older and newer:
+//   - against "": the state below the checkpoint's own layer (its layer's
+//     parent chain), and the checkpoint. That is its parent checkpoint's
+//     state; after the parent was deleted and squashed into it, the state
+//     of the nearest older layer kept. A checkpoint whose layer is the
+//     base of its chain has none: the enrollment checkpoint has no
+//     changes (an empty list), and a later one whose older layers were all
+//     squashed into it is compared with an empty directory (everything in
+//     it added).
+//   - AgainstLive: the checkpoint, and the live directory as it is read
+//     (read entry by entry, while it may be written: best effort, no
+//     freeze).
+//   - another checkpoint's id: that checkpoint, and checkpoint id. It must
+//     be of the same directory (422 checkpoint_other_directory).
+//
+// What is listed, exactly: every path whose entry differs between the two
+// states. A path present only in the newer state is "added", only in the
+// older "deleted"; a subtree added or deleted lists every path in it. An
+// entry whose type changed is "modified" with its newer type, the paths
+// of its older subtree "deleted" and of its newer one "added". A
+// non-directory of the same type is "modified" when its mode, owner
+// (uid, gid), size, modification time or symlink target differ, or, when
+// all of those are equal, its content. A directory is "modified" only
+// when its mode or owner differ (its times and size follow its entries).
+// Extended attributes are not compared. The root itself is listed as "."
+// when its mode or owner differ. Special files (which a capture refuses)
+// are never listed. Type and Size are the newer state's (the older's for
+// a deletion); a symlink's size is its target's length.
+//
+// Against its parent, the cost follows what the checkpoint changed, not
+// the size of the directory: only the checkpoint's own layer is walked. A
+// whiteout there is a deletion; a directory there that is neither opaque
+// nor redirected and was a directory below is merged (only the names the
+// layer holds can differ); any other entry is compared in full with what
+// was below it (an opaque directory replaces the whole subtree, a
+// renamed one shows its old contents at its new place).
 func (s *Store) Changes(ctx context.Context, id, against string) ([]Change, error) {
-	return nil, errors.New("changes: not built yet")
+	switch against {
+	case "":
+		return s.changesAgainstParent(ctx, id)
+	case AgainstLive:
+		cpTree, _, root, err := s.checkpointTree(id)
+		if err != nil {
+			return nil, err
+		}
+		defer cpTree.Close()
+		live, err := s.liveTree(root)
+		if err != nil {
+			return nil, err
+		}
+		defer live.Close()
+		return compareTrees(ctx, cpTree, live)
+	default:
+		newer, cp, _, err := s.checkpointTree(id)
+		if err != nil {
+			return nil, err
+		}
+		defer newer.Close()
+		older, other, _, err := s.checkpointTree(against)
+		if err != nil {
+			return nil, err
+		}
+		defer older.Close()
+		if other.Root != cp.Root {
+			return nil, ErrCheckpointOtherDirectory.With("checkpoint_id", id).With("against", against)
+		}
+		return compareTrees(ctx, older, newer)
+	}
 }
 
-// ReadEntry returns the entry at rel (relative to the root, "" or "." for
-// the root itself) as it is in checkpoint id, read from its layers.
-func (s *Store) ReadEntry(ctx context.Context, id, rel string) (Entry, error) {
-	return Entry{}, errors.New("read entry: not built yet")
+// changesAgainstParent walks the checkpoint's own layer (see Changes).
+func (s *Store) changesAgainstParent(ctx context.Context, id string) ([]Change, error) {
+	var cp *meta.Checkpoint
+	var own uint64
+	var below []uint64
+	unpin, err := s.viewPinned(func(t meta.Tx) (_ []uint64, err error) {
+		if cp, err = mustCheckpoint(t, id); err != nil {
+			return nil, err
+		}
+		l, err := t.Layer(cp.Layer)
+		if err != nil {
+			return nil, err
+		}
+		own = l.ID
+		if below, err = segDirs(t, l.Parent); err != nil {
+			return nil, err
+		}
+		return append([]uint64{own}, below...), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer unpin()
+	if len(below) == 0 && cp.Parent == "" {
+		return []Change{}, nil // the enrollment state itself
+	}
+	newer, err := s.layerTreeOf(append([]uint64{own}, below...), nil)
+	if err != nil {
+		return nil, err
+	}
+	defer newer.Close()
+	older, err := s.layerTreeOf(below, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer older.Close()
+	d := &differ{ctx: ctx, older: older, newer: newer}
+	if len(below) == 0 {
+		// Nothing older is held: everything in it is added (the root,
+		// which has nothing to differ from, is not listed).
+		if err := d.subtree(newer, "", ChangeAdded); err != nil {
+			return nil, err
+		}
+		return d.sorted(), nil
+	}
+	if err := d.rootAttrs(); err != nil {
+		return nil, err
+	}
+	if err := d.walkLayer(s.fsDir(own), ""); err != nil {
+		return nil, err
+	}
+	return d.sorted(), nil
+}
+
+// compareTrees lists what changed from older to newer, comparing them in
+// full (see Changes for what is listed).
+func compareTrees(ctx context.Context, older, newer tree) ([]Change, error) {
+	d := &differ{ctx: ctx, older: older, newer: newer}
+	if err := d.rootAttrs(); err != nil {
+		return nil, err
+	}
+	if err := d.compareDir(""); err != nil {
+		return nil, err
+	}
+	return d.sorted(), nil
+}
+
+// differ collects the changes from older to newer.
+type differ struct {
+	ctx          context.Context
+	older, newer tree
+	out          []Change
+}
+
+func (d *differ) sorted() []Change {
+	slices.SortFunc(d.out, func(a, b Change) int { return strings.Compare(a.Path, b.Path) })
+	if d.out == nil {
+		return []Change{}
+	}
+	return d.out
+}
+
+// entryType names st's type in Change's words; "" for a special file.
+func entryType(st *unix.Stat_t) string {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return TypeFile
+	case unix.S_IFDIR:
+		return TypeDir
+	case unix.S_IFLNK:
+		return TypeSymlink
+	}
+	return ""
+}
+
+func (d *differ) add(rel, change string, st *unix.Stat_t) {
+	if rel == "" {
+		rel = "."
+	}
+	d.out = append(d.out, Change{Path: rel, Change: change, Type: entryType(st), Size: st.Size})
+}
+
+// rootAttrs lists the root when its mode or owner differ.
+func (d *differ) rootAttrs() error {
+	ost, err := d.older.Lstat("")
+	if err != nil {
+		return err
+	}
+	nst, err := d.newer.Lstat("")
+	if err != nil {
+		return err
+	}
+	if dirDiffers(&ost, &nst) {
+		d.add("", ChangeModified, &nst)
+	}
+	return nil
+}
+
+// dirDiffers: a directory is modified when its mode or owner differ.
+func dirDiffers(a, b *unix.Stat_t) bool {
+	return a.Mode != b.Mode || a.Uid != b.Uid || a.Gid != b.Gid
+}
+
+// subtree lists every path under rel (not rel itself) in t as change.
+func (d *differ) subtree(t tree, rel, change string) error {
+	if err := d.ctx.Err(); err != nil {
+		return err
+	}
+	names, err := t.ReadDir(rel)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if err := d.entry(t, path.Join(rel, name), change); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// entry lists rel and everything under it in t as change.
+func (d *differ) entry(t tree, rel, change string) error {
+	st, err := t.Lstat(rel)
+	if err != nil {
+		return err
+	}
+	if entryType(&st) == "" {
+		return nil
+	}
+	d.add(rel, change, &st)
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return d.subtree(t, rel, change)
+	}
+	return nil
+}
+
+// compareDir compares the directory rel, present in both, name by name.
+func (d *differ) compareDir(rel string) error {
+	if err := d.ctx.Err(); err != nil {
+		return err
+	}
+	on, err := d.older.ReadDir(rel)
+	if err != nil {
+		return err
+	}
+	nn, err := d.newer.ReadDir(rel)
+	if err != nil {
+		return err
+	}
+	i, j := 0, 0
+	for i < len(on) || j < len(nn) {
+		switch {
+		case j == len(nn) || i < len(on) && on[i] < nn[j]:
+			if err := d.entry(d.older, path.Join(rel, on[i]), ChangeDeleted); err != nil {
+				return err
+			}
+			i++
+		case i == len(on) || nn[j] < on[i]:
+			if err := d.entry(d.newer, path.Join(rel, nn[j]), ChangeAdded); err != nil {
+				return err
+			}
+			j++
+		default:
+			p := path.Join(rel, on[i])
+			ost, err := d.older.Lstat(p)
+			if err != nil {
+				return err
+			}
+			nst, err := d.newer.Lstat(p)
+			if err != nil {
+				return err
+			}
+			if err := d.compareEntry(p, &ost, &nst); err != nil {
+				return err
+			}
+			i++
+			j++
+		}
+	}
+	return nil
+}
+
+// compareEntry compares rel, present in both states, in full.
+func (d *differ) compareEntry(rel string, ost, nst *unix.Stat_t) error {
+	ot, nt := entryType(ost), entryType(nst)
+	switch {
+	case ot == "" && nt == "":
+		return nil
+	case ot == "":
+		return d.entry(d.newer, rel, ChangeAdded)
+	case nt == "":
+		return d.entry(d.older, rel, ChangeDeleted)
+	case ot != nt:
+		d.add(rel, ChangeModified, nst)
+		if ot == TypeDir {
+			if err := d.subtree(d.older, rel, ChangeDeleted); err != nil {
+				return err
+			}
+		}
+		if nt == TypeDir {
+			return d.subtree(d.newer, rel, ChangeAdded)
+		}
+		return nil
+	case nt == TypeDir:
+		if dirDiffers(ost, nst) {
+			d.add(rel, ChangeModified, nst)
+		}
+		return d.compareDir(rel)
+	}
+	differs, err := d.nonDirDiffers(rel, ost, nst)
+	if err != nil {
+		return err
+	}
+	if differs {
+		d.add(rel, ChangeModified, nst)
+	}
+	return nil
+}
+
+// nonDirDiffers compares a file or a symlink of the same type in both.
+func (d *differ) nonDirDiffers(rel string, ost, nst *unix.Stat_t) (bool, error) {
+	if ost.Mode != nst.Mode || ost.Uid != nst.Uid || ost.Gid != nst.Gid || ost.Size != nst.Size || ost.Mtim != nst.Mtim {
+		return true, nil
+	}
+	if ost.Mode&unix.S_IFMT == unix.S_IFLNK {
+		a, err := d.older.Readlink(rel)
+		if err != nil {
+			return false, err
+		}
+		b, err := d.newer.Readlink(rel)
+		return a != b, err
+	}
+	if ost.Dev == nst.Dev && ost.Ino == nst.Ino {
+		return false, nil // one file (layers of the same chain)
+	}
+	return d.contentDiffers(rel)
+}
+
+// contentDiffers compares two files' bytes.
+func (d *differ) contentDiffers(rel string) (bool, error) {
+	a, err := d.older.Open(rel)
+	if err != nil {
+		return false, err
+	}
+	defer a.Close()
+	b, err := d.newer.Open(rel)
+	if err != nil {
+		return false, err
+	}
+	defer b.Close()
+	ba, bb := make([]byte, 256<<10), make([]byte, 256<<10)
+	for {
+		if err := d.ctx.Err(); err != nil {
+			return false, err
+		}
+		na, ea := io.ReadFull(a, ba)
+		nb, eb := io.ReadFull(b, bb)
+		if !bytes.Equal(ba[:na], bb[:nb]) {
+			return true, nil
+		}
+		aEnd := errors.Is(ea, io.EOF) || errors.Is(ea, io.ErrUnexpectedEOF)
+		bEnd := errors.Is(eb, io.EOF) || errors.Is(eb, io.ErrUnexpectedEOF)
+		if ea != nil && !aEnd {
+			return false, ea
+		}
+		if eb != nil && !bEnd {
+			return false, eb
+		}
+		if aEnd || bEnd {
+			return aEnd != bEnd, nil
+		}
+	}
+}
+
+// walkLayer lists what the checkpoint's own layer (at layerDir) changes
+// in the directory rel, which it merges with the one below (see Changes):
+// only the names the layer holds there.
+func (d *differ) walkLayer(layerDir, rel string) error {
+	if err := d.ctx.Err(); err != nil {
+		return err
+	}
+	dir := filepath.Join(layerDir, rel)
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		p := path.Join(rel, name)
+		var lst unix.Stat_t
+		if err := unix.Lstat(filepath.Join(dir, name), &lst); err != nil {
+			return &os.PathError{Op: "lstat", Path: filepath.Join(dir, name), Err: err}
+		}
+		ost, oerr := d.older.Lstat(p)
+		if oerr != nil && !errors.Is(oerr, fs.ErrNotExist) {
+			return oerr
+		}
+		if isWhiteout(&lst) {
+			if oerr == nil {
+				if err := d.entry(d.older, p, ChangeDeleted); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		nst, err := d.newer.Lstat(p)
+		if err != nil {
+			return err
+		}
+		if oerr != nil {
+			if err := d.entry(d.newer, p, ChangeAdded); err != nil {
+				return err
+			}
+			continue
+		}
+		if lst.Mode&unix.S_IFMT == unix.S_IFDIR && ost.Mode&unix.S_IFMT == unix.S_IFDIR {
+			merged, err := mergesBelow(filepath.Join(dir, name))
+			if err != nil {
+				return err
+			}
+			if merged {
+				if dirDiffers(&ost, &nst) {
+					d.add(p, ChangeModified, &nst)
+				}
+				if err := d.walkLayer(layerDir, p); err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		if err := d.compareEntry(p, &ost, &nst); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mergesBelow reports whether the layer directory full merges with the
+// directory at its own path below: neither opaque nor redirected.
+func mergesBelow(full string) (bool, error) {
+	if isOpaque(full) {
+		return false, nil
+	}
+	_, err := getXattr(full, xattrRedirect)
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, unix.ENODATA) || errors.Is(err, unix.ENOTSUP):
+		return true, nil
+	}
+	return false, err
 }

@@ -56,7 +56,11 @@ func TestViewMaterializeEqualsRestore(t *testing.T) {
 		cps := []savedCheckpoint{{h.capture(dir, "base").ID, fstree.MustSnapshot(t, dir)}}
 		edits := []func(){
 			func() { must(t, os.Rename(dir+"/a1/a2", dir+"/b1/moved")) },
-			func() { must(t, os.RemoveAll(dir+"/c1")); must(t, os.Mkdir(dir+"/c1", 0o751)); write(t, dir+"/c1/new", "new") },
+			func() {
+				must(t, os.RemoveAll(dir+"/c1"))
+				must(t, os.Mkdir(dir+"/c1", 0o751))
+				write(t, dir+"/c1/new", "new")
+			},
 			func() { must(t, os.RemoveAll(dir+"/b1/b2")); write(t, dir+"/b1/b2", "file now") },
 			func() { must(t, os.Chmod(dir+"/top", 0o600)); must(t, os.Chmod(dir, 0o711)) },
 			func() { must(t, os.Rename(dir+"/b1", dir+"/c1/b1")); must(t, os.Remove(dir+"/a1/link")) },
