@@ -24,6 +24,7 @@ type Option func(*options)
 type options struct {
 	idemKey   string
 	retention int
+	auto      bool // a capture the store makes itself (an automatic checkpoint)
 }
 
 // WithRetention makes a Capture delete the directory's oldest checkpoints

@@ -74,19 +74,17 @@ func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) 
 		}
 		return cp, err
 	}
-	if root.Paths != nil {
-		// A restore of paths was interrupted: its hidden names must not
-		// be captured.
-		if err := s.finishPaths(ctx, root); err != nil {
-			return Checkpoint{}, err
-		}
+	// A restore of paths that was interrupted: its hidden names must not
+	// be captured.
+	if err := s.finishPaths(ctx, root); err != nil {
+		return Checkpoint{}, err
 	}
 	// The cap, before any work: the commit checks it again.
 	if err := s.view(func(t meta.Tx) error { return checkCap(t, root.ID, opt.retention) }); err != nil {
 		return Checkpoint{}, err
 	}
 	o := s.newOp(ctx, opCapture, path)
-	cp, err = s.capture(o, root, name, req, opt.retention)
+	cp, err = s.capture(o, root, name, req, opt)
 	o.done(err)
 	if err == nil {
 		cp.SizeBytes = s.sizeOf(cp.ID)
@@ -536,7 +534,7 @@ func (s *Store) openSettled(ctx context.Context, root *meta.Root) (*rootHandle, 
 // orphan until the commit; the old mount is frozen read-only before the
 // commit, so nothing written after the freeze can be lost or land in a
 // sealed layer; after the commit, recovery mounts the new stack.
-func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, retention int) (Checkpoint, error) {
+func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, opt options) (Checkpoint, error) {
 	var h *rootHandle
 	defer func() { h.Close() }()
 	if err := o.step(stepMountCheck, func() (err error) {
@@ -627,8 +625,8 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, r
 	}); err != nil {
 		return fail(err, true)
 	}
-	cp := &meta.Checkpoint{ID: newCheckpointID(), Root: root.ID, Layer: sealed, Name: name, Created: time.Now().UTC(), Parent: root.Head}
-	res := Checkpoint{ID: cp.ID, Path: path, Name: cp.Name, CreatedAt: cp.Created, ParentID: cp.Parent}
+	cp := &meta.Checkpoint{ID: newCheckpointID(), Root: root.ID, Layer: sealed, Name: name, Created: time.Now().UTC(), Parent: root.Head, Auto: opt.auto}
+	res := Checkpoint{ID: cp.ID, Path: path, Name: cp.Name, CreatedAt: cp.Created, ParentID: cp.Parent, Auto: opt.auto}
 	newRoot := *root
 	squash := false
 	err := o.step(stepCommit, func() error {
@@ -664,7 +662,11 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, r
 			if err := t.PutRoot(&newRoot); err != nil {
 				return err
 			}
-			if retention == 0 {
+			if opt.auto {
+				_, err := retain(t, root.ID, true, s.cfg.AutoCheckpoints)
+				return err
+			}
+			if opt.retention == 0 {
 				if t.CountOf(root.ID, false) > checkpointCap { // the new one counted
 					return ErrCheckpointLimit.With("limit", checkpointCap)
 				}
@@ -672,7 +674,7 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, r
 			}
 			// Retention: the oldest go in the same commit, so a crash
 			// never leaves more than asked for.
-			deleted, err := retain(t, root.ID, false, retention)
+			deleted, err := retain(t, root.ID, false, opt.retention)
 			if err != nil || !deleted {
 				return err
 			}
@@ -744,6 +746,9 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 		return Checkpoint{}, err
 	}
 	path := root.Path
+	if err := s.finishPaths(o.ctx, root); err != nil {
+		return Checkpoint{}, err
+	}
 	var h *rootHandle
 	defer func() { h.Close() }()
 	if err := o.step(stepMountCheck, func() (err error) {

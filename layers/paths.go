@@ -110,13 +110,44 @@ func (s *Store) RestorePaths(ctx context.Context, id string, paths []string) (Ch
 		return Checkpoint{}, err
 	}
 	defer release()
+	// Unsaved changes are kept first, as a restore keeps them: an
+	// automatic checkpoint, by a capture (the paths about to be replaced
+	// may hold some).
+	var safety string
+	if s.cfg.AutoCheckpoints > 0 {
+		if err := s.view(func(t meta.Tx) (err error) {
+			root, err = t.Root(root.ID)
+			if err == nil && root == nil {
+				err = ErrCheckpointNotFound.With("checkpoint_id", id)
+			}
+			return err
+		}); err != nil {
+			return Checkpoint{}, err
+		}
+		if err := s.finishPaths(ctx, root); err != nil {
+			return Checkpoint{}, err
+		}
+		changed, err := s.unsaved(root.Active)
+		if err != nil {
+			return Checkpoint{}, err
+		}
+		if changed {
+			o := s.newOp(ctx, opCapture, root.Path)
+			cp, err := s.capture(o, root, "before restoring paths of "+id, meta.Request{}, options{auto: true})
+			o.done(err)
+			if err != nil {
+				return Checkpoint{}, err
+			}
+			safety = cp.ID
+		}
+	}
 	o := s.newOp(ctx, opRestorePaths, root.Path)
 	err = s.restorePaths(o, id, rels)
 	o.done(err)
 	if err != nil {
 		return Checkpoint{}, err
 	}
-	return Checkpoint{ID: id, Path: root.Path}, nil
+	return Checkpoint{ID: id, Path: root.Path, SafetyCheckpointID: safety}, nil
 }
 
 // pathPlan is what the restore of one path does.

@@ -180,3 +180,34 @@ func TestRestorePathsLeftovers(t *testing.T) {
 func pathsIntent(staged, made []string) *meta.PathsIntent {
 	return &meta.PathsIntent{Staged: staged, Made: made}
 }
+
+// TestRestorePathsKeepsUnsaved: with automatic checkpoints on, the
+// unsaved changes a restore of paths replaces are kept first, and
+// restoring that checkpoint brings them back.
+func TestRestorePathsKeepsUnsaved(t *testing.T) {
+	h := newHarness(t, false)
+	h.reopenWithAutos(DefaultAutoCheckpoints)
+	dir := h.mkdir("proj", func(d string) { write(t, d+"/f", "saved"); write(t, d+"/g", "g") })
+	cp := h.capture(dir, "one")
+	write(t, dir+"/f", "unsaved work")
+	unsaved := fstree.MustSnapshot(t, dir)
+	res, err := h.store.RestorePaths(context.Background(), cp.ID, []string{"f"})
+	if err != nil || res.SafetyCheckpointID == "" {
+		t.Fatalf("restore of a path over unsaved changes: %+v, %v; want a safety checkpoint", res, err)
+	}
+	if b, _ := os.ReadFile(dir + "/f"); string(b) != "saved" {
+		t.Fatalf("f = %q", b)
+	}
+	as := autos(mustList(t, h))
+	if len(as) != 1 || as[0].ID != res.SafetyCheckpointID || as[0].Name != "before restoring paths of "+cp.ID {
+		t.Fatalf("automatic checkpoints %+v", as)
+	}
+	// Nothing unsaved (the restored path captured): none.
+	h.capture(dir, "two")
+	res, err = h.store.RestorePaths(context.Background(), cp.ID, []string{"f"})
+	if err != nil || res.SafetyCheckpointID != "" {
+		t.Fatalf("restore of a path with nothing unsaved: %+v, %v", res, err)
+	}
+	h.restore(as[0].ID)
+	assertTree(t, dir, unsaved)
+}

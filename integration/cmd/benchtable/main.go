@@ -72,6 +72,14 @@ func run(ctx context.Context) error {
 	if *fidOnly {
 		return printRows(ctx, store, base)
 	}
+	if *beyondOnly {
+		br, err := beyondRows(ctx, base)
+		if err != nil {
+			return err
+		}
+		printTable(br)
+		return nil
+	}
 	for _, size := range []struct {
 		name  string
 		files int
@@ -241,6 +249,13 @@ func run(ctx context.Context) error {
 // printRows adds the fidelity rows to rows, prints the engine table, and
 // goes on to the microVM tables.
 func printRows(ctx context.Context, store *layers.Store, base string, rows ...row) error {
+	if !*fidOnly {
+		br, err := beyondRows(ctx, base)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, br...)
+	}
 	fmt.Fprintf(os.Stderr, "captures beside a write loop…\n")
 	wr, err := writerRows(ctx, base, *writeCap)
 	if err != nil {
@@ -259,12 +274,17 @@ func printRows(ctx context.Context, store *layers.Store, base string, rows ...ro
 	}
 	rows = append(rows, er...)
 
+	printTable(rows)
+	fmt.Printf("\nmounter: %s; kernel: %s\n", store.Mounter(), kernel())
+	return printVM(ctx, nil)
+}
+
+// printTable prints rows as a Markdown table.
+func printTable(rows []row) {
 	fmt.Printf("| measurement | median | p99 | notes |\n| --- | ---: | ---: | --- |\n")
 	for _, r := range rows {
 		fmt.Printf("| %s | %s | %s | %s |\n", r.what, r.median, r.p99, r.note)
 	}
-	fmt.Printf("\nmounter: %s; kernel: %s\n", store.Mounter(), kernel())
-	return printVM(ctx, nil)
 }
 
 // printVM prints the microVM table when -vm-image is given.
