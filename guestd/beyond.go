@@ -113,7 +113,7 @@ func (s *Server) restorePaths(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.RestorePathsResult{CheckpointID: id, Path: cp.Path, Paths: req.Paths}, nil
+	return api.RestorePathsResult{CheckpointID: id, Path: cp.Path, Paths: req.Paths, SafetyCheckpointID: cp.SafetyCheckpointID}, nil
 }
 
 func (s *Server) clone(r *http.Request) (any, error) {

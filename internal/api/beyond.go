@@ -216,6 +216,9 @@ type RestorePathsResult struct {
 	CheckpointID string   `json:"checkpoint_id"`
 	Path         string   `json:"path"`
 	Paths        []string `json:"paths"`
+	// SafetyCheckpointID is the automatic checkpoint that keeps the
+	// unsaved changes the restore replaced, when there were any.
+	SafetyCheckpointID string `json:"safety_checkpoint_id,omitempty"`
 }
 
 // PathRequest is the body of clone and release: one absolute path.
