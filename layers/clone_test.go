@@ -16,6 +16,7 @@ import (
 	"strata/internal/fault"
 	"strata/internal/fstree"
 	"strata/internal/testenv"
+	"strata/layers/meta"
 	"strata/pathpolicy"
 )
 
@@ -362,6 +363,37 @@ func TestCloneConcurrentWithDelete(t *testing.T) {
 		}
 		write(t, src+"/f", "v"+itoa(i))
 		time.Sleep(time.Millisecond)
+	}
+	h.assertClean()
+}
+
+// TestCaptureResolvesAPendingClone: a root left cloning while guestd runs
+// (its commit failed after the mount) is finished by the next capture of
+// its path, not captured half made.
+func TestCaptureResolvesAPendingClone(t *testing.T) {
+	testenv.RequiresRootMounts(t)
+	h := newHarness(t, false)
+	ctx := context.Background()
+	src := h.mkdir("src", func(d string) { write(t, d+"/f", "1") })
+	cp := h.capture(src, "one")
+	dst := filepath.Join(h.work, "clone")
+	if err := h.store.Clone(ctx, cp.ID, dst); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.store.update(func(tx meta.Tx) error {
+		r, err := tx.RootByPath(dst)
+		if err != nil {
+			return err
+		}
+		r.State, r.Move = meta.RootCloning, &meta.MoveIntent{Stage: "tmp/clone-gone", StageIno: r.Ino}
+		return tx.PutRoot(r)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	write(t, dst+"/g", "2")
+	c := h.capture(dst, "c")
+	if c.ParentID != cp.ID {
+		t.Fatalf("parent %q, want %s", c.ParentID, cp.ID)
 	}
 	h.assertClean()
 }

@@ -35,11 +35,17 @@
 //     overlayfs looks them up, redirects of renamed directories included
 //     (merge_linux.go), and clones files where the filesystem can (exact
 //     link counts), hard-linking them elsewhere.
+//   - A clone is a new managed root whose first upper sits on a
+//     checkpoint's layer (the chain shared, its lineage starting there); a
+//     release gives a managed root back as a plain directory holding its
+//     live content. Layers belong to no root: mark-and-sweep keeps what
+//     any checkpoint or live chain needs, so neither side of a clone can
+//     break the other.
 //   - Crash safety: build where the metadata does not look, commit the
 //     metadata, then make the mounts match it. Open recovers from every
-//     crash point (finishes or undoes enrollments, finishes half-done
-//     swaps, remounts every root), and a crash during recovery is
-//     recovered by the next Open.
+//     crash point (finishes or undoes enrollments, clones and releases,
+//     finishes half-done swaps, remounts every root), and a crash during
+//     recovery is recovered by the next Open.
 //   - Invariant: an upper layer is the upper of at most one writable
 //     overlay superblock; every mount carries the store's source tag so
 //     that the mount table says whose it is (CheckMounts, Check).

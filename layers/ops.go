@@ -47,12 +47,12 @@ func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) 
 	}); err != nil {
 		return Checkpoint{}, err
 	}
-	if root != nil && root.State == meta.RootEnrolling {
-		// An enrollment that failed after its exchange (guestd still
-		// running): finish or undo it now, then go on. Finishing does not
-		// depend on this request: a client that hangs up must not leave
-		// the directory half enrolled.
-		if err := s.resolveEnroll(context.WithoutCancel(ctx), root); err != nil {
+	if root != nil && root.State != meta.RootReady {
+		// An enrollment (a clone, a release) that failed half way (guestd
+		// still running): finish or undo it now, then go on. Finishing
+		// does not depend on this request: a client that hangs up must
+		// not leave the directory half enrolled.
+		if err := s.resolvePending(context.WithoutCancel(ctx), root); err != nil {
 			return Checkpoint{}, err
 		}
 		if err := s.view(func(t meta.Tx) error {
@@ -61,8 +61,8 @@ func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) 
 		}); err != nil {
 			return Checkpoint{}, err
 		}
-		if root != nil && root.State == meta.RootEnrolling {
-			return Checkpoint{}, fmt.Errorf("managed root %s: interrupted enrollment cannot be resolved", path)
+		if root != nil && root.State != meta.RootReady {
+			return Checkpoint{}, fmt.Errorf("managed root %s: interrupted %s cannot be resolved", path, root.State)
 		}
 	}
 	if root == nil {
