@@ -82,6 +82,30 @@ func beyondRows(ctx context.Context, base string) ([]row, error) {
 		_, err := store.RestorePaths(ctx, cp.ID, []string{one})
 		return err
 	})
-	rows = append(rows, row{"restore of one file (restore-paths), " + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs, the file edited before each", len(t))})
+	rows = append(rows, row{"restore of one file (restore-paths), " + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs, the file edited before each (so each keeps the edit as an automatic checkpoint first: a capture)", len(t))})
+
+	// What a checkpoint that touched 10 files changed.
+	for i := range 10 {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("d%d/f%d", i, i)), []byte("changed"), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	ten, err := store.Capture(ctx, dir, "ten files")
+	if err != nil {
+		return nil, err
+	}
+	n := 0
+	t = timeN(*rounds, func(int) error {
+		ch, err := store.Changes(ctx, ten.ID, "")
+		n = len(ch)
+		return err
+	})
+	rows = append(rows, row{"changes of a checkpoint that touched 10 files, " + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs; %d changes listed; against its parent: a walk of its own layer", len(t), n)})
+
+	// Clones of that checkpoint, each a new managed directory.
+	t = timeN(*rounds, func(i int) error {
+		return store.Clone(ctx, ten.ID, filepath.Join(base, fmt.Sprintf("clone-%d", i)))
+	})
+	rows = append(rows, row{"clone of a checkpoint, " + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs; shares the checkpoint's layers (no copy)", len(t))})
 	return rows, nil
 }
