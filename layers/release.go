@@ -54,6 +54,11 @@ func (s *Store) Release(ctx context.Context, path string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	// An interrupted restore of paths: its hidden names must not become
+	// files of the plain directory.
+	if err := s.finishPaths(ctx, root); err != nil {
+		return nil, err
+	}
 	o := s.newOp(ctx, opRelease, path)
 	ids, err := s.release(o, root)
 	o.done(err)
