@@ -15,31 +15,43 @@ func (a *app) checkpointCommand() *cobra.Command {
 	cmd := group(&cobra.Command{
 		Use:     "checkpoint",
 		Aliases: []string{"checkpoints"},
-		Short:   "Capture, list, draw, restore and delete directory checkpoints",
+		Short:   "Capture, list, draw, compare, read, restore, clone and delete directory checkpoints",
 	})
-	cmd.AddCommand(a.createCommand(), a.listCommand(), a.treeCommand(), a.restoreCommand(), a.deleteCommand())
+	cmd.AddCommand(a.createCommand(), a.listCommand(), a.treeCommand(), a.restoreCommand(), a.deleteCommand(),
+		a.diffCommand(), a.catCommand(), a.cloneCommand())
 	return cmd
 }
 
 func (a *app) createCommand() *cobra.Command {
 	var dir, name, key string
+	var retain int
 	cmd := &cobra.Command{
-		Use:   "create [SANDBOX] --path DIR [--name NAME] [--idempotency-key KEY]",
+		Use:   "create [SANDBOX] --path DIR [--name NAME] [--retain N] [--idempotency-key KEY]",
 		Short: "Capture a directory's current file state",
 		Long: `Capture a directory's current file state as a new checkpoint.
 
 Stop processes and file transfers that use the directory first: the API
 answers directory_busy when it finds one, and lists them.
 
+With --retain N, the capture then deletes the directory's oldest
+checkpoints (automatic ones aside) so that it keeps at most N, the new
+one included (retention delete_oldest). A directory holds at most 10,000
+checkpoints: at that limit a capture without --retain fails with
+checkpoint_limit.
+
 With --idempotency-key, running the same command again with the same key
 (within 24 hours) prints the checkpoint the first run made instead of
 making another: safe to retry after a timeout.`,
 		Example: "  createos sandbox checkpoint create sb-local --path /workspace/project --name before-update\n" +
+			"  createos sandbox checkpoint create sb-local --path /workspace/project --retain 20\n" +
 			"  createos sandbox checkpoint create sb-local --path /workspace/project --idempotency-key \"$(uuidgen)\"",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkIdempotencyFlag(cmd, key); err != nil {
 				return err
+			}
+			if cmd.Flags().Changed("retain") && (retain < 1 || retain > api.MaxCheckpoints) {
+				return fmt.Errorf("--retain %d: want 1 to %d", retain, api.MaxCheckpoints)
 			}
 			c, sb, _, err := a.start(args, 0)
 			if err != nil {
@@ -49,7 +61,11 @@ making another: safe to retry after a timeout.`,
 			if cmd.Flags().Changed("name") {
 				namePtr = &name
 			}
-			cp, raw, err := c.CreateCheckpoint(cmd.Context(), sb, dir, namePtr, key)
+			var retention *api.Retention
+			if cmd.Flags().Changed("retain") {
+				retention = &api.Retention{Mode: api.RetentionDeleteOldest, MaxCount: retain}
+			}
+			cp, raw, err := c.CreateCheckpoint(cmd.Context(), sb, dir, namePtr, retention, key)
 			if err != nil {
 				return wrap(err)
 			}
@@ -61,6 +77,7 @@ making another: safe to retry after a timeout.`,
 	}
 	cmd.Flags().StringVar(&dir, "path", "", "absolute path of the directory to capture (required)")
 	cmd.Flags().StringVar(&name, "name", "", "display name of the checkpoint (at most 128 bytes)")
+	cmd.Flags().IntVar(&retain, "retain", 0, "keep at most N checkpoints of the directory (1 to 10000), deleting the oldest")
 	idempotencyFlag(cmd, &key, "a retry with the same key gets the first run's checkpoint instead of a new one")
 	_ = cmd.MarkFlagRequired("path")
 	_ = cmd.MarkFlagDirname("path")
@@ -96,12 +113,20 @@ func (a *app) listCommand() *cobra.Command {
 
 func (a *app) writeCheckpoints(list []Checkpoint) error {
 	w := a.table()
-	fmt.Fprintln(w, "ID\tPATH\tNAME\tCREATED\tPARENT")
+	fmt.Fprintln(w, "ID\tPATH\tNAME\tCREATED\tPARENT\tSIZE")
 	for _, cp := range list {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", cp.ID, cp.Path, orDash(cp.Name), cp.CreatedAt, orDash(cp.ParentID))
+		name := orDash(cp.Name)
+		if cp.Auto {
+			name = autoMark + " " + cp.Name
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", cp.ID, cp.Path, name, cp.CreatedAt, orDash(cp.ParentID), humanSize(cp.SizeBytes))
 	}
 	return w.Flush()
 }
+
+// autoMark marks an automatic checkpoint (a restore's safety checkpoint
+// of unsaved changes) in list and tree.
+const autoMark = "[auto]"
 
 func (a *app) treeCommand() *cobra.Command {
 	return &cobra.Command{
@@ -148,12 +173,19 @@ restored there (see docs/cli.md).`,
 
 func (a *app) restoreCommand() *cobra.Command {
 	var key string
+	var only []string
 	cmd := &cobra.Command{
-		Use:   "restore [SANDBOX] CHECKPOINT [--idempotency-key KEY]",
-		Short: "Restore a checkpoint at its original path",
+		Use:   "restore [SANDBOX] CHECKPOINT [--only PATH]... [--idempotency-key KEY]",
+		Short: "Restore a checkpoint at its original path, or only some paths of it",
 		Long: `Restore a checkpoint at its original path. Changes made since that
-checkpoint that were not captured are discarded from the live directory;
-later checkpoints stay restorable. Capture first to keep them.
+checkpoint that were not captured are discarded from the live directory,
+but kept first as an automatic checkpoint (the answer names it: restore
+that one to undo); later checkpoints stay restorable.
+
+With --only PATH (repeatable, 1 to 100 paths relative to the directory),
+only those paths become what they are in the checkpoint, recursively
+(removed when the checkpoint lacks them); the rest of the directory is
+untouched, and no automatic checkpoint is made.
 
 With --idempotency-key, running the same command again with the same key
 (within 24 hours) prints the first run's answer and restores nothing
@@ -163,9 +195,15 @@ again, even if the directory changed since.`,
 			if err := checkIdempotencyFlag(cmd, key); err != nil {
 				return err
 			}
+			if len(only) > 0 && key != "" {
+				return errors.New("--only does not take --idempotency-key: restoring the same paths again is safe")
+			}
 			c, sb, rest, err := a.start(args, 1)
 			if err != nil {
 				return err
+			}
+			if len(only) > 0 {
+				return a.restoreOnly(cmd.Context(), c, sb, rest[0], only)
 			}
 			r, raw, err := c.RestoreCheckpoint(cmd.Context(), sb, rest[0], key)
 			if err != nil {
@@ -175,9 +213,13 @@ again, even if the directory changed since.`,
 				return a.writeJSON(raw)
 			}
 			_, err = fmt.Fprintf(a.stdout, "Restored %s at %s\n", r.CheckpointID, r.Path)
+			if err == nil && r.SafetyCheckpointID != "" {
+				_, err = fmt.Fprintf(a.stdout, "Unsaved changes kept as %s (restore it to undo)\n", r.SafetyCheckpointID)
+			}
 			return err
 		},
 	}
+	cmd.Flags().StringArrayVar(&only, "only", nil, "restore only this path, relative to the directory (repeatable)")
 	idempotencyFlag(cmd, &key, "a retry with the same key gets the first run's answer and restores nothing again")
 	cmd.ValidArgsFunction = a.completeCheckpoint
 	return cmd

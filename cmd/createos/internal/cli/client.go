@@ -170,14 +170,15 @@ func idempotency(key string) http.Header {
 	return http.Header{api.HeaderIdempotencyKey: {key}}
 }
 
-// CreateCheckpoint captures dir; name is sent only when set. A non-empty
+// CreateCheckpoint captures dir; name and retention are sent only when set. A non-empty
 // idempotencyKey is sent as the Idempotency-Key header: a retry with the
 // same key gets the first answer instead of a second checkpoint.
-func (c *Client) CreateCheckpoint(ctx context.Context, sandbox, dir string, name *string, idempotencyKey string) (Checkpoint, json.RawMessage, error) {
-	body := map[string]string{"path": dir}
-	if name != nil {
-		body["name"] = *name
-	}
+func (c *Client) CreateCheckpoint(ctx context.Context, sandbox, dir string, name *string, retention *api.Retention, idempotencyKey string) (Checkpoint, json.RawMessage, error) {
+	body := struct {
+		Path      string         `json:"path"`
+		Name      *string        `json:"name,omitempty"`
+		Retention *api.Retention `json:"retention,omitempty"`
+	}{dir, name, retention}
 	var cp Checkpoint
 	raw, err := c.callWith(ctx, http.MethodPost, sandboxPath(sandbox, "checkpoints"), idempotency(idempotencyKey), body, &cp)
 	return cp, raw, err

@@ -128,7 +128,7 @@ says which values came from there.`,
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
 
 	sandbox := group(&cobra.Command{Use: "sandbox", Short: "Work with a sandbox"})
-	sandbox.AddCommand(a.checkpointCommand(), a.snapshotCommand(), a.tokenCommand())
+	sandbox.AddCommand(a.checkpointCommand(), a.directoryCommand(), a.snapshotCommand(), a.tokenCommand())
 	sandbox.AddCommand(a.sandboxCommands()...)
 	root.AddCommand(sandbox)
 	return root

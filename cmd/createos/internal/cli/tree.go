@@ -193,7 +193,10 @@ func writeTree(w io.Writer, lineages []*Lineage) error {
 				continue
 			}
 			n := r.node
-			line := fmt.Sprintf("%-*s  %s  %s", width, r.graph, n.ID, n.CreatedAt)
+			line := fmt.Sprintf("%-*s  %s  %s  %10s", width, r.graph, n.ID, n.CreatedAt, humanSize(n.SizeBytes))
+			if n.Auto {
+				line += "  " + autoMark
+			}
 			if n.Name != "" {
 				line += "  " + quoteName(n.Name)
 			}

@@ -18,51 +18,59 @@ func TestDrawLineage(t *testing.T) {
 		{"empty", nil, "No checkpoints.\n"},
 		{"linear", []Checkpoint{cp("A", "/p", ""), cp("B", "/p", "A"), cp("C", "/p", "B")}, `
 /p
-*  C  T  <- live
-*  B  T
-*  A  T
+*  C  T         0 B  <- live
+*  B  T         0 B
+*  A  T         0 B
 `},
 		{"seed example: A B C, restore B, D", []Checkpoint{cp("A", "/p", ""), cp("B", "/p", "A"), cp("C", "/p", "B"), cp("D", "/p", "B")}, `
 /p
-*    D  T  <- live
-| *  C  T
+*    D  T         0 B  <- live
+| *  C  T         0 B
 |/
-*    B  T
-*    A  T
+*    B  T         0 B
+*    A  T         0 B
 `},
 		{"three branches from one checkpoint", []Checkpoint{cp("A", "/p", ""), cp("B", "/p", "A"), cp("C", "/p", "A"), cp("D", "/p", "A")}, `
 /p
-*      D  T  <- live
-| *    C  T
-| | *  B  T
+*      D  T         0 B  <- live
+| *    C  T         0 B
+| | *  B  T         0 B
 | |/
 |/
-*      A  T
+*      A  T         0 B
 `},
 		{"nested branches stay apart", []Checkpoint{cp("A", "/p", ""), cp("B", "/p", "A"), cp("C", "/p", "B"), cp("E", "/p", "A"), cp("D", "/p", "B"), cp("F", "/p", "E")}, `
 /p
-*      F  T  <- live
-*      E  T
-| *    D  T
-| | *  C  T
+*      F  T         0 B  <- live
+*      E  T         0 B
+| *    D  T         0 B
+| | *  C  T         0 B
 | |/
-| *    B  T
+| *    B  T         0 B
 |/
-*      A  T
+*      A  T         0 B
 `},
 		{"deleted parent starts a new root", []Checkpoint{cp("A", "/p", ""), cp("C", "/p", "B"), cp("D", "/p", "C")}, `
 /p
-*  D  T  <- live
-*  C  T  (parent B deleted)
-*  A  T
+*  D  T         0 B  <- live
+*  C  T         0 B  (parent B deleted)
+*  A  T         0 B
 `},
 		{"directories newest activity first", []Checkpoint{cp("A", "/p", ""), cp("X", "/q", ""), cp("B", "/p", "A")}, `
 /p
-*  B  T  <- live
-*  A  T
+*  B  T         0 B  <- live
+*  A  T         0 B
 
 /q
-*  X  T  <- live
+*  X  T         0 B  <- live
+`},
+		{"sizes and automatic checkpoints", []Checkpoint{cp("A", "/p", ""), {ID: "S", Path: "/p", ParentID: "A", CreatedAt: "T", Name: "before restoring A", Auto: true, SizeBytes: 1536},
+			{ID: "B", Path: "/p", ParentID: "A", CreatedAt: "T", SizeBytes: 5 << 20}}, `
+/p
+*    B  T     5.0 MiB  <- live
+| *  S  T     1.5 KiB  [auto]  before restoring A
+|/
+*    A  T         0 B
 `},
 	}
 	for _, tc := range cases {

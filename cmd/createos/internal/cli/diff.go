@@ -1,0 +1,241 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/pmezard/go-difflib/difflib"
+	"github.com/spf13/cobra"
+
+	"strata/internal/api"
+)
+
+func (a *app) diffCommand() *cobra.Command {
+	var against string
+	var live, patch bool
+	cmd := &cobra.Command{
+		Use:   "diff [SANDBOX] CHECKPOINT [--against CHECKPOINT2 | --live] [--patch]",
+		Short: "Show what a checkpoint changed: against its parent, another checkpoint or the live directory",
+		Long: `Show what a checkpoint changed, one line per added, modified or deleted
+entry, sorted by path:
+
+  (no flag)            from its parent (the checkpoint it continued from)
+                       to the checkpoint
+  --against CHECKPOINT2  from CHECKPOINT2 (of the same directory) to the checkpoint
+  --live               from the checkpoint to the live directory: what
+                       changed since, unsaved
+
+--patch prints a unified diff of the text files instead (as diff -u and
+git diff do: a/ the older side, b/ the newer one), both sides read
+through the files route. A file that is not UTF-8 text, or holds a NUL
+byte, is "Binary files … differ"; one over 4 MiB is named and skipped.
+The live directory cannot be read through the API, so --patch --live
+prints the list and a note: capture a checkpoint and diff it --against
+the first one instead. A checkpoint without a parent (the first of its
+directory) shows its added files in full and skips the others.`,
+		Example: "  createos sandbox checkpoint diff sb-local cp_…\n" +
+			"  createos sandbox checkpoint diff cp_NEW --against cp_OLD --patch\n" +
+			"  createos sandbox checkpoint diff cp_… --live",
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if patch && a.output == "json" {
+				return errPatchJSON
+			}
+			if cmd.Flags().Changed("against") && !api.ValidCheckpointID(against) {
+				return fmt.Errorf("--against %q: want a checkpoint id (cp_…)", against)
+			}
+			c, sb, rest, err := a.start(args, 1)
+			if err != nil {
+				return err
+			}
+			id := rest[0]
+			q := against
+			if live {
+				q = api.AgainstLive
+			}
+			changes, raw, err := c.Changes(cmd.Context(), sb, id, q)
+			if err != nil {
+				return wrap(err)
+			}
+			if a.output == "json" {
+				return a.writeJSON(raw)
+			}
+			if !patch || live {
+				if err := a.writeChanges(changes); err != nil {
+					return err
+				}
+				if patch {
+					fmt.Fprintln(a.stderr, "note: --patch needs both sides through the files route, and the live directory has none there;"+
+						" capture a checkpoint and diff it --against "+id+" --patch")
+				}
+				return nil
+			}
+			old := against
+			if old == "" {
+				if old, err = a.parentOf(cmd.Context(), c, sb, id); err != nil {
+					return err
+				}
+			}
+			p := patcher{ctx: cmd.Context(), c: c, sb: sb, oldID: old, newID: id, w: a.stdout, notes: a.stderr}
+			return p.write(changes)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&against, "against", "", "compare with this checkpoint of the same directory (the older side)")
+	f.BoolVar(&live, "live", false, "compare the checkpoint with the live directory (the newer side)")
+	f.BoolVar(&patch, "patch", false, "print a unified diff of the changed text files")
+	cmd.MarkFlagsMutuallyExclusive("against", "live")
+	cmd.ValidArgsFunction = a.completeCheckpoint
+	return cmd
+}
+
+// parentOf is the parent_id of checkpoint id ("" for none), from the list.
+func (a *app) parentOf(ctx context.Context, c *Client, sb, id string) (string, error) {
+	list, _, err := c.ListCheckpoints(ctx, sb)
+	if err != nil {
+		return "", wrap(err)
+	}
+	for _, cp := range list {
+		if cp.ID == id {
+			return cp.ParentID, nil
+		}
+	}
+	return "", nil
+}
+
+func (a *app) writeChanges(changes []Change) error {
+	if len(changes) == 0 {
+		_, err := fmt.Fprintln(a.stdout, "No changes.")
+		return err
+	}
+	w := a.table()
+	fmt.Fprintln(w, "CHANGE\tTYPE\tSIZE\tPATH")
+	for _, ch := range changes {
+		size := humanSize(ch.Size)
+		if ch.Type == "dir" {
+			size = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", ch.Change, ch.Type, size, ch.Path)
+	}
+	return w.Flush()
+}
+
+// patcher writes the unified diff of changes between two checkpoints,
+// reading each text file's sides through the files route.
+type patcher struct {
+	ctx          context.Context
+	c            *Client
+	sb           string
+	oldID, newID string // oldID "" when the older side has no checkpoint
+	w, notes     io.Writer
+}
+
+// side is one side of a file: absent (the file is not there), or its
+// content; skip says why it cannot be shown.
+type side struct {
+	present bool
+	content []byte
+	skip    string
+}
+
+func (p *patcher) write(changes []Change) error {
+	for _, ch := range changes {
+		if ch.Type != "file" && ch.Change != "modified" {
+			continue
+		}
+		var older, newer side
+		var err error
+		if ch.Change != "added" {
+			if p.oldID == "" {
+				fmt.Fprintf(p.notes, "note: %s: %s has no parent checkpoint to read the older side from; skipped\n", ch.Path, p.newID)
+				continue
+			}
+			if older, err = p.read(p.oldID, ch.Path); err != nil {
+				return err
+			}
+		}
+		if ch.Change != "deleted" {
+			if newer, err = p.read(p.newID, ch.Path); err != nil {
+				return err
+			}
+		}
+		if err := p.file(ch.Path, older, newer); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// read fetches path from checkpoint id: a file's content; anything else
+// (a directory, a symlink, nothing) is absent from a text diff.
+func (p *patcher) read(id, path string) (side, error) {
+	e, _, err := p.c.ReadEntry(p.ctx, p.sb, id, path)
+	var apiErr *APIError
+	switch {
+	case errors.As(err, &apiErr) && apiErr.Code == "entry_not_found":
+		return side{}, nil
+	case errors.As(err, &apiErr) && apiErr.Code == "file_too_large":
+		return side{present: true, skip: "larger than 4 MiB"}, nil
+	case err != nil:
+		return side{}, wrap(err)
+	case e.Content == nil:
+		return side{}, nil
+	}
+	return side{present: true, content: *e.Content}, nil
+}
+
+func (p *patcher) file(path string, older, newer side) error {
+	if !older.present && !newer.present {
+		return nil
+	}
+	for _, s := range []side{older, newer} {
+		if s.skip != "" {
+			fmt.Fprintf(p.notes, "note: %s: %s; not shown\n", path, s.skip)
+			return nil
+		}
+	}
+	from, to := "a/"+path, "b/"+path
+	fromDate, toDate := p.oldID, p.newID
+	if !older.present {
+		from, fromDate = "/dev/null", ""
+	}
+	if !newer.present {
+		to, toDate = "/dev/null", ""
+	}
+	if !isText(older.content) || !isText(newer.content) {
+		_, err := fmt.Fprintf(p.w, "Binary files %s and %s differ\n", from, to)
+		return err
+	}
+	return difflib.WriteUnifiedDiff(p.w, difflib.UnifiedDiff{
+		A: splitLines(older.content), B: splitLines(newer.content),
+		FromFile: from, ToFile: to, FromDate: fromDate, ToDate: toDate, Context: 3,
+	})
+}
+
+// isText reports whether b is shown as text: valid UTF-8 without NUL.
+func isText(b []byte) bool { return utf8.Valid(b) && bytes.IndexByte(b, 0) < 0 }
+
+// noNewline is how diff -u marks a last line without a newline.
+const noNewline = "\n\\ No newline at end of file\n"
+
+// splitLines splits b into lines that keep their "\n"; a last line
+// without one carries diff's marker instead, so that it differs from the
+// same line with a newline and prints as diff -u prints it. (difflib's
+// own SplitLines adds an empty line at the end of every text.)
+func splitLines(b []byte) []string {
+	if len(b) == 0 {
+		return nil
+	}
+	lines := strings.SplitAfter(string(b), "\n")
+	if last := lines[len(lines)-1]; last == "" {
+		lines = lines[:len(lines)-1]
+	} else {
+		lines[len(lines)-1] = last + noNewline
+	}
+	return lines
+}
