@@ -47,7 +47,7 @@ var FileMTime = time.Date(2026, 11, 5, 9, 0, 0, 0, time.UTC)
 
 var (
 	errEntryNotFound = fault.New(fault.NotFound, "entry_not_found", "the checkpoint has no entry at this path")
-	errNotManaged    = fault.New(fault.NotFound, "directory_not_found", "no managed directory has this path")
+	errNotManaged    = fault.New(fault.NotFound, "directory_not_managed", "no managed directory has this path")
 )
 
 // SetTree gives checkpoint id a file tree.

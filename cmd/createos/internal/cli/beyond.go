@@ -207,6 +207,9 @@ func (a *app) restoreOnly(ctx context.Context, c *Client, sb, id string, paths [
 		return a.writeJSON(raw)
 	}
 	_, err = fmt.Fprintf(a.stdout, "Restored %s from %s at %s\n", strings.Join(r.Paths, ", "), r.CheckpointID, r.Path)
+	if err == nil && r.SafetyCheckpointID != "" {
+		_, err = fmt.Fprintf(a.stdout, "Unsaved changes kept as %s (restore it to undo)\n", r.SafetyCheckpointID)
+	}
 	return err
 }
 

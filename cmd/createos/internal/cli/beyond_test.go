@@ -179,7 +179,7 @@ func TestRestoreOnlyCloneRelease(t *testing.T) {
 	if !strings.HasPrefix(out, "Released /workspace/project; deleted 2 checkpoint(s)\n  "+a.ID+"\n") {
 		t.Errorf("release printed %q", out)
 	}
-	if _, errOut, code := e.run("sandbox", "directory", "release", "--path", "/workspace/project"); code != 1 || !strings.Contains(errOut, "directory_not_found") {
+	if _, errOut, code := e.run("sandbox", "directory", "release", "--path", "/workspace/project"); code != 1 || !strings.Contains(errOut, "directory_not_managed") {
 		t.Errorf("second release: exit %d %s", code, errOut)
 	}
 
