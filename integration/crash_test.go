@@ -114,6 +114,42 @@ var scenarios = []scenario{
 		},
 	},
 	{
+		// The clone is a sibling of the directory; the directory and its
+		// list stay as they were, the store check after recovery finds
+		// no half clone.
+		name: "clone",
+		setup: func(t *testing.T, g *guest, dir string) map[string]string {
+			writeFile(t, dir+"/a", "A")
+			a := g.create(dir, "A")["id"].(string)
+			writeFile(t, dir+"/a", "unsaved")
+			return map[string]string{"A": a}
+		},
+		op: func(t *testing.T, g *guest, dir string, st map[string]string) error {
+			_, err := g.do("POST", "/v1/checkpoints/"+st["A"]+"/clone", "application/json", fmt.Sprintf(`{"path":%q}`, dir+"-clone"))
+			return err
+		},
+		after: func(before []string, _ map[string]string) []string { return before },
+	},
+	{
+		// Before: managed, its checkpoints listed; after: plain with the
+		// same content, its checkpoints gone.
+		name: "release",
+		setup: func(t *testing.T, g *guest, dir string) map[string]string {
+			writeFile(t, dir+"/a", "A")
+			g.create(dir, "A")
+			writeFile(t, dir+"/a", "B")
+			writeFile(t, dir+"/sub/b", "b")
+			g.create(dir, "B")
+			writeFile(t, dir+"/unsaved", "u")
+			return nil
+		},
+		op: func(t *testing.T, g *guest, dir string, _ map[string]string) error {
+			_, err := g.do("POST", "/v1/directories/release", "application/json", fmt.Sprintf(`{"path":%q}`, dir))
+			return err
+		},
+		after: func([]string, map[string]string) []string { return nil },
+	},
+	{
 		// The fourth capture makes the background worker merge layers.
 		name: "compact",
 		setup: func(t *testing.T, g *guest, dir string) map[string]string {
