@@ -215,7 +215,11 @@ func (g *FakeGuest) file(r *http.Request, id string) (any, error) {
 	if !ok {
 		return nil, errEntryNotFound.With("path", rel)
 	}
-	e := api.Entry{Path: rel, Type: f.Type, Mode: api.FormatMode(f.Mode), Size: f.size(), MTime: api.FormatMTime(FileMTime)}
+	shown := rel
+	if shown == "" {
+		shown = "."
+	}
+	e := api.Entry{Path: shown, Type: f.Type, Mode: api.FormatMode(f.Mode), Size: f.size(), MTime: api.FormatMTime(FileMTime)}
 	switch f.Type {
 	case "file":
 		c := []byte(f.Content)
