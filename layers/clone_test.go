@@ -397,3 +397,79 @@ func TestCaptureResolvesAPendingClone(t *testing.T) {
 	}
 	h.assertClean()
 }
+
+// TestCloneUnderCompaction: with enough checkpoints on both sides that
+// compaction builds spans over the shared layers, every checkpoint of the
+// clone restores to what it was, after the source's checkpoints are
+// deleted (squash), after the source is released, and after a restart.
+func TestCloneUnderCompaction(t *testing.T) {
+	testenv.RequiresRootMounts(t)
+	h := newHarness(t, false)
+	ctx := context.Background()
+	src := h.mkdir("src", func(d string) { write(t, d+"/common", "0") })
+	var srcCPs []Checkpoint
+	for i := range 8 {
+		write(t, src+"/common", "src "+itoa(i))
+		write(t, src+"/s"+itoa(i), itoa(i))
+		if i%3 == 2 {
+			os.Remove(src + "/s" + itoa(i-1))
+		}
+		srcCPs = append(srcCPs, h.capture(src, "s"))
+	}
+	dst := filepath.Join(h.work, "clone")
+	if err := h.store.Clone(ctx, srcCPs[5].ID, dst); err != nil {
+		t.Fatal(err)
+	}
+	type saved struct {
+		id   string
+		tree fstree.Tree
+	}
+	var cps []saved
+	for i := range 8 {
+		write(t, dst+"/common", "clone "+itoa(i))
+		write(t, dst+"/c"+itoa(i), itoa(i))
+		if i%2 == 1 {
+			os.Remove(dst + "/s" + itoa(i))
+		}
+		c := h.capture(dst, "c")
+		cps = append(cps, saved{c.ID, fstree.MustSnapshot(t, dst)})
+		// The source goes on too.
+		write(t, src+"/common", "src later "+itoa(i))
+		h.capture(src, "s")
+	}
+	checkAll := func(stage string) {
+		t.Helper()
+		if err := h.store.Settle(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cps {
+			h.restore(c.id)
+			if d := fstree.Diff(c.tree, fstree.MustSnapshot(t, dst)); len(d) > 0 {
+				t.Fatalf("%s: clone checkpoint %s differs:\n%s", stage, c.id, strings.Join(d, "\n"))
+			}
+		}
+		h.assertClean()
+	}
+	checkAll("compacted")
+	var spans int
+	h.store.view(func(tx meta.Tx) error {
+		sps, err := tx.Spans()
+		spans = len(sps)
+		return err
+	})
+	if spans == 0 {
+		t.Fatal("no span was built: the test does not exercise compaction")
+	}
+	for _, id := range checkpointsOf(t, h, src) {
+		if err := h.store.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkAll("source checkpoints deleted")
+	if _, err := h.store.Release(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	checkAll("source released")
+	h.reopen()
+	checkAll("reopened")
+}
