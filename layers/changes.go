@@ -62,17 +62,7 @@ func (s *Store) Changes(ctx context.Context, id, against string) ([]Change, erro
 	case "":
 		return s.changesAgainstParent(ctx, id)
 	case AgainstLive:
-		cpTree, _, root, err := s.checkpointTree(id)
-		if err != nil {
-			return nil, err
-		}
-		defer cpTree.Close()
-		live, err := s.liveTree(root)
-		if err != nil {
-			return nil, err
-		}
-		defer live.Close()
-		return compareTrees(ctx, cpTree, live)
+		return s.changesAgainstLive(ctx, id)
 	default:
 		newer, cp, _, err := s.checkpointTree(id)
 		if err != nil {
@@ -145,6 +135,64 @@ func (s *Store) changesAgainstParent(ctx context.Context, id string) ([]Change, 
 	return d.sorted(), nil
 }
 
+// changesAgainstLive compares checkpoint id with the live directory,
+// read through its mount. When the live directory goes on from the
+// checkpoint (its upper layer's parent is the checkpoint's layer: the
+// checkpoint is the newest capture or the last restore), only the upper
+// layer is walked, as against a parent; otherwise the two are compared in
+// full, which reads every file whose metadata are equal.
+func (s *Store) changesAgainstLive(ctx context.Context, id string) ([]Change, error) {
+	var root *meta.Root
+	var cpDirs []uint64
+	onTop := false
+	unpin, err := s.viewPinned(func(t meta.Tx) (_ []uint64, err error) {
+		cp, err := mustCheckpoint(t, id)
+		if err != nil {
+			return nil, err
+		}
+		if root, err = t.Root(cp.Root); err != nil {
+			return nil, err
+		}
+		if root == nil {
+			return nil, ErrCheckpointNotFound.With("checkpoint_id", id)
+		}
+		if cpDirs, err = segDirs(t, cp.Layer); err != nil {
+			return nil, err
+		}
+		active, err := t.Layer(root.Active)
+		if err != nil {
+			return nil, err
+		}
+		onTop = root.State == meta.RootReady && active != nil && active.Parent == cp.Layer
+		return append(slices.Clone(cpDirs), root.Active), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer unpin()
+	older, err := s.layerTreeOf(cpDirs, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer older.Close()
+	live, err := s.liveTree(root)
+	if err != nil {
+		return nil, err
+	}
+	defer live.Close()
+	if !onTop {
+		return compareTrees(ctx, older, live)
+	}
+	d := &differ{ctx: ctx, older: older, newer: live}
+	if err := d.rootAttrs(); err != nil {
+		return nil, err
+	}
+	if err := d.walkLayer(s.fsDir(root.Active), ""); err != nil {
+		return nil, err
+	}
+	return d.sorted(), nil
+}
+
 // compareTrees lists what changed from older to newer, comparing them in
 // full (see Changes for what is listed).
 func compareTrees(ctx context.Context, older, newer tree) ([]Change, error) {
@@ -163,6 +211,7 @@ type differ struct {
 	ctx          context.Context
 	older, newer tree
 	out          []Change
+	bufA, bufB   []byte // contentDiffers' buffers, made once
 }
 
 func (d *differ) sorted() []Change {
@@ -234,6 +283,9 @@ func (d *differ) subtree(t tree, rel, change string) error {
 // entry lists rel and everything under it in t as change.
 func (d *differ) entry(t tree, rel, change string) error {
 	st, err := t.Lstat(rel)
+	if errors.Is(err, fs.ErrNotExist) && t == d.newer {
+		return nil // removed from the live directory since it was listed
+	}
 	if err != nil {
 		return err
 	}
@@ -280,6 +332,15 @@ func (d *differ) compareDir(rel string) error {
 				return err
 			}
 			nst, err := d.newer.Lstat(p)
+			if errors.Is(err, fs.ErrNotExist) {
+				// Removed from the live directory since it was listed.
+				if err := d.entry(d.older, p, ChangeDeleted); err != nil {
+					return err
+				}
+				i++
+				j++
+				continue
+			}
 			if err != nil {
 				return err
 			}
@@ -361,7 +422,10 @@ func (d *differ) contentDiffers(rel string) (bool, error) {
 		return false, err
 	}
 	defer b.Close()
-	ba, bb := make([]byte, 256<<10), make([]byte, 256<<10)
+	if d.bufA == nil {
+		d.bufA, d.bufB = make([]byte, 256<<10), make([]byte, 256<<10)
+	}
+	ba, bb := d.bufA, d.bufB
 	for {
 		if err := d.ctx.Err(); err != nil {
 			return false, err
@@ -422,6 +486,15 @@ func (d *differ) walkLayer(layerDir, rel string) error {
 			continue
 		}
 		nst, err := d.newer.Lstat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			// Removed from the live directory since the layer was read.
+			if oerr == nil {
+				if err := d.entry(d.older, p, ChangeDeleted); err != nil {
+					return err
+				}
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}

@@ -205,6 +205,7 @@ func TestChangesRandom(t *testing.T) {
 		saved := map[string]bruteTree{}
 		var ids []string
 		first := h.capture(dir, "base").ID
+		head := first
 		saved[first], ids = bruteSnapshot(t, dir), []string{first}
 		var log []string
 		fail := func(format string, args ...any) {
@@ -266,7 +267,11 @@ func TestChangesRandom(t *testing.T) {
 				}
 			}
 			// Unsaved changes first, for the comparison with the live
-			// directory.
+			// directory: with the checkpoint it goes on from (its upper
+			// layer alone is walked) and with any other.
+			if saved[head] != nil {
+				checkLive(fmt.Sprintf("batch %d, unsaved, against the head", b), head)
+			}
 			checkLive(fmt.Sprintf("batch %d, unsaved", b), ids[rng.IntN(len(ids))])
 			cp, err := h.store.Capture(ctx, dir, "")
 			if err != nil {
@@ -274,6 +279,7 @@ func TestChangesRandom(t *testing.T) {
 			}
 			saved[cp.ID] = bruteSnapshot(t, dir)
 			ids = append(ids, cp.ID)
+			head = cp.ID
 			stage := fmt.Sprintf("batch %d", b)
 			checkParent(stage, cp.ID)
 			checkOther(stage, cp.ID, ids[rng.IntN(len(ids))])
@@ -287,6 +293,7 @@ func TestChangesRandom(t *testing.T) {
 				i := rng.IntN(len(ids))
 				log = append(log, fmt.Sprintf("batch %d: restore checkpoint %d", b, i))
 				h.restore(ids[i])
+				head = ids[i]
 			case 2:
 				if len(ids) > 2 {
 					i := rng.IntN(len(ids) - 1)
