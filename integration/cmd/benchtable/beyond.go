@@ -84,23 +84,12 @@ func beyondRows(ctx context.Context, base string) ([]row, error) {
 	})
 	rows = append(rows, row{"restore of one file (restore-paths), " + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs, the file edited before each (so each keeps the edit as an automatic checkpoint first: a capture)", len(t))})
 
-	// What a checkpoint that touched 10 files changed.
-	for i := range 10 {
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("d%d/f%d", i, i)), []byte("changed"), 0o644); err != nil {
-			return nil, err
-		}
-	}
-	ten, err := store.Capture(ctx, dir, "ten files")
+	// What a checkpoint that touched 10 files changed (changes.go).
+	cr, ten, err := changesRow(ctx, store, dir, size)
 	if err != nil {
 		return nil, err
 	}
-	n := 0
-	t = timeN(*rounds, func(int) error {
-		ch, err := store.Changes(ctx, ten.ID, "")
-		n = len(ch)
-		return err
-	})
-	rows = append(rows, row{"changes of a checkpoint that touched 10 files, " + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs; %d changes listed; against its parent: a walk of its own layer", len(t), n)})
+	rows = append(rows, cr)
 
 	// Clones of that checkpoint, each a new managed directory.
 	t = timeN(*rounds, func(i int) error {
