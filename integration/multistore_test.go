@@ -73,3 +73,56 @@ func TestSecondFilesystem(t *testing.T) {
 	g.must("DELETE", "/v1/checkpoints/"+b["id"].(string), "")
 	g.stop()
 }
+
+// TestBeyondAcrossStores: issue 8's routes go to the store that holds
+// what they name: changes and files of a checkpoint of the second
+// filesystem's store, a clone on its filesystem (and not on another:
+// 422 path_mount), then a capture of the clone and a release of the
+// source, which the second store serves.
+func TestBeyondAcrossStores(t *testing.T) {
+	g := newGuest(t)
+	base := t.TempDir()
+	cleanupMounts(t, base)
+	fs2 := filepath.Join(base, "fs2")
+	os.MkdirAll(fs2, 0o755)
+	if err := syscall.Mount("tmpfs", fs2, "tmpfs", 0, "size=256m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(fs2, syscall.MNT_DETACH) })
+	g.start("-allow-mount=/", "-allow-mount="+fs2)
+	onTmpfs := filepath.Join(fs2, "proj")
+	writeFile(t, onTmpfs+"/f", "one")
+	a := g.create(onTmpfs, "a")["id"].(string)
+	writeFile(t, onTmpfs+"/f", "two")
+	b := g.create(onTmpfs, "b")["id"].(string)
+
+	r := g.must("GET", "/v1/checkpoints/"+b+"/changes", "")
+	if !strings.Contains(string(r.Raw), `"path":"f","change":"modified"`) {
+		t.Fatalf("changes on the second store: %s", r.Raw)
+	}
+	r = g.must("GET", "/v1/checkpoints/"+a+"/files/f", "")
+	if !strings.Contains(string(r.Raw), `"content":"b25l"`) {
+		t.Fatalf("file from the second store: %s", r.Raw)
+	}
+	r, _ = g.do("POST", "/v1/checkpoints/"+a+"/clone", "application/json", `{"path":"`+filepath.Join(base, "clone-elsewhere")+`"}`)
+	if r.Status != 422 || r.code() != "path_mount" {
+		t.Fatalf("clone onto another filesystem: %d %s", r.Status, r.Raw)
+	}
+	clone := filepath.Join(fs2, "clone")
+	g.must("POST", "/v1/checkpoints/"+a+"/clone", `{"path":"`+clone+`"}`)
+	if got, _ := os.ReadFile(clone + "/f"); string(got) != "one" {
+		t.Fatalf("clone's f: %q", got)
+	}
+	c := g.create(clone, "c")
+	if c["parent_id"] != a {
+		t.Fatalf("clone's first capture: %v, want parent %s", c, a)
+	}
+	r = g.must("POST", "/v1/directories/release", `{"path":"`+onTmpfs+`"}`)
+	if !strings.Contains(string(r.Raw), a) || !strings.Contains(string(r.Raw), b) {
+		t.Fatalf("release: %s", r.Raw)
+	}
+	if got := ids(g.list()); !slices.Equal(got, []string{c["id"].(string)}) {
+		t.Fatalf("list after the release: %v", got)
+	}
+	g.stop()
+}
