@@ -9,6 +9,11 @@
 // DELETE /v1/checkpoints/{id}, with the bodies, envelopes and error codes
 // of the public API; beside them GET /v1/directories (extension: each
 // managed directory and the checkpoint its live content continues from),
+// the routes of issue 8 (GET /v1/checkpoints/{id}/changes[?against=],
+// GET /v1/checkpoints/{id}/files/{path...}, POST
+// /v1/checkpoints/{id}/restore-paths and /clone, POST
+// /v1/directories/release: each goes to the store that holds the
+// checkpoint, or the managed directory, it names),
 // PUT /v1/credentials (the host hands over the API address, sandbox id and
 // access token, written root-readable for processes in the sandbox; after
 // a boot it may send only the token's hash, and the token guestd has is

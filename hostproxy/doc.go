@@ -1,7 +1,8 @@
 // Package hostproxy is strata's public REST API: it authenticates callers
 // with account API keys and sandbox access tokens, validates every request
-// at the edge, and forwards the four checkpoint operations to the guest
-// daemon (guestd) of the sandbox they name.
+// at the edge, and forwards the checkpoint operations (the seed's four and
+// the extensions: changes, files, restore-paths, clone, directories and
+// their release) to the guest daemon (guestd) of the sandbox they name.
 //
 // What it does:
 //   - serves /v1/sandboxes/{id}/checkpoints… and /v1/sandboxes/{id}/access-token…
@@ -14,7 +15,10 @@
 //     where none is taken, bodies over 16 KiB, non-JSON content types, unknown
 //     fields, wrong types, trailing data, malformed ids, bad names, and
 //     paths that break the rules of the string alone (pathpolicy.CheckSyntax:
-//     absolute, clean, not protected), with the codes guestd would use;
+//     absolute, clean, not protected), the against query of changes, the
+//     {path…} of the files route (relative, clean, inside: unescaped once
+//     from echo's wildcard) and restore-paths' paths (api package), with
+//     the codes guestd would use;
 //   - checks the Idempotency-Key header of create and restore
 //     (api.IdempotencyKey) and forwards it unchanged: guestd keeps the
 //     answers, so a retry is answered by the guest that did the work;
