@@ -3,6 +3,7 @@ package hostproxy_test
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 
 	"strata/hostproxy/hostproxytest"
@@ -132,5 +133,17 @@ func TestCloneAndReleaseForwarded(t *testing.T) {
 	}
 	if rep := s.do(request{method: "GET", path: "/v1/sandboxes/sb-a1/checkpoints/" + cp.ID + "/changes", key: keyA}); rep.status != http.StatusNotFound {
 		t.Fatalf("changes of a released checkpoint: %d %s", rep.status, rep.body)
+	}
+}
+
+// TestRetentionIsPartOfTheRequest pins that an Idempotency-Key sent
+// again with another retention names another request, as guestd says.
+func TestRetentionIsPartOfTheRequest(t *testing.T) {
+	s := startStack(t, nil)
+	key := http.Header{"Idempotency-Key": {"retry-1"}}
+	s.mustData(request{method: "POST", path: cpsA1, key: keyA, body: `{"path":"/workspace/project","retention":{"mode":"delete_oldest","max_count":2}}`, more: key}, nil)
+	rep := s.do(request{method: "POST", path: cpsA1, key: keyA, body: `{"path":"/workspace/project","retention":{"mode":"delete_oldest","max_count":3}}`, more: key})
+	if rep.status != 422 || !strings.Contains(string(rep.body), "idempotency_key_reused") {
+		t.Fatalf("another retention under the same key: %d %s", rep.status, rep.body)
 	}
 }

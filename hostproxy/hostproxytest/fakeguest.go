@@ -18,7 +18,7 @@
 // Like guestd, it honours the Idempotency-Key header of create and
 // restore: the first successful answer under a key is kept for
 // IdempotencyWindow (on the double's clock, SetClock); a retry with the
-// same key and the same request (create: path and name; restore: the
+// same key and the same request (create: path, name and retention; restore: the
 // checkpoint id) gets that answer again and changes nothing; the same key
 // with another request is 422 idempotency_key_reused. A request that
 // failed did nothing and is not kept: its retry runs again.
@@ -35,6 +35,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -357,6 +358,9 @@ func (g *FakeGuest) create(r *http.Request) (any, error) {
 		return nil, err
 	}
 	request := "create\x00" + p + "\x00" + name
+	if n := body.RetentionCount(); n > 0 {
+		request += "\x00retain " + strconv.Itoa(n)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if data, ok, err := g.replay(key, request); ok {
