@@ -331,6 +331,17 @@ type Directory struct {
 	SizeBytes int64
 }
 
+// pendingProblem says why a root in state (not ready) is unavailable: an
+// enrollment, clone or release under way, or one a crash interrupted that
+// the next operation on the path or the next start finishes or undoes.
+func pendingProblem(state string) string {
+	what := map[string]string{meta.RootEnrolling: "an enrollment", meta.RootCloning: "a clone", meta.RootReleasing: "a release"}[state]
+	if what == "" {
+		what = "an operation (" + state + ")"
+	}
+	return what + " is under way or was interrupted; the next operation on the path, or the next start, finishes or undoes it"
+}
+
 // Directory states.
 const (
 	DirReady       = "ready"
@@ -361,7 +372,7 @@ func (s *Store) Directories() ([]Directory, error) {
 			return nil, err
 		}
 		if r.State != meta.RootReady {
-			d.State, d.Problem = DirUnavailable, "an interrupted enrollment could not be finished"
+			d.State, d.Problem = DirUnavailable, pendingProblem(r.State)
 			out = append(out, d)
 			continue
 		}
