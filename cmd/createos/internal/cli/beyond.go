@@ -83,6 +83,11 @@ func (a *app) relPath(ctx context.Context, c *Client, sb, id, p string) (string,
 		return "", nil
 	}
 	if !strings.HasPrefix(p, "/") {
+		// src/ or a/./b, as a shell completes or a person types them;
+		// what stays unclean ("../x") the API refuses.
+		if p = path.Clean(p); p == "." {
+			return "", nil
+		}
 		return p, nil
 	}
 	list, _, err := c.ListCheckpoints(ctx, sb)
@@ -113,8 +118,8 @@ func (a *app) catCommand() *cobra.Command {
 		Long: `Print one entry as it is in a checkpoint, read from its layers: a file's
 content, a symlink's target, or a directory's names (a directory's with a
 trailing /, a symlink's with a trailing @). PATH is relative to the
-checkpoint's directory ("." is the directory itself), or an absolute path
-inside it. Files larger than 4 MiB are refused (file_too_large): restore
+checkpoint's directory ("." is the directory itself; "src/" is "src"), or
+an absolute path inside it. Files larger than 4 MiB are refused (file_too_large): restore
 them, or read them in the sandbox. -o json prints the API's answer, the
 content in base64.`,
 		Example: "  createos sandbox checkpoint cat sb-local cp_… src/main.go\n" +

@@ -224,3 +224,21 @@ cp_2  /w    [auto] before restoring cp_1  T2       cp_1    10 B
 		t.Errorf("got:\n%s\nwant:\n%s", out.String(), want)
 	}
 }
+
+// TestPatchWithDeletedParent pins diff --patch of a checkpoint whose
+// parent was deleted: the files route cannot read the parent, so the
+// added files are shown and the others named on stderr, instead of the
+// whole command failing on checkpoint_not_found.
+func TestPatchWithDeletedParent(t *testing.T) {
+	e := startEnv(t)
+	a, b := history(e)
+	e.ok("sandbox", "checkpoint", "delete", a.ID)
+	out, errOut, code := e.run("sandbox", "checkpoint", "diff", b.ID, "--patch")
+	if code != 0 || !strings.Contains(out, "+++ b/src/util.go") || strings.Contains(out, "README.md") ||
+		!strings.Contains(errOut, "note: README.md: "+b.ID+" has no listed parent checkpoint") {
+		t.Errorf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if got := e.ok("sandbox", "checkpoint", "cat", b.ID, "src/"); got != "main.go\nutil.go\n" {
+		t.Errorf("cat src/: %q", got)
+	}
+}

@@ -36,8 +36,9 @@ through the files route. A file that is not UTF-8 text, or holds a NUL
 byte, is "Binary files … differ"; one over 4 MiB is named and skipped.
 The live directory cannot be read through the API, so --patch --live
 prints the list and a note: capture a checkpoint and diff it --against
-the first one instead. A checkpoint without a parent (the first of its
-directory) shows its added files in full and skips the others.`,
+the first one instead. A checkpoint without a listed parent (the first
+of its directory, or one whose parent was deleted) shows its added files
+in full and names the others on stderr.`,
 		Example: "  createos sandbox checkpoint diff sb-local cp_…\n" +
 			"  createos sandbox checkpoint diff cp_NEW --against cp_OLD --patch\n" +
 			"  createos sandbox checkpoint diff cp_… --live",
@@ -94,14 +95,21 @@ directory) shows its added files in full and skips the others.`,
 	return cmd
 }
 
-// parentOf is the parent_id of checkpoint id ("" for none), from the list.
+// parentOf is the parent_id of checkpoint id, from the list: "" when it
+// has none, or when its parent was deleted (the files route cannot read
+// a deleted checkpoint; the changes are then against the nearest older
+// state the store kept, which has no id).
 func (a *app) parentOf(ctx context.Context, c *Client, sb, id string) (string, error) {
 	list, _, err := c.ListCheckpoints(ctx, sb)
 	if err != nil {
 		return "", wrap(err)
 	}
+	listed := map[string]bool{}
 	for _, cp := range list {
-		if cp.ID == id {
+		listed[cp.ID] = true
+	}
+	for _, cp := range list {
+		if cp.ID == id && listed[cp.ParentID] {
 			return cp.ParentID, nil
 		}
 	}
@@ -152,7 +160,7 @@ func (p *patcher) write(changes []Change) error {
 		var err error
 		if ch.Change != "added" {
 			if p.oldID == "" {
-				fmt.Fprintf(p.notes, "note: %s: %s has no parent checkpoint to read the older side from; skipped\n", ch.Path, p.newID)
+				fmt.Fprintf(p.notes, "note: %s: %s has no listed parent checkpoint to read the older side from; skipped\n", ch.Path, p.newID)
 				continue
 			}
 			if older, err = p.read(p.oldID, ch.Path); err != nil {
