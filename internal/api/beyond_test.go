@@ -291,3 +291,32 @@ func TestFormatMode(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseCreateRetention decodes any body as a create request: an
+// accepted one has no retention, or mode delete_oldest with max_count 1
+// to MaxCheckpoints, and RetentionCount says which.
+func FuzzParseCreateRetention(f *testing.F) {
+	for _, s := range []string{
+		`{"path":"/w"}`, `{"path":"/w","retention":null}`, `{"path":"/w","retention":{"mode":"delete_oldest","max_count":5}}`,
+		`{"path":"/w","retention":{"mode":"delete_oldest","max_count":0}}`, `{"path":"/w","retention":{"mode":"x","max_count":5}}`,
+		`{"path":"/w","retention":{"mode":"delete_oldest","max_count":1e4}}`, `{"path":"/w","retention":{"mode":"delete_oldest","max_count":-1}}`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		var req CreateRequest
+		if err := jsend.DecodeBytes([]byte(body), &req); err != nil {
+			return
+		}
+		if _, _, err := req.Validate(); err != nil {
+			return
+		}
+		n := req.RetentionCount()
+		switch r := req.Retention; {
+		case r == nil && n != 0:
+			t.Fatalf("no retention but count %d", n)
+		case r != nil && (r.Mode != RetentionDeleteOldest || r.MaxCount < 1 || r.MaxCount > MaxCheckpoints || n != r.MaxCount):
+			t.Fatalf("accepted retention %+v (count %d)", *r, n)
+		}
+	})
+}
