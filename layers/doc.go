@@ -41,6 +41,13 @@
 //     live content. Layers belong to no root: mark-and-sweep keeps what
 //     any checkpoint or live chain needs, so neither side of a clone can
 //     break the other.
+//   - Reads without a mount (view.go): a checkpoint's content is read
+//     from its layer dirs as overlayfs would look it up (layerTree), the
+//     live directory through its mount by handle (dirTree); Changes,
+//     ReadEntry, Export and the copies of restore-paths and release
+//     (materialize) use them. Against its parent, Changes walks only the
+//     checkpoint's own layer. Reads of a live directory are best effort:
+//     it is not frozen, so each entry is as it was when it was read.
 //   - Crash safety: build where the metadata does not look, commit the
 //     metadata, then make the mounts match it. Open recovers from every
 //     crash point (finishes or undoes enrollments, clones and releases,
