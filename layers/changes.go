@@ -64,20 +64,7 @@ func (s *Store) Changes(ctx context.Context, id, against string) ([]Change, erro
 	case AgainstLive:
 		return s.changesAgainstLive(ctx, id)
 	default:
-		newer, cp, _, err := s.checkpointTree(id)
-		if err != nil {
-			return nil, err
-		}
-		defer newer.Close()
-		older, other, _, err := s.checkpointTree(against)
-		if err != nil {
-			return nil, err
-		}
-		defer older.Close()
-		if other.Root != cp.Root {
-			return nil, ErrCheckpointOtherDirectory.With("checkpoint_id", id).With("against", against)
-		}
-		return compareTrees(ctx, older, newer)
+		return s.changesAgainstCheckpoint(ctx, id, against)
 	}
 }
 
@@ -129,22 +116,20 @@ func (s *Store) changesAgainstParent(ctx context.Context, id string) ([]Change, 
 	if err := d.rootAttrs(); err != nil {
 		return nil, err
 	}
-	if err := d.walkLayer(s.fsDir(own), ""); err != nil {
+	if err := d.walkLayers([]string{s.fsDir(own)}, ""); err != nil {
 		return nil, err
 	}
 	return d.sorted(), nil
 }
 
 // changesAgainstLive compares checkpoint id with the live directory,
-// read through its mount. When the live directory goes on from the
-// checkpoint (its upper layer's parent is the checkpoint's layer: the
-// checkpoint is the newest capture or the last restore), only the upper
-// layer is walked, as against a parent; otherwise the two are compared in
-// full, which reads every file whose metadata are equal.
+// read through its mount; the layers walked are the live chain's (its
+// upper layer first) above the newest layer it shares with the
+// checkpoint's: only the upper layer when the live directory goes on
+// from the checkpoint (the newest capture or the last restore).
 func (s *Store) changesAgainstLive(ctx context.Context, id string) ([]Change, error) {
 	var root *meta.Root
-	var cpDirs []uint64
-	onTop := false
+	var cpDirs, walk []uint64
 	unpin, err := s.viewPinned(func(t meta.Tx) (_ []uint64, err error) {
 		cp, err := mustCheckpoint(t, id)
 		if err != nil {
@@ -159,12 +144,12 @@ func (s *Store) changesAgainstLive(ctx context.Context, id string) ([]Change, er
 		if cpDirs, err = segDirs(t, cp.Layer); err != nil {
 			return nil, err
 		}
-		active, err := t.Layer(root.Active)
-		if err != nil {
-			return nil, err
+		if root.State == meta.RootReady {
+			if walk, err = layersApart(t, root.Active, cp.Layer); err != nil {
+				return nil, err
+			}
 		}
-		onTop = root.State == meta.RootReady && active != nil && active.Parent == cp.Layer
-		return append(slices.Clone(cpDirs), root.Active), nil
+		return append(slices.Clone(cpDirs), walk...), nil
 	})
 	if err != nil {
 		return nil, err
@@ -180,14 +165,107 @@ func (s *Store) changesAgainstLive(ctx context.Context, id string) ([]Change, er
 		return nil, err
 	}
 	defer live.Close()
-	if !onTop {
-		return compareTrees(ctx, older, live)
+	return s.compareWalking(ctx, older, live, walk)
+}
+
+// changesAgainstCheckpoint compares checkpoint against (older) with id
+// (newer), two checkpoints of one directory, walking the layers of their
+// chains above the newest one they share.
+func (s *Store) changesAgainstCheckpoint(ctx context.Context, id, against string) ([]Change, error) {
+	var newerDirs, olderDirs, walk []uint64
+	unpin, err := s.viewPinned(func(t meta.Tx) (_ []uint64, err error) {
+		cp, err := mustCheckpoint(t, id)
+		if err != nil {
+			return nil, err
+		}
+		other, err := mustCheckpoint(t, against)
+		if err != nil {
+			return nil, err
+		}
+		if other.Root != cp.Root {
+			return nil, ErrCheckpointOtherDirectory.With("checkpoint_id", id).With("against", against)
+		}
+		if newerDirs, err = segDirs(t, cp.Layer); err != nil {
+			return nil, err
+		}
+		if olderDirs, err = segDirs(t, other.Layer); err != nil {
+			return nil, err
+		}
+		if walk, err = layersApart(t, cp.Layer, other.Layer); err != nil {
+			return nil, err
+		}
+		return append(append(slices.Clone(newerDirs), olderDirs...), walk...), nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	d := &differ{ctx: ctx, older: older, newer: live}
+	defer unpin()
+	newer, err := s.layerTreeOf(newerDirs, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer newer.Close()
+	older, err := s.layerTreeOf(olderDirs, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer older.Close()
+	return s.compareWalking(ctx, older, newer, walk)
+}
+
+// maxWalkLayers is the most layers a comparison walks; further apart, two
+// states are compared in full.
+const maxWalkLayers = 256
+
+// layersApart returns the layers of a's chain and of b's above the newest
+// layer both chains hold: every path where the two states can differ is
+// one of theirs, or under an opaque or redirected directory of theirs.
+// nil when the chains share no layer or more than maxWalkLayers lie
+// between them (compare in full then).
+func layersApart(t meta.Tx, a, b uint64) ([]uint64, error) {
+	ca, err := t.Chain(a)
+	if err != nil {
+		return nil, err
+	}
+	cb, err := t.Chain(b)
+	if err != nil {
+		return nil, err
+	}
+	inB := make(map[uint64]int, len(cb))
+	for i, id := range cb {
+		inB[id] = i
+	}
+	for i, id := range ca {
+		if j, ok := inB[id]; ok {
+			if i+j > maxWalkLayers {
+				return nil, nil
+			}
+			out := append(slices.Clone(ca[:i]), cb[:j]...)
+			if len(out) == 0 {
+				return []uint64{}, nil // one layer: nothing can differ
+			}
+			return out, nil
+		}
+	}
+	return nil, nil
+}
+
+// compareWalking lists what changed from older to newer: walking only the
+// layer dirs walk where they say where the two can differ (walk not nil),
+// in full otherwise.
+func (s *Store) compareWalking(ctx context.Context, older, newer tree, walk []uint64) ([]Change, error) {
+	if walk == nil {
+		return compareTrees(ctx, older, newer)
+	}
+	dirs := make([]string, len(walk))
+	for i, id := range walk {
+		dirs[i] = s.fsDir(id)
+	}
+	d := &differ{ctx: ctx, older: older, newer: newer}
 	if err := d.rootAttrs(); err != nil {
 		return nil, err
 	}
-	if err := d.walkLayer(s.fsDir(root.Active), ""); err != nil {
+	if err := d.walkLayers(dirs, ""); err != nil {
 		return nil, err
 	}
 	return d.sorted(), nil
@@ -452,63 +530,63 @@ func (d *differ) contentDiffers(rel string) (bool, error) {
 	}
 }
 
-// walkLayer lists what the checkpoint's own layer (at layerDir) changes
-// in the directory rel, which it merges with the one below (see Changes):
-// only the names the layer holds there.
-func (d *differ) walkLayer(layerDir, rel string) error {
+// walkLayers lists what differs in the directory rel, where every layer
+// of dirs that holds it holds a directory that merges with what is below
+// it (see Changes): only the names those layers hold there can differ. A
+// name that every layer holding it holds as such a directory, over a
+// directory in both states, is walked the same way; any other is compared
+// in full (an opaque directory replaces a subtree, a renamed one shows its
+// old contents at its new place, a whiteout or a file ends the lookup).
+func (d *differ) walkLayers(dirs []string, rel string) error {
 	if err := d.ctx.Err(); err != nil {
 		return err
 	}
-	dir := filepath.Join(layerDir, rel)
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	names, err := f.Readdirnames(-1)
-	f.Close()
-	if err != nil {
-		return err
+	seen := map[string]bool{}
+	var names []string
+	for _, dir := range dirs {
+		f, err := os.Open(filepath.Join(dir, rel))
+		if err != nil {
+			return err
+		}
+		ns, err := f.Readdirnames(-1)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		for _, n := range ns {
+			if !seen[n] {
+				seen[n] = true
+				names = append(names, n)
+			}
+		}
 	}
 	slices.Sort(names)
 	for _, name := range names {
 		p := path.Join(rel, name)
-		var lst unix.Stat_t
-		if err := unix.Lstat(filepath.Join(dir, name), &lst); err != nil {
-			return &os.PathError{Op: "lstat", Path: filepath.Join(dir, name), Err: err}
-		}
 		ost, oerr := d.older.Lstat(p)
 		if oerr != nil && !errors.Is(oerr, fs.ErrNotExist) {
 			return oerr
 		}
-		if isWhiteout(&lst) {
-			if oerr == nil {
-				if err := d.entry(d.older, p, ChangeDeleted); err != nil {
-					return err
-				}
+		nst, nerr := d.newer.Lstat(p)
+		if nerr != nil && !errors.Is(nerr, fs.ErrNotExist) {
+			return nerr
+		}
+		switch {
+		case oerr != nil && nerr != nil:
+			continue // a whiteout over nothing
+		case nerr != nil:
+			if err := d.entry(d.older, p, ChangeDeleted); err != nil {
+				return err
 			}
 			continue
-		}
-		nst, err := d.newer.Lstat(p)
-		if errors.Is(err, fs.ErrNotExist) {
-			// Removed from the live directory since the layer was read.
-			if oerr == nil {
-				if err := d.entry(d.older, p, ChangeDeleted); err != nil {
-					return err
-				}
-			}
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if oerr != nil {
+		case oerr != nil:
 			if err := d.entry(d.newer, p, ChangeAdded); err != nil {
 				return err
 			}
 			continue
 		}
-		if lst.Mode&unix.S_IFMT == unix.S_IFDIR && ost.Mode&unix.S_IFMT == unix.S_IFDIR {
-			merged, err := mergesBelow(filepath.Join(dir, name))
+		if ost.Mode&unix.S_IFMT == unix.S_IFDIR && nst.Mode&unix.S_IFMT == unix.S_IFDIR {
+			next, merged, err := mergedIn(dirs, p)
 			if err != nil {
 				return err
 			}
@@ -516,7 +594,7 @@ func (d *differ) walkLayer(layerDir, rel string) error {
 				if dirDiffers(&ost, &nst) {
 					d.add(p, ChangeModified, &nst)
 				}
-				if err := d.walkLayer(layerDir, p); err != nil {
+				if err := d.walkLayers(next, p); err != nil {
 					return err
 				}
 				continue
@@ -527,6 +605,31 @@ func (d *differ) walkLayer(layerDir, rel string) error {
 		}
 	}
 	return nil
+}
+
+// mergedIn reports whether every layer of dirs that holds rel holds a
+// directory that merges with what is below (mergesBelow), and returns
+// those layers.
+func mergedIn(dirs []string, rel string) (next []string, merged bool, err error) {
+	for _, dir := range dirs {
+		full := filepath.Join(dir, rel)
+		var st unix.Stat_t
+		if err := unix.Lstat(full, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return nil, false, &os.PathError{Op: "lstat", Path: full, Err: err}
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return nil, false, nil
+		}
+		ok, err := mergesBelow(full)
+		if err != nil || !ok {
+			return nil, false, err
+		}
+		next = append(next, dir)
+	}
+	return next, true, nil
 }
 
 // mergesBelow reports whether the layer directory full merges with the
