@@ -56,7 +56,10 @@ import (
 // nor redirected and was a directory below is merged (only the names the
 // layer holds can differ); any other entry is compared in full with what
 // was below it (an opaque directory replaces the whole subtree, a
-// renamed one shows its old contents at its new place).
+// renamed one shows its old contents at its new place). Against another
+// checkpoint or the live directory, the same walk covers the layers of
+// both chains above the newest layer they share (walkLayers); chains
+// further apart than maxWalkLayers are compared in full.
 func (s *Store) Changes(ctx context.Context, id, against string) ([]Change, error) {
 	switch against {
 	case "":
