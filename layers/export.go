@@ -94,7 +94,7 @@ func Export(ctx context.Context, r ExportRequest) error {
 			return fmt.Errorf("export: %s is not a managed directory of store %s", r.Path, store)
 		}
 		if root.State != meta.RootReady {
-			return fmt.Errorf("export: %s has an unfinished enrollment; start guestd once to finish it", r.Path)
+			return fmt.Errorf("export: %s has an unfinished operation (%s); start guestd once to finish or undo it, then export again", r.Path, root.State)
 		}
 		ids = root.Mounted.Dirs()
 		return nil
