@@ -39,13 +39,20 @@ func TestPowerCuts(t *testing.T) {
 	span := time.Since(t0) * 3 / 2
 	completed := 0
 
-	list := func() []string {
-		var ids []string
+	// list is the client's checkpoints; autos the automatic ones (each
+	// restore over the unsaved change below makes one, the newest 5 kept).
+	lists := func() (ids, autos []string) {
 		for _, c := range s.must(200, "GET", cp, "").Body["data"].([]any) {
-			ids = append(ids, c.(map[string]any)["id"].(string))
+			rec := c.(map[string]any)
+			if rec["auto"] == true {
+				autos = append(autos, rec["id"].(string))
+			} else {
+				ids = append(ids, rec["id"].(string))
+			}
 		}
-		return ids
+		return ids, autos
 	}
+	list := func() []string { ids, _ := lists(); return ids }
 	ops := []string{"capture", "restore", "delete"}
 	for i := range 21 {
 		op := ops[i%3]
@@ -100,6 +107,11 @@ func TestPowerCuts(t *testing.T) {
 			case "restore":
 				if after != fp[target] {
 					t.Fatalf("cut %d: an answered restore of %s did not stay:\n%s\nwant:\n%s", i, target, after, fp[target])
+				}
+				// It kept the unsaved change, and that stayed too.
+				safety, _ := r.data()["safety_checkpoint_id"].(string)
+				if _, autos := lists(); safety == "" || !slices.Contains(autos, safety) {
+					t.Fatalf("cut %d: an answered restore's safety checkpoint %q is not among the automatic ones %v", i, safety, autos)
 				}
 			case "delete":
 				if slices.Contains(listAfter, target) {

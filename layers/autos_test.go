@@ -7,7 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"strata/internal/fstree"
+	"strata/layers/meta"
 )
 
 // autos returns the automatic checkpoints of the list, oldest first.
@@ -234,6 +237,18 @@ func TestSizes(t *testing.T) {
 	if l[0].SizeBytes != cp1.SizeBytes || l[1].SizeBytes != cp2.SizeBytes {
 		t.Fatalf("list sizes %d %d, create said %d %d", l[0].SizeBytes, l[1].SizeBytes, cp1.SizeBytes, cp2.SizeBytes)
 	}
+	// A list records the sizes it measured: a restart reads them.
+	h.reopen()
+	h.store.view(func(tx meta.Tx) error {
+		for _, c := range []Checkpoint{cp1, cp2} {
+			rec, _ := tx.Checkpoint(c.ID)
+			l, err := tx.Layer(rec.Layer)
+			if err != nil || l.Bytes != c.SizeBytes {
+				t.Errorf("layer of %s records %d bytes (%v), want %d", c.ID, l.Bytes, err, c.SizeBytes)
+			}
+		}
+		return nil
+	})
 	ds, err := h.store.Directories()
 	if err != nil {
 		t.Fatal(err)
@@ -254,4 +269,90 @@ func (h *harness) reopenWithAutos(n int) {
 	h.t.Helper()
 	h.cfg.AutoCheckpoints = n
 	h.reopen()
+}
+
+// TestSafetyCheckpointRetentionKeepsTheRestored: with the newest 5
+// automatic checkpoints kept, restoring the oldest of them (over unsaved
+// changes) deletes another one, never the one restored; a restore of
+// paths from it does the same.
+func TestSafetyCheckpointRetentionKeepsTheRestored(t *testing.T) {
+	h := newHarness(t, false)
+	h.reopenWithAutos(DefaultAutoCheckpoints)
+	dir := h.mkdir("proj", func(d string) { write(t, d+"/f", "base") })
+	cp1 := h.capture(dir, "one")
+	for i := range DefaultAutoCheckpoints {
+		write(t, dir+"/f", "unsaved "+string(rune('a'+i)))
+		if _, err := h.store.Restore(context.Background(), cp1.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldest := autos(mustList(t, h))[0]
+	write(t, dir+"/f", "more unsaved")
+	res, err := h.store.Restore(context.Background(), oldest.ID)
+	if err != nil || res.SafetyCheckpointID == "" {
+		t.Fatalf("restore of the oldest automatic checkpoint: %+v, %v", res, err)
+	}
+	as := autos(mustList(t, h))
+	if len(as) != DefaultAutoCheckpoints || as[0].ID != oldest.ID {
+		t.Fatalf("after restoring the oldest automatic checkpoint: %+v; want it kept, %d in all", as, DefaultAutoCheckpoints)
+	}
+	if b, _ := os.ReadFile(dir + "/f"); string(b) != "unsaved a" {
+		t.Fatalf("f = %q", b)
+	}
+	write(t, dir+"/f", "even more")
+	if _, err := h.store.RestorePaths(context.Background(), oldest.ID, []string{"f"}); err != nil {
+		t.Fatalf("restore of a path from the oldest automatic checkpoint: %v", err)
+	}
+	if as := autos(mustList(t, h)); as[0].ID != oldest.ID {
+		t.Fatalf("a restore of paths deleted the automatic checkpoint it restores from: %+v", as)
+	}
+}
+
+// TestSafetyCheckpointSkipsWhatACaptureRefuses: unsaved changes holding a
+// special file cannot be a checkpoint; the restore answers as the seed's
+// did (no safety checkpoint) rather than refuse.
+func TestSafetyCheckpointSkipsWhatACaptureRefuses(t *testing.T) {
+	h := newHarness(t, false)
+	h.reopenWithAutos(DefaultAutoCheckpoints)
+	dir := h.mkdir("proj", func(d string) { write(t, d+"/f", "base") })
+	cp1 := h.capture(dir, "one")
+	if err := unix.Mkfifo(dir+"/fifo", 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := h.store.Restore(context.Background(), cp1.ID)
+	if err != nil || res.SafetyCheckpointID != "" {
+		t.Fatalf("restore over a FIFO: %+v, %v; want the seed's answer", res, err)
+	}
+	if _, err := os.Lstat(dir + "/fifo"); !os.IsNotExist(err) {
+		t.Fatalf("the FIFO is still there: %v", err)
+	}
+	if as := autos(mustList(t, h)); len(as) != 0 {
+		t.Fatalf("automatic checkpoints %+v", as)
+	}
+}
+
+// TestCheckpointLimitCountsAutomatic: automatic checkpoints count toward
+// the cap of a directory.
+func TestCheckpointLimitCountsAutomatic(t *testing.T) {
+	h := newHarness(t, false)
+	h.reopenWithAutos(DefaultAutoCheckpoints)
+	old := checkpointCap
+	checkpointCap = 3
+	t.Cleanup(func() { checkpointCap = old })
+	dir := h.mkdir("proj", func(d string) { write(t, d+"/f", "0") })
+	cp1 := h.capture(dir, "")
+	h.capture(dir, "")
+	write(t, dir+"/f", "unsaved")
+	if res, err := h.store.Restore(context.Background(), cp1.ID); err != nil || res.SafetyCheckpointID == "" {
+		t.Fatal(res, err)
+	}
+	_, err := h.store.Capture(context.Background(), dir, "")
+	wantCode(t, err, ErrCheckpointLimit.Code)
+	// Retention makes room among the client's own.
+	if _, err := h.store.Capture(context.Background(), dir, "", WithRetention(3)); err != nil {
+		t.Fatal(err)
+	}
+	if l := mustList(t, h); len(l) != 3 {
+		t.Fatalf("%d checkpoints, want the cap of 3: %+v", len(l), l)
+	}
 }

@@ -547,12 +547,7 @@ func (d *differ) walkLayers(dirs []string, rel string) error {
 	seen := map[string]bool{}
 	var names []string
 	for _, dir := range dirs {
-		f, err := os.Open(filepath.Join(dir, rel))
-		if err != nil {
-			return err
-		}
-		ns, err := f.Readdirnames(-1)
-		f.Close()
+		ns, err := readDirBeneath(dir, rel)
 		if err != nil {
 			return err
 		}
@@ -649,4 +644,26 @@ func mergesBelow(full string) (bool, error) {
 		return true, nil
 	}
 	return false, err
+}
+
+// readDirBeneath lists the directory rel of the layer dir, resolved
+// beneath it following no symlink: a live upper may have had a directory
+// swapped for a symlink since it was looked at.
+func readDirBeneath(dir, rel string) ([]string, error) {
+	root, err := openDirAt(unix.AT_FDCWD, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(root)
+	fd := root
+	if rel != "" && rel != "." {
+		if fd, err = openBeneath(root, rel, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW); err != nil {
+			return nil, err
+		}
+	} else if fd, err = unix.Dup(root); err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(dir, rel))
+	defer f.Close()
+	return f.Readdirnames(-1)
 }

@@ -76,6 +76,7 @@ func Export(ctx context.Context, r ExportRequest) error {
 	}
 	defer db.Close()
 	var ids []uint64
+	var staged *meta.PathsIntent
 	err = db.View(func(btx *bolt.Tx) error {
 		t := meta.Tx{Tx: btx}
 		if r.ID != "" {
@@ -97,6 +98,7 @@ func Export(ctx context.Context, r ExportRequest) error {
 			return fmt.Errorf("export: %s has an unfinished operation (%s); start guestd once to finish or undo it, then export again", r.Path, root.State)
 		}
 		ids = root.Mounted.Dirs()
+		staged = root.Paths
 		return nil
 	})
 	if err != nil {
@@ -111,13 +113,13 @@ func Export(ctx context.Context, r ExportRequest) error {
 		return err
 	}
 	defer src.Close()
-	return materializeInto(ctx, src, to)
+	return materializeInto(ctx, src, to, staged)
 }
 
 // materializeInto writes the whole of src as the new directory to: built
 // under a temporary sibling name, synced, renamed into place (never over
 // anything).
-func materializeInto(ctx context.Context, src tree, to string) error {
+func materializeInto(ctx context.Context, src tree, to string, staged *meta.PathsIntent) error {
 	parent, name := filepath.Dir(to), filepath.Base(to)
 	pfd, err := openDirAt(unix.AT_FDCWD, parent)
 	if err != nil {
@@ -133,6 +135,20 @@ func materializeInto(ctx context.Context, src tree, to string) error {
 	}
 	if err := materialize(ctx, src, "", pfd, tmp); err != nil {
 		return fail(err)
+	}
+	if staged != nil {
+		// What an interrupted restore of paths left (its hidden names, the
+		// parents it made if empty) is not the directory's: the copy
+		// drops it as recovery would.
+		out, err := openDirTree(pfd, tmp)
+		if err != nil {
+			return fail(err)
+		}
+		err = removeStaged(out, staged)
+		out.Close()
+		if err != nil {
+			return fail(err)
+		}
 	}
 	if err := unix.Syncfs(pfd); err != nil {
 		return fail(&os.PathError{Op: "syncfs", Path: parent, Err: err})

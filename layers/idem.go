@@ -24,7 +24,8 @@ type Option func(*options)
 type options struct {
 	idemKey   string
 	retention int
-	auto      bool // a capture the store makes itself (an automatic checkpoint)
+	auto      bool   // a capture the store makes itself (an automatic checkpoint)
+	except    string // with auto: a checkpoint the retention of automatic ones keeps
 }
 
 // WithRetention makes a Capture delete the directory's oldest checkpoints

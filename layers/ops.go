@@ -96,32 +96,44 @@ func (s *Store) Capture(ctx context.Context, path, name string, opts ...Option) 
 var checkpointCap = MaxCheckpoints
 
 // checkCap refuses a new checkpoint of root when the root holds
-// MaxCheckpoints made by clients and no retention makes room.
+// MaxCheckpoints (automatic ones included) and no retention makes room.
 func checkCap(t meta.Tx, root uint64, retention int) error {
-	if retention == 0 && t.CountOf(root, false) >= checkpointCap {
+	if retention == 0 && countAll(t, root) >= checkpointCap {
 		return ErrCheckpointLimit.With("limit", checkpointCap)
 	}
 	return nil
 }
 
+// countAll counts root's checkpoints, automatic ones included.
+func countAll(t meta.Tx, root uint64) int { return t.CountOf(root, false) + t.CountOf(root, true) }
+
 // retain deletes the oldest checkpoints of root made by clients (auto is
-// false) or by the store (auto is true) so that keep remain, and reports
-// whether it deleted any. The caller sweeps.
-func retain(t meta.Tx, root uint64, auto bool, keep int) (bool, error) {
+// false) or by the store (auto is true) so that keep remain, never the
+// checkpoint except (the one a restore is restoring), and reports whether
+// it deleted any. The caller sweeps.
+func retain(t meta.Tx, root uint64, auto bool, keep int, except string) (bool, error) {
 	excess := t.CountOf(root, auto) - keep
 	if excess <= 0 {
 		return false, nil
 	}
-	old, err := t.OldestOf(root, auto, excess)
+	old, err := t.OldestOf(root, auto, excess+1)
 	if err != nil {
 		return false, err
 	}
+	deleted := 0
 	for _, c := range old {
+		if deleted == excess {
+			break
+		}
+		if c.ID == except {
+			continue
+		}
 		if err := t.DeleteCheckpoint(c); err != nil {
 			return false, err
 		}
+		deleted++
 	}
-	return true, nil
+	return deleted > 0, nil
 }
 
 // enrollee is the plain directory being enrolled, held open: its parent
@@ -663,18 +675,23 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, o
 				return err
 			}
 			if opt.auto {
-				_, err := retain(t, root.ID, true, s.cfg.AutoCheckpoints)
-				return err
+				deleted, err := retain(t, root.ID, true, s.cfg.AutoCheckpoints, opt.except)
+				if err != nil || !deleted {
+					return err
+				}
+				squash = true
+				return t.Sweep()
 			}
 			if opt.retention == 0 {
-				if t.CountOf(root.ID, false) > checkpointCap { // the new one counted
+				if countAll(t, root.ID) > checkpointCap { // the new one counted
 					return ErrCheckpointLimit.With("limit", checkpointCap)
 				}
 				return nil
 			}
 			// Retention: the oldest go in the same commit, so a crash
-			// never leaves more than asked for.
-			deleted, err := retain(t, root.ID, false, opt.retention)
+			// never leaves more than asked for, nor more than the cap.
+			keep := min(opt.retention, max(checkpointCap-t.CountOf(root.ID, true), 1))
+			deleted, err := retain(t, root.ID, false, keep, "")
 			if err != nil || !deleted {
 				return err
 			}
@@ -829,8 +846,17 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 			if err := o.step(stepValidateLayer, func() error {
 				return pathpolicy.CheckTree(o.ctx, s.fsDir(discarded), true, func(rel string) string { return filepath.Join(path, rel) })
 			}); err != nil {
-				return fail(err)
+				if fault.As(err) == nil {
+					return fail(err)
+				}
+				// Changes a capture refuses (a special file, a hard link):
+				// the seed's restore discards them and answers, and so
+				// does this one, without a safety checkpoint.
+				s.log.Warn("unsaved changes a capture would refuse cannot be kept as an automatic checkpoint; the restore discards them", "path", path, "err", err)
+				changed = false
 			}
+		}
+		if changed {
 			if err := o.step(stepSeal, func() error { return syncLayer(o.ctx, s.fsDir(discarded)) }); err != nil {
 				return fail(err)
 			}
@@ -854,7 +880,7 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 			if err := t.Record(req, answer(res), time.Now()); err != nil {
 				return err
 			}
-			if err := s.keepOrDrop(t, discarded, safety); err != nil {
+			if err := s.keepOrDrop(t, discarded, safety, id); err != nil {
 				return err
 			}
 			if err := t.PutLayer(&meta.Layer{ID: next, Root: root.ID, Parent: c.Layer, Created: time.Now().UTC()}); err != nil {
@@ -911,8 +937,9 @@ func (s *Store) unsaved(upper uint64) (bool, error) {
 
 // keepOrDrop, inside a restore's commit, seals the discarded upper as the
 // safety checkpoint (keeping the newest AutoCheckpoints automatic ones of
-// the root), or drops its record when there is none.
-func (s *Store) keepOrDrop(t meta.Tx, discarded uint64, safety *meta.Checkpoint) error {
+// the root, and always except, the checkpoint restored), or drops its
+// record when there is none.
+func (s *Store) keepOrDrop(t meta.Tx, discarded uint64, safety *meta.Checkpoint, except string) error {
 	if safety == nil {
 		return t.DeleteLayer(discarded)
 	}
@@ -930,7 +957,7 @@ func (s *Store) keepOrDrop(t meta.Tx, discarded uint64, safety *meta.Checkpoint)
 	if err := t.PutCheckpoint(safety); err != nil {
 		return err
 	}
-	_, err = retain(t, safety.Root, true, s.cfg.AutoCheckpoints)
+	_, err = retain(t, safety.Root, true, s.cfg.AutoCheckpoints, except)
 	return err
 }
 

@@ -105,14 +105,14 @@ func (s *Store) RestorePaths(ctx context.Context, id string, paths []string) (Ch
 	if err != nil {
 		return Checkpoint{}, err
 	}
-	release, err := s.begin(root.Path)
+	done, err := s.begin(root.Path)
 	if err != nil {
 		return Checkpoint{}, err
 	}
-	defer release()
+	defer done()
 	// Unsaved changes are kept first, as a restore keeps them: an
 	// automatic checkpoint, by a capture (the paths about to be replaced
-	// may hold some).
+	// may hold some), once the paths are known to be restorable.
 	var safety string
 	if s.cfg.AutoCheckpoints > 0 {
 		if err := s.view(func(t meta.Tx) (err error) {
@@ -132,8 +132,11 @@ func (s *Store) RestorePaths(ctx context.Context, id string, paths []string) (Ch
 			return Checkpoint{}, err
 		}
 		if changed {
+			if err := s.checkPaths(id, root, rels); err != nil {
+				return Checkpoint{}, err
+			}
 			o := s.newOp(ctx, opCapture, root.Path)
-			cp, err := s.capture(o, root, "before restoring paths of "+id, meta.Request{}, options{auto: true})
+			cp, err := s.capture(o, root, "before restoring paths of "+id, meta.Request{}, options{auto: true, except: id})
 			o.done(err)
 			if err != nil {
 				return Checkpoint{}, err
@@ -148,6 +151,28 @@ func (s *Store) RestorePaths(ctx context.Context, id string, paths []string) (Ch
 		return Checkpoint{}, err
 	}
 	return Checkpoint{ID: id, Path: root.Path, SafetyCheckpointID: safety}, nil
+}
+
+// checkPaths runs the path checks of a restore of rels from checkpoint id
+// on root's live directory, changing nothing: a request refused there is
+// refused before the safety capture.
+func (s *Store) checkPaths(id string, root *meta.Root, rels []string) error {
+	src, _, _, err := s.checkpointTree(id)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	live, err := s.liveTree(root)
+	if err != nil {
+		return err
+	}
+	defer live.Close()
+	for _, rel := range rels {
+		if _, err := planPath(src, live, root.Path, rel); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // pathPlan is what the restore of one path does.
@@ -226,6 +251,7 @@ func (s *Store) restorePaths(o *op, id string, rels []string) error {
 	if err := o.step(stepIntent, func() error { return s.setPathsIntent(root.ID, intent) }); err != nil {
 		return err
 	}
+	root.Paths = intent // undo clears what the record lists
 	// From here the intent must be cleared, by this operation or by
 	// recovery: a client that hangs up does not stop it half way.
 	o.ctx = context.WithoutCancel(o.ctx)
@@ -236,8 +262,9 @@ func (s *Store) restorePaths(o *op, id string, rels []string) error {
 		return cause
 	}
 	if err := o.step(stepMaterialize, func() error {
+		made := map[string]bool{}
 		for _, p := range plans {
-			if err := stagePath(o.ctx, src, live, p); err != nil {
+			if err := stagePath(o.ctx, src, live, p, made); err != nil {
 				return err
 			}
 		}
@@ -284,7 +311,7 @@ func planPath(src tree, live *dirTree, display, rel string) (*pathPlan, error) {
 	switch {
 	case err == nil:
 		p.inCP = true
-	case !errors.Is(err, fs.ErrNotExist):
+	case !absent(err):
 		return nil, err
 	}
 	// The live parents: directories, or absent (made from the
@@ -328,10 +355,21 @@ func planPath(src tree, live *dirTree, display, rel string) (*pathPlan, error) {
 	return p, nil
 }
 
-// stagePath makes p's missing parents (as the checkpoint has them) and
-// builds the checkpoint's version of p under its hidden name.
-func stagePath(ctx context.Context, src tree, live *dirTree, p *pathPlan) error {
+// absent reports whether err says a path is not there: it does not exist,
+// or a parent of it is not a directory.
+func absent(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR)
+}
+
+// stagePath makes p's missing parents (as the checkpoint has them; made
+// lists those this operation made already) and builds the checkpoint's
+// version of p under its hidden name.
+func stagePath(ctx context.Context, src tree, live *dirTree, p *pathPlan, made map[string]bool) error {
 	for _, m := range p.make {
+		if made[m] {
+			continue // made for an earlier path of this operation
+		}
+		made[m] = true
 		st, err := src.Lstat(m)
 		if err != nil {
 			return err
@@ -340,14 +378,24 @@ func stagePath(ctx context.Context, src tree, live *dirTree, p *pathPlan) error 
 		if err != nil {
 			return err
 		}
-		if err := unix.Mkdirat(fd, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		if err := unix.Mkdirat(fd, name, 0o700); err != nil {
+			// Something made it since validate.path (EEXIST): it is not
+			// ours to change; the operation fails and undoes.
 			return &os.PathError{Op: "mkdirat", Path: m, Err: err}
 		}
-		if err := chownAt(fd, name, &st); err != nil {
-			return err
+		// The owner and mode go to the directory just made, by handle: a
+		// name swapped for a symlink meanwhile is refused, never followed.
+		dfd, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return &os.PathError{Op: "openat", Path: m, Err: err}
 		}
-		if err := unix.Fchmodat(fd, name, st.Mode&0o7777, 0); err != nil {
-			return &os.PathError{Op: "fchmodat", Path: m, Err: err}
+		err = unix.Fchown(dfd, int(st.Uid), int(st.Gid))
+		if err == nil {
+			err = unix.Fchmod(dfd, st.Mode&0o7777)
+		}
+		unix.Close(dfd)
+		if err != nil {
+			return &os.PathError{Op: "fchown/fchmod", Path: m, Err: err}
 		}
 	}
 	if !p.inCP {
@@ -388,8 +436,10 @@ func replacePath(live *dirTree, p *pathPlan) error {
 func removeStaged(live *dirTree, intent *meta.PathsIntent) error {
 	for _, st := range intent.Staged {
 		fd, name, err := live.parent(st)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // its parent was never made
+		if absent(err) || errors.Is(err, unix.ELOOP) {
+			// Its parent was never made, or is no longer a directory of
+			// ours (a symlink put there): nothing of ours to remove.
+			continue
 		}
 		if err != nil {
 			return err
@@ -402,14 +452,16 @@ func removeStaged(live *dirTree, intent *meta.PathsIntent) error {
 	slices.SortFunc(made, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
 	for _, m := range made {
 		fd, name, err := live.parent(m)
-		if errors.Is(err, fs.ErrNotExist) {
+		if absent(err) || errors.Is(err, unix.ELOOP) {
 			continue
 		}
 		if err != nil {
 			return err
 		}
+		// rmdir removes only an empty directory: one that holds a
+		// restored path, or that is not a directory any more, stays.
 		err = unix.Unlinkat(fd, name, unix.AT_REMOVEDIR)
-		if err != nil && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.ENOENT) {
+		if err != nil && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
 			return &os.PathError{Op: "rmdir", Path: m, Err: err}
 		}
 	}

@@ -160,7 +160,14 @@ func TestRestorePathsLeftovers(t *testing.T) {
 	if err := h.store.setPathsIntent(root.ID, pathsIntent([]string{stage, "n/m/" + stagePrefix + "never"}, []string{"n", "n/m"})); err != nil {
 		t.Fatal(err)
 	}
-	h.reopen()
+	// An export of the live state meanwhile drops them as recovery does.
+	h.store.Close()
+	out := filepath.Join(t.TempDir(), "export")
+	if err := Export(context.Background(), ExportRequest{Store: h.dir, Path: dir, To: out}); err != nil {
+		t.Fatal(err)
+	}
+	assertTree(t, out, before)
+	h.open()
 	assertTree(t, dir, before)
 	// The next one works, and leaves no hidden name.
 	if _, err := h.store.RestorePaths(context.Background(), cp.ID, []string{"f", "n/m"}); err != nil {
@@ -210,4 +217,57 @@ func TestRestorePathsKeepsUnsaved(t *testing.T) {
 	}
 	h.restore(as[0].ID)
 	assertTree(t, dir, unsaved)
+}
+
+// TestRestorePathsSharedParents: two paths under one parent the live
+// directory lacks: the parent is made once and both are restored.
+func TestRestorePathsSharedParents(t *testing.T) {
+	h := newHarness(t, false)
+	dir := h.mkdir("proj", func(d string) { write(t, d+"/a/b/c", "c"); write(t, d+"/a/b/d", "d"); write(t, d+"/keep", "k") })
+	cp := h.capture(dir, "one")
+	want := fstree.MustSnapshot(t, dir)
+	if err := os.RemoveAll(dir + "/a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.store.RestorePaths(context.Background(), cp.ID, []string{"a/b/c", "a/b/d"}); err != nil {
+		t.Fatal(err)
+	}
+	assertTree(t, dir, want)
+}
+
+// TestRestorePathsRefusedKeepsNothing: with automatic checkpoints on, a
+// restore of paths refused by the path checks makes no automatic
+// checkpoint (the checks run before the safety capture).
+func TestRestorePathsRefusedKeepsNothing(t *testing.T) {
+	h := newHarness(t, false)
+	h.reopenWithAutos(DefaultAutoCheckpoints)
+	dir := h.mkdir("proj", func(d string) { write(t, d+"/a/b", "b") })
+	cp := h.capture(dir, "one")
+	if err := os.RemoveAll(dir + "/a"); err != nil {
+		t.Fatal(err)
+	}
+	write(t, dir+"/a", "a file now")
+	_, err := h.store.RestorePaths(context.Background(), cp.ID, []string{"a/b"})
+	wantCode(t, err, pathpolicy.CodePathNotDirectory)
+	if as := autos(mustList(t, h)); len(as) != 0 {
+		t.Fatalf("a refused restore of paths made automatic checkpoints: %+v", as)
+	}
+}
+
+// TestRestorePathsFileParentInCheckpoint: a path under what the checkpoint
+// has as a file is absent from it: restoring it removes the live one.
+func TestRestorePathsFileParentInCheckpoint(t *testing.T) {
+	h := newHarness(t, false)
+	dir := h.mkdir("proj", func(d string) { write(t, d+"/config", "a file") })
+	cp := h.capture(dir, "one")
+	if err := os.Remove(dir + "/config"); err != nil {
+		t.Fatal(err)
+	}
+	write(t, dir+"/config/app.yml", "x")
+	if _, err := h.store.RestorePaths(context.Background(), cp.ID, []string{"config/app.yml"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(dir + "/config/app.yml"); !os.IsNotExist(err) {
+		t.Fatalf("config/app.yml is still there: %v", err)
+	}
 }

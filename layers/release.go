@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -261,7 +262,7 @@ func (s *Store) release(o *op, root *meta.Root) ([]string, error) {
 	unpinOld()
 	unpinned = true
 	err := o.step(stepCollect, func() error {
-		s.removeOldMountpoint(root, stage)
+		s.removeOldMountpoint(&relRoot, stage)
 		s.collect(o.ctx)
 		return nil
 	})
@@ -374,7 +375,36 @@ func (s *Store) removeOldMountpoint(root *meta.Root, stage string) {
 		return
 	}
 	overlay.SetImmutable(stage, false)
+	// Anything written into the empty mountpoint between its flag's
+	// removal and the exchange goes to the released directory (renamed
+	// aside on a name clash), never away.
+	if ents, err := os.ReadDir(stage); err == nil && len(ents) > 0 {
+		if dst, err := openDirAt(unix.AT_FDCWD, root.Path); err == nil {
+			var st unix.Stat_t
+			if unix.Fstat(dst, &st) == nil && root.Move != nil && st.Ino == root.Move.StageIno {
+				for _, e := range ents {
+					n := e.Name()
+					err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(stage, n), dst, n, unix.RENAME_NOREPLACE)
+					if errors.Is(err, unix.EEXIST) {
+						n += ".strata-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+						err = unix.Renameat2(unix.AT_FDCWD, filepath.Join(stage, n[:len(e.Name())]), dst, n, unix.RENAME_NOREPLACE)
+					}
+					if err != nil {
+						s.log.Error("move a file written during a release into the released directory", "path", root.Path, "name", e.Name(), "err", err)
+					}
+				}
+			}
+			unix.Close(dst)
+		}
+	}
 	if err := os.Remove(stage); err != nil {
+		// Still not empty: kept under recovered/, never where the next
+		// start clears release staging.
+		kept := filepath.Join(s.dir, "recovered", strconv.FormatInt(time.Now().UnixNano(), 36))
+		if os.MkdirAll(filepath.Dir(kept), 0o700) == nil && os.Rename(stage, kept) == nil {
+			s.log.Warn("files written during a release are kept in the store", "path", root.Path, "kept", kept)
+			return
+		}
 		s.log.Warn("remove a released directory's old mountpoint", "dir", stage, "err", err)
 	}
 }

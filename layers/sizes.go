@@ -21,18 +21,40 @@ import (
 // them.
 //
 // Sealed layers and spans never change, so their sizes are computed once
-// (a walk of the dir) and cached for the store's lifetime; an active
-// layer is walked each time.
+// (a walk of the dir) and cached for the store's lifetime, a sealed
+// layer's also in its record (meta.Layer.Bytes), so that a restart does
+// not walk every layer again; an active layer is walked each time.
 
 // dirBytes returns the space held by layer or span dir id; cache says the
-// dir never changes.
-func (s *Store) dirBytes(id uint64, cache bool) int64 {
+// dir never changes. A sealed layer's size measured now is added to
+// measured, for the caller to record (recordBytes).
+func (s *Store) dirBytes(id uint64, cache bool, measured map[uint64]int64) int64 {
 	if cache {
 		s.mu.Lock()
 		n, ok := s.sizes[id]
+		unrecorded := s.unrecorded[id]
+		if unrecorded && measured != nil {
+			delete(s.unrecorded, id)
+		}
 		s.mu.Unlock()
 		if ok {
+			if unrecorded && measured != nil {
+				measured[id] = n
+			}
 			return n
+		}
+		var recorded int64
+		s.view(func(t meta.Tx) error {
+			if l, err := t.Layer(id); err == nil && l.Sealed {
+				recorded = l.Bytes
+			}
+			return nil
+		})
+		if recorded > 0 {
+			s.mu.Lock()
+			s.sizes[id] = recorded
+			s.mu.Unlock()
+			return recorded
 		}
 	}
 	n, err := treeBytes(s.fsDir(id))
@@ -47,9 +69,38 @@ func (s *Store) dirBytes(id uint64, cache bool) int64 {
 	if cache {
 		s.mu.Lock()
 		s.sizes[id] = n
+		if measured != nil {
+			measured[id] = n
+		} else {
+			s.unrecorded[id] = true
+		}
 		s.mu.Unlock()
 	}
 	return n
+}
+
+// recordBytes keeps the sizes measured in the records of the sealed
+// layers they are of, in one transaction (spans are not recorded).
+func (s *Store) recordBytes(measured map[uint64]int64) {
+	if len(measured) == 0 {
+		return
+	}
+	err := s.update(func(t meta.Tx) error {
+		for id, n := range measured {
+			l, err := t.Layer(id)
+			if err != nil || !l.Sealed || l.Bytes == n {
+				continue // a span, or a layer gone meanwhile
+			}
+			l.Bytes = n
+			if err := t.PutLayer(l); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Warn("record layer sizes", "err", err)
+	}
 }
 
 // treeBytes sums the allocated bytes of dir and everything under it.
@@ -80,11 +131,13 @@ func treeBytes(dir string) (int64, error) {
 // fillSizes sets SizeBytes of cps from their layers (layer maps each
 // checkpoint id to its layer).
 func (s *Store) fillSizes(cps []Checkpoint, layer map[string]uint64) {
+	measured := map[uint64]int64{}
 	for i := range cps {
 		if l, ok := layer[cps[i].ID]; ok {
-			cps[i].SizeBytes = s.dirBytes(l, true)
+			cps[i].SizeBytes = s.dirBytes(l, true, measured)
 		}
 	}
+	s.recordBytes(measured)
 }
 
 // rootBytes is the space held by the dirs root made: its layers (the
@@ -114,9 +167,11 @@ func (s *Store) rootBytes(rootID uint64) (int64, error) {
 		return err
 	})
 	var n int64
+	measured := map[uint64]int64{}
 	for _, d := range dirs {
-		n += s.dirBytes(d.id, d.sealed)
+		n += s.dirBytes(d.id, d.sealed, measured)
 	}
+	s.recordBytes(measured)
 	return n, err
 }
 
@@ -132,5 +187,7 @@ func (s *Store) sizeOf(id string) int64 {
 	if layer == 0 {
 		return 0
 	}
-	return s.dirBytes(layer, true)
+	// Kept in memory only: a create's answer must not pay for a second
+	// metadata commit; the next list records it.
+	return s.dirBytes(layer, true, nil)
 }

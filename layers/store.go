@@ -121,6 +121,8 @@ type Store struct {
 	busy   map[string]bool  // paths with an operation under way
 	pins   map[uint64]int   // layer dirs an operation is using
 	sizes  map[uint64]int64 // bytes held by sealed layer and span dirs (sizes.go)
+	// unrecorded are the sizes measured but not yet in their records
+	unrecorded map[uint64]bool
 }
 
 // Errors of the store's operations.
@@ -147,15 +149,16 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		cfg.Scanner = holders.NewScanner("/proc")
 	}
 	s := &Store{
-		cfg:     cfg,
-		dir:     filepath.Clean(cfg.Dir),
-		log:     cfg.Logger.With("store", cfg.Dir),
-		boot:    bootID(),
-		busy:    map[string]bool{},
-		pins:    map[uint64]int{},
-		sizes:   map[uint64]int64{},
-		pending: map[uint64]bool{},
-		wake:    make(chan struct{}, 1),
+		cfg:        cfg,
+		dir:        filepath.Clean(cfg.Dir),
+		log:        cfg.Logger.With("store", cfg.Dir),
+		boot:       bootID(),
+		busy:       map[string]bool{},
+		pins:       map[uint64]int{},
+		sizes:      map[uint64]int64{},
+		unrecorded: map[uint64]bool{},
+		pending:    map[uint64]bool{},
+		wake:       make(chan struct{}, 1),
 	}
 	s.layers = filepath.Join(s.dir, "layers")
 	s.tmp = filepath.Join(s.dir, "tmp")

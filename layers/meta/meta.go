@@ -126,6 +126,9 @@ type Layer struct {
 	Parent  uint64    `json:"parent,omitempty"`
 	Sealed  bool      `json:"sealed"`
 	Created time.Time `json:"created"`
+	// Bytes is a sealed layer's size once measured (0: not yet); a
+	// sealed layer never changes, so it is measured once.
+	Bytes int64 `json:"bytes,omitempty"`
 }
 
 // Checkpoint is a checkpoint: a name for a sealed layer of a root.

@@ -185,8 +185,9 @@ that one to undo); later checkpoints stay restorable.
 With --only PATH (repeatable, 1 to 100 paths relative to the directory),
 only those paths become what they are in the checkpoint, recursively
 (removed when the checkpoint lacks them); the rest of the directory is
-untouched; unsaved changes of those paths are kept as an automatic
-checkpoint first, as for a whole restore.
+untouched; the directory's unsaved changes are kept as an automatic
+checkpoint first (a capture of the whole directory), as for a whole
+restore.
 
 With --idempotency-key, running the same command again with the same key
 (within 24 hours) prints the first run's answer and restores nothing
