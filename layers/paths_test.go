@@ -271,3 +271,46 @@ func TestRestorePathsFileParentInCheckpoint(t *testing.T) {
 		t.Fatalf("config/app.yml is still there: %v", err)
 	}
 }
+
+// TestRestorePathsParentSwappedForSymlink: a parent the plan makes, which
+// a process puts a symlink at before it is made, fails the operation; the
+// symlink's target is never changed and the undo leaves no hidden name.
+func TestRestorePathsParentSwappedForSymlink(t *testing.T) {
+	h := newHarness(t, false)
+	dir := h.mkdir("proj", func(d string) { write(t, d+"/n/f", "f") })
+	cp := h.capture(dir, "one")
+	if err := os.RemoveAll(dir + "/n"); err != nil {
+		t.Fatal(err)
+	}
+	src, _, root, err := h.store.checkpointTree(cp.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	live, err := h.store.liveTree(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	p, err := planPath(src, live, dir, "n/f")
+	if err != nil || p == nil || len(p.make) != 1 {
+		t.Fatalf("plan %+v, %v: want n made", p, err)
+	}
+	target := filepath.Join(t.TempDir(), "target")
+	write(t, target, "not the sandbox's")
+	if err := os.Chmod(target, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, dir+"/n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := stagePath(context.Background(), src, live, p, map[string]bool{}); err == nil {
+		t.Fatal("staging under a parent swapped for a symlink succeeded")
+	}
+	if fi, err := os.Stat(target); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the symlink's target changed: %v %v", fi, err)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "not the sandbox's" {
+		t.Fatalf("the symlink's target was written: %q", b)
+	}
+}
