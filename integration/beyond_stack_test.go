@@ -68,6 +68,13 @@ func TestBeyondThroughTheStack(t *testing.T) {
 	if live := run("sandbox", "checkpoint", "diff", b, "--live"); !strings.Contains(live, "notes.txt") || !strings.Contains(live, "README.md") {
 		t.Errorf("diff --live:\n%s", live)
 	}
+	// The live side of a patch is read in the sandbox (exec).
+	livePatch := run("sandbox", "checkpoint", "diff", b, "--live", "--patch")
+	for _, want := range []string{"+++ b/README.md\tlive", "+unsaved\n", "--- /dev/null\n+++ b/notes.txt\tlive", "+unsaved notes\n"} {
+		if !strings.Contains(livePatch, want) {
+			t.Errorf("diff --live --patch lacks %q:\n%s", want, livePatch)
+		}
+	}
 	run("sandbox", "checkpoint", "restore", a, "--only", "old.txt")
 	if got, _ := os.ReadFile(project + "/old.txt"); string(got) != "gone\n" {
 		t.Errorf("old.txt after restore --only: %q", got)

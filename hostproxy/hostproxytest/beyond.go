@@ -1,6 +1,7 @@
 package hostproxytest
 
 import (
+	"encoding/base64"
 	"net/http"
 	"net/url"
 	"sort"
@@ -111,6 +112,9 @@ func (g *FakeGuest) routeBeyond(r *http.Request, parts []string) (data any, ok b
 	switch {
 	case len(parts) == 2 && parts[0] == "directories" && parts[1] == "release" && r.Method == http.MethodPost:
 		data, err = g.release(r)
+		return data, true, err
+	case len(parts) == 1 && parts[0] == "exec" && r.Method == http.MethodPost:
+		data, err = g.exec(r)
 		return data, true, err
 	case len(parts) < 3 || parts[0] != "checkpoints":
 		return nil, false, nil
@@ -349,4 +353,32 @@ func (g *FakeGuest) release(r *http.Request) (any, error) {
 	g.checkpoints = kept
 	delete(g.head, p)
 	return api.ReleaseResult{Path: p, DeletedCheckpointIDs: ids}, nil
+}
+
+// exec runs the one program the double knows, the CLI's read of a live
+// file (sh -c '…cat…' sh PATH): a regular file of a live tree is its
+// content, anything else exit status 3. Any other program is refused.
+func (g *FakeGuest) exec(r *http.Request) (any, error) {
+	req, _, err := api.ReadExec(r)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Cmd) != 5 || req.Cmd[0] != "sh" || req.Cmd[1] != "-c" {
+		return nil, fault.New(fault.Unprocessable, api.CodeExecFailed, "the fake guest runs only the read of a live file")
+	}
+	path := req.Cmd[4]
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	res := api.ExecResult{ExitCode: 3}
+	for dir, t := range g.live {
+		rel, ok := strings.CutPrefix(path, dir+"/")
+		if f, found := t[rel]; ok && found && (f.Type == "" || f.Type == "file") {
+			res.ExitCode = 0
+			res.Stdout = base64.StdEncoding.EncodeToString([]byte(f.Content))
+		}
+	}
+	if req.Encoding != api.EncodingBase64 {
+		return nil, fault.New(fault.Unprocessable, api.CodeExecFailed, "the fake guest answers the read of a live file in base64 only")
+	}
+	return res, nil
 }

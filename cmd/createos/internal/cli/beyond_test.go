@@ -82,10 +82,18 @@ Binary files a/blob.bin and b/blob.bin differ
 		t.Errorf("diff --against --patch:\n%s", got)
 	}
 
-	// --live: the table, and with --patch a note instead of a patch.
+	// --live --patch: the live side read with exec.
 	out, errOut, code := e.run("sandbox", "checkpoint", "diff", b.ID, "--live", "--patch")
-	if code != 0 || !strings.Contains(out, "modified") || !strings.Contains(errOut, "note: --patch needs both sides") {
-		t.Errorf("diff --live --patch: exit %d\n%s\n%s", code, out, errOut)
+	wantLive := `--- a/README.md	` + b.ID + `
++++ b/README.md	live
+@@ -1,3 +1 @@
+-hello
+-second line, edited
+-third
++live
+`
+	if code != 0 || !strings.HasPrefix(out, wantLive) || !strings.Contains(out, "Binary files a/blob.bin and /dev/null differ") {
+		t.Errorf("diff --live --patch: exit %d\n%s\nwant it to start with:\n%s\n%s", code, out, wantLive, errOut)
 	}
 
 	for _, args := range [][]string{

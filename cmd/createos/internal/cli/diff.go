@@ -3,9 +3,12 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -34,11 +37,11 @@ entry, sorted by path:
 git diff do: a/ the older side, b/ the newer one), both sides read
 through the files route. A file that is not UTF-8 text, or holds a NUL
 byte, is "Binary files … differ"; one over 4 MiB is named and skipped.
-The live directory cannot be read through the API, so --patch --live
-prints the list and a note: capture a checkpoint and diff it --against
-the first one instead. A checkpoint without a listed parent (the first
-of its directory, or one whose parent was deleted) shows its added files
-in full and names the others on stderr.`,
+With --live, the live side of each file is read in the sandbox with
+exec (sh and cat, as root; the files route reads checkpoints only), up
+to 1 MiB a file. A checkpoint without a listed parent (the first of its
+directory, or one whose parent was deleted) shows its added files in
+full and names the others on stderr.`,
 		Example: "  createos sandbox checkpoint diff sb-local cp_…\n" +
 			"  createos sandbox checkpoint diff cp_NEW --against cp_OLD --patch\n" +
 			"  createos sandbox checkpoint diff cp_… --live",
@@ -66,15 +69,16 @@ in full and names the others on stderr.`,
 			if a.output == "json" {
 				return a.writeJSON(raw)
 			}
-			if !patch || live {
-				if err := a.writeChanges(changes); err != nil {
+			if !patch {
+				return a.writeChanges(changes)
+			}
+			if live {
+				dir, err := a.pathOf(cmd.Context(), c, sb, id)
+				if err != nil {
 					return err
 				}
-				if patch {
-					fmt.Fprintln(a.stderr, "note: --patch needs both sides through the files route, and the live directory has none there;"+
-						" capture a checkpoint and diff it --against "+id+" --patch")
-				}
-				return nil
+				p := patcher{ctx: cmd.Context(), c: c, sb: sb, oldID: id, newID: "live", liveDir: dir, w: a.stdout, notes: a.stderr}
+				return p.write(changes)
 			}
 			old := against
 			if old == "" {
@@ -116,6 +120,20 @@ func (a *app) parentOf(ctx context.Context, c *Client, sb, id string) (string, e
 	return "", nil
 }
 
+// pathOf is the directory of checkpoint id, from the list.
+func (a *app) pathOf(ctx context.Context, c *Client, sb, id string) (string, error) {
+	list, _, err := c.ListCheckpoints(ctx, sb)
+	if err != nil {
+		return "", wrap(err)
+	}
+	for _, cp := range list {
+		if cp.ID == id {
+			return cp.Path, nil
+		}
+	}
+	return "", wrap(&APIError{Status: http.StatusNotFound, Code: "checkpoint_not_found", Message: "no checkpoint has this id"})
+}
+
 func (a *app) writeChanges(changes []Change) error {
 	if len(changes) == 0 {
 		_, err := fmt.Fprintln(a.stdout, "No changes.")
@@ -140,7 +158,10 @@ type patcher struct {
 	c            *Client
 	sb           string
 	oldID, newID string // oldID "" when the older side has no checkpoint
-	w, notes     io.Writer
+	// liveDir, when set, is the managed directory whose live files are
+	// the newer side (newID is then only a label), read with exec.
+	liveDir  string
+	w, notes io.Writer
 }
 
 // side is one side of a file: absent (the file is not there), or its
@@ -168,7 +189,11 @@ func (p *patcher) write(changes []Change) error {
 			}
 		}
 		if ch.Change != "deleted" {
-			if newer, err = p.read(p.newID, ch.Path); err != nil {
+			read := p.read
+			if p.liveDir != "" {
+				read = p.readLive
+			}
+			if newer, err = read(p.newID, ch.Path); err != nil {
 				return err
 			}
 		}
@@ -195,6 +220,41 @@ func (p *patcher) read(id, path string) (side, error) {
 		return side{}, nil
 	}
 	return side{present: true, content: *e.Content}, nil
+}
+
+// liveRead is the program that reads one live file in the sandbox: its
+// bytes when it is a regular file (not a symlink), exit status 3 when it
+// is anything else or nothing.
+var liveRead = []string{"sh", "-c", `[ -f "$1" ] && [ ! -L "$1" ] || exit 3; exec cat -- "$1"`, "sh"}
+
+// readLive reads path of the live directory with exec; the label is
+// unused (the live side has no checkpoint).
+func (p *patcher) readLive(_, path string) (side, error) {
+	req := api.ExecRequest{Cmd: append(slices.Clone(liveRead), p.liveDir+"/"+path), Encoding: api.EncodingBase64, TimeoutS: 30}
+	res, _, err := p.c.Exec(p.ctx, p.sb, req)
+	switch {
+	case err != nil:
+		return side{}, wrap(err)
+	case res.ExitCode == 3:
+		return side{}, nil
+	case res.Truncated:
+		return side{present: true, skip: fmt.Sprintf("larger than %d MiB in the live directory", api.MaxExecOutput>>20)}, nil
+	case res.ExitCode != 0 || res.TimedOut:
+		return side{present: true, skip: "the live file could not be read: " + strings.TrimSpace(decodeOr(res.Stderr))}, nil
+	}
+	b, err := base64.StdEncoding.DecodeString(res.Stdout)
+	if err != nil {
+		return side{}, fmt.Errorf("exec output of %s: %w", path, err)
+	}
+	return side{present: true, content: b}, nil
+}
+
+// decodeOr is s decoded from base64, or s when it is not base64.
+func decodeOr(s string) string {
+	if b, err := base64.StdEncoding.DecodeString(s); err == nil {
+		return string(b)
+	}
+	return s
 }
 
 func (p *patcher) file(path string, older, newer side) error {
