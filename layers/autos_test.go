@@ -246,6 +246,11 @@ func TestSizes(t *testing.T) {
 			if err != nil || l.Bytes != c.SizeBytes {
 				t.Errorf("layer of %s records %d bytes (%v), want %d", c.ID, l.Bytes, err, c.SizeBytes)
 			}
+			// What the operation's tree check measured is what a walk
+			// of the layer counts.
+			if n, err := treeBytes(h.store.fsDir(rec.Layer)); err != nil || n != c.SizeBytes {
+				t.Errorf("a walk of the layer of %s counts %d bytes (%v); the create said %d", c.ID, n, err, c.SizeBytes)
+			}
 		}
 		return nil
 	})

@@ -210,8 +210,9 @@ func openEnrollee(path string) (*enrollee, error) {
 // rename exchange moves the contents into the store and an empty
 // immutable directory to path; recovery finds out which side of that
 // exchange it is on by inode and finishes or undoes it.
-func (s *Store) enroll(o *op, path, name string, req meta.Request) (Checkpoint, error) {
+func (s *Store) enroll(o *op, path, name string, req meta.Request) (_ Checkpoint, err error) {
 	var e *enrollee
+	var baseBytes int64
 	defer func() { e.close() }()
 	s.enrollMu.Lock()
 	locked := true
@@ -220,7 +221,7 @@ func (s *Store) enroll(o *op, path, name string, req meta.Request) (Checkpoint, 
 			s.enrollMu.Unlock()
 		}
 	}()
-	err := o.step(stepValidatePath, func() error {
+	err = o.step(stepValidatePath, func() error {
 		managed, err := s.allRoots()
 		if err != nil {
 			return err
@@ -232,8 +233,10 @@ func (s *Store) enroll(o *op, path, name string, req meta.Request) (Checkpoint, 
 			return err
 		}
 		// The tree rules run on the handle: the tree checked is the
-		// tree enrolled.
-		return pathpolicy.CheckTreeFD(o.ctx, e.dir, path, false, nil)
+		// tree enrolled. The walk also measures it: the base layer's
+		// size_bytes, with no second walk.
+		baseBytes, err = pathpolicy.CheckTreeFDBytes(o.ctx, e.dir, path, false, nil)
+		return err
 	})
 	if err != nil {
 		return Checkpoint{}, err
@@ -247,6 +250,11 @@ func (s *Store) enroll(o *op, path, name string, req meta.Request) (Checkpoint, 
 		return Checkpoint{}, err
 	}
 	base, upper := s.newLayerID(), s.newLayerID()
+	defer func() {
+		if err == nil {
+			s.measured(base, baseBytes)
+		}
+	}()
 	defer s.unpin(base, upper)
 	rootID := s.newLayerID() // ids share one sequence; a root id never names a dir
 	defer s.unpin(rootID)
@@ -616,8 +624,11 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, o
 	if err := o.step(stepFreeze, func() error { return s.freezeOrBusy(o.ctx, root, h, pending) }); err != nil {
 		return fail(err, false)
 	}
-	if err := o.step(stepValidateLayer, func() error {
-		return pathpolicy.CheckTree(o.ctx, s.fsDir(sealed), true, func(rel string) string { return filepath.Join(path, rel) })
+	var sealedBytes int64
+	if err := o.step(stepValidateLayer, func() (err error) {
+		// The walk measures the layer too: its size_bytes.
+		sealedBytes, err = pathpolicy.CheckTreeBytes(o.ctx, s.fsDir(sealed), true, func(rel string) string { return filepath.Join(path, rel) })
+		return err
 	}); err != nil {
 		return fail(err, true)
 	}
@@ -708,6 +719,7 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, o
 	if err := o.step(stepMountSwap, func() error { return s.swapOrRecover(o.ctx, h, root, &newRoot) }); err != nil {
 		return Checkpoint{}, err
 	}
+	s.measured(sealed, sealedBytes)
 	s.kick(root.ID, squash)
 	return res, nil
 }
@@ -837,14 +849,16 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 	// checkpoint: the discarded upper is sealed instead of dropped, as a
 	// capture seals it (no copy).
 	var safety *meta.Checkpoint
+	var safetyBytes int64
 	if keepAuto {
 		changed, err := s.unsaved(discarded)
 		if err != nil {
 			return fail(err)
 		}
 		if changed {
-			if err := o.step(stepValidateLayer, func() error {
-				return pathpolicy.CheckTree(o.ctx, s.fsDir(discarded), true, func(rel string) string { return filepath.Join(path, rel) })
+			if err := o.step(stepValidateLayer, func() (err error) {
+				safetyBytes, err = pathpolicy.CheckTreeBytes(o.ctx, s.fsDir(discarded), true, func(rel string) string { return filepath.Join(path, rel) })
+				return err
 			}); err != nil {
 				if fault.As(err) == nil {
 					return fail(err)
@@ -902,6 +916,9 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 		return fail(err)
 	}
 	o.ctx = context.WithoutCancel(o.ctx) // committed: the swap must run
+	if safety != nil {
+		s.measured(discarded, safetyBytes)
+	}
 	if err := o.step(stepMountSwap, func() error { return s.swapOrRecover(o.ctx, h, root, &newRoot) }); err != nil {
 		return Checkpoint{}, err
 	}

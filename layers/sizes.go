@@ -11,8 +11,8 @@ import (
 )
 
 // Sizes. A checkpoint's size_bytes is the space its own layer holds: the
-// blocks allocated to the layer's entries (st_blocks, directories and
-// whiteouts included), which is what deleting that checkpoint alone could
+// blocks allocated to the layer's directories and regular files
+// (st_blocks), which is what deleting that checkpoint alone could
 // free once nothing else needs the layer. A file the layer shares with a
 // span (a hard link on a filesystem that cannot clone) or blocks it
 // shares by reflink are counted in each. A directory's size_bytes is the
@@ -21,9 +21,12 @@ import (
 // them.
 //
 // Sealed layers and spans never change, so their sizes are computed once
-// (a walk of the dir) and cached for the store's lifetime, a sealed
-// layer's also in its record (meta.Layer.Bytes), so that a restart does
-// not walk every layer again; an active layer is walked each time.
+// and cached for the store's lifetime: the tree check of the enrollment,
+// capture or restore that seals a layer measures it as it walks
+// (measured), anything else is walked once (treeBytes). A sealed layer's
+// size also goes into its record (meta.Layer.Bytes) at the next list, so
+// that a restart does not walk every layer again. An active layer is
+// walked each time.
 
 // dirBytes returns the space held by layer or span dir id; cache says the
 // dir never changes. A sealed layer's size measured now is added to
@@ -103,7 +106,19 @@ func (s *Store) recordBytes(measured map[uint64]int64) {
 	}
 }
 
-// treeBytes sums the allocated bytes of dir and everything under it.
+// measured keeps n as the size of sealed layer id, which an operation's
+// tree check measured as it walked the layer (pathpolicy.CheckTreeBytes):
+// no walk of its own; the next list records it.
+func (s *Store) measured(id uint64, n int64) {
+	s.mu.Lock()
+	s.sizes[id] = n
+	s.unrecorded[id] = true
+	s.mu.Unlock()
+}
+
+// treeBytes sums the allocated bytes of dir and of the directories and
+// regular files under it, as pathpolicy.CheckTreeBytes counts them
+// (symlinks and whiteouts hold none to speak of).
 func treeBytes(dir string) (int64, error) {
 	var n int64
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
@@ -112,6 +127,9 @@ func treeBytes(dir string) (int64, error) {
 				return nil // gone meanwhile
 			}
 			return err
+		}
+		if !d.IsDir() && !d.Type().IsRegular() {
+			return nil
 		}
 		fi, err := os.Lstat(p)
 		if err != nil {

@@ -39,12 +39,21 @@ const ctxCheckEvery = 4096
 // returns ctx.Err() when cancelled. Any other failure to read the tree is an
 // unclassified (internal) error.
 func CheckTree(ctx context.Context, dir string, whiteouts bool, display func(rel string) string) error {
+	_, err := CheckTreeBytes(ctx, dir, whiteouts, display)
+	return err
+}
+
+// CheckTreeBytes is CheckTree that also returns the space the tree holds:
+// the allocated blocks (st_blocks) of its directories, the root included,
+// and of its regular files, which the walk stats anyway. Symlinks and
+// whiteouts are not counted.
+func CheckTreeBytes(ctx context.Context, dir string, whiteouts bool, display func(rel string) string) (int64, error) {
 	if display == nil {
 		display = func(rel string) string { return filepath.Join(dir, rel) }
 	}
 	fd, err := openDir(unix.AT_FDCWD, dir)
 	if err != nil {
-		return fmt.Errorf("pathpolicy: open %s: %w", dir, err)
+		return 0, fmt.Errorf("pathpolicy: open %s: %w", dir, err)
 	}
 	return checkTreeFD(ctx, fd, dir, whiteouts, display)
 }
@@ -54,22 +63,30 @@ func CheckTree(ctx context.Context, dir string, whiteouts bool, display func(rel
 // the directory's path for messages; display maps relative paths to what
 // the user sees, as in CheckTree.
 func CheckTreeFD(ctx context.Context, fd int, path string, whiteouts bool, display func(rel string) string) error {
+	_, err := CheckTreeFDBytes(ctx, fd, path, whiteouts, display)
+	return err
+}
+
+// CheckTreeFDBytes is CheckTreeFD that also returns the space the tree
+// holds, as CheckTreeBytes counts it.
+func CheckTreeFDBytes(ctx context.Context, fd int, path string, whiteouts bool, display func(rel string) string) (int64, error) {
 	if display == nil {
 		display = displayUnder(path)
 	}
 	dup, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("pathpolicy: open %s: %w", path, err)
+		return 0, fmt.Errorf("pathpolicy: open %s: %w", path, err)
 	}
 	return checkTreeFD(ctx, dup, path, whiteouts, display)
 }
 
-// checkTreeFD walks the directory open at fd, which it closes.
-func checkTreeFD(ctx context.Context, fd int, dir string, whiteouts bool, display func(rel string) string) error {
+// checkTreeFD walks the directory open at fd, which it closes, and
+// returns the space the tree holds.
+func checkTreeFD(ctx context.Context, fd int, dir string, whiteouts bool, display func(rel string) string) (int64, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		return fmt.Errorf("pathpolicy: stat %s: %w", dir, err)
+		return 0, fmt.Errorf("pathpolicy: stat %s: %w", dir, err)
 	}
 	w := &walker{
 		ctx:       ctx,
@@ -78,8 +95,10 @@ func checkTreeFD(ctx context.Context, fd int, dir string, whiteouts bool, displa
 		display:   display,
 		dev:       uint64(st.Dev),
 		rel:       make([]byte, 0, 256),
+		bytes:     st.Blocks * 512,
 	}
-	return w.walk(fd, 0)
+	err := w.walk(fd, 0)
+	return w.bytes, err
 }
 
 // walker holds the state of one CheckTree walk.
@@ -93,6 +112,7 @@ type walker struct {
 	bufs      [][]byte // one getdents buffer per depth, reused across directories
 	seen      int      // entries since ctx was last checked
 	st        unix.Stat_t
+	bytes     int64 // allocated bytes of the directories and regular files so far
 }
 
 // walk checks the directory open at fd, which it closes.
@@ -172,6 +192,7 @@ func (w *walker) entry(fd int, name string, typ uint8, depth int) error {
 			return w.violation(CodePathHardlink, name,
 				"The directory contains a hardlinked file; hardlinks are not supported.")
 		}
+		w.bytes += w.st.Blocks * 512
 		return nil
 	case unix.S_IFDIR:
 		return w.descend(fd, name, depth)
@@ -204,6 +225,7 @@ func (w *walker) descend(fd int, name string, depth int) error {
 		unix.Close(cfd)
 		return w.violation(CodePathMount, "", "The directory contains a mount point.")
 	}
+	w.bytes += w.st.Blocks * 512
 	return w.walk(cfd, depth+1)
 }
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -168,4 +170,35 @@ func BenchmarkCheckTree(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/20200, "ns/entry")
+}
+
+// TestCheckTreeBytes: the walk's byte count is the allocated blocks of
+// the tree's directories (the root included) and regular files, as a
+// separate walk that stats everything counts them; symlinks count 0.
+func TestCheckTreeBytes(t *testing.T) {
+	dir := t.TempDir()
+	writeTree(t, dir, []node{mkdir("a/b"), file("a/b/f"), file("top"), symlink("a/l", strings.Repeat("x", 300))})
+	if err := os.WriteFile(filepath.Join(dir, "a/big"), make([]byte, 70000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var want int64
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		var st unix.Stat_t
+		if err == nil && unix.Lstat(p, &st) == nil && (d.IsDir() || d.Type().IsRegular()) {
+			want += st.Blocks * 512
+		}
+		return err
+	})
+	got, err := CheckTreeBytes(context.Background(), dir, false, nil)
+	if err != nil || got != want || got < 70000 {
+		t.Fatalf("CheckTreeBytes = %d, %v; want %d (at least the 70000-byte file)", got, err, want)
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if got, err := CheckTreeFDBytes(context.Background(), fd, dir, false, nil); err != nil || got != want {
+		t.Fatalf("CheckTreeFDBytes = %d, %v; want %d", got, err, want)
+	}
 }
