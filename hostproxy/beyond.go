@@ -15,9 +15,9 @@ import (
 	"strata/pathpolicy"
 )
 
-// The checkpoint routes beyond the seed's four (issue 8). Each refuses an
-// access token (accountOnly), makes the checks of the four
-// (checkpointRoute: sandbox, query, body, state), validates at the edge
+// The checkpoint routes beyond the seed's four (issue 8). Each is
+// registered behind accountOnly (access tokens refused), makes the checks
+// of the four (checkpointRoute: sandbox, query, body, state), validates at the edge
 // what needs no filesystem, and forwards.
 
 // errTokenBeyond refuses an access token on a route beyond the four: the
@@ -26,18 +26,18 @@ import (
 var errTokenBeyond = fault.New(fault.Forbidden, "forbidden",
 	"access tokens may create, list, restore and delete checkpoints; changes, files, restore-paths, clone and release need an account API key")
 
-// accountOnly refuses a request made with an access token.
-func accountOnly(c echo.Context) error {
-	if p, _ := c.Get(keyPrincipal).(Principal); p.Kind == KindAccessToken {
-		return errTokenBeyond
+// accountOnly is the middleware, after authentication, of the routes
+// beyond the four: a request made with an access token is refused.
+func accountOnly(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if p, _ := c.Get(keyPrincipal).(Principal); p.Kind == KindAccessToken {
+			return errTokenBeyond
+		}
+		return next(c)
 	}
-	return nil
 }
 
 func (s *Server) checkpointChanges(c echo.Context) (any, error) {
-	if err := accountOnly(c); err != nil {
-		return nil, err
-	}
 	var against string
 	sb, err := s.checkpointRouteQuery(c, func(r *http.Request) (err error) {
 		against, err = api.ParseChangesQuery(r.URL.Query())
@@ -56,9 +56,6 @@ func (s *Server) checkpointChanges(c echo.Context) (any, error) {
 }
 
 func (s *Server) checkpointFile(c echo.Context) (any, error) {
-	if err := accountOnly(c); err != nil {
-		return nil, err
-	}
 	sb, err := s.checkpointRoute(c, jsend.RejectBody)
 	if err != nil {
 		return nil, err
@@ -92,9 +89,6 @@ func entryPath(c echo.Context) (string, error) {
 }
 
 func (s *Server) restorePaths(c echo.Context) (any, error) {
-	if err := accountOnly(c); err != nil {
-		return nil, err
-	}
 	var req api.RestorePathsRequest
 	sb, err := s.checkpointRoute(c, func(r *http.Request) error {
 		if err := jsend.DecodeObject(r, &req); err != nil {
@@ -132,9 +126,6 @@ func decodePath(r *http.Request) (string, error) {
 }
 
 func (s *Server) cloneCheckpoint(c echo.Context) (any, error) {
-	if err := accountOnly(c); err != nil {
-		return nil, err
-	}
 	var path string
 	sb, err := s.checkpointRoute(c, func(r *http.Request) (err error) {
 		path, err = decodePath(r)
@@ -153,9 +144,6 @@ func (s *Server) cloneCheckpoint(c echo.Context) (any, error) {
 }
 
 func (s *Server) releaseDirectory(c echo.Context) (any, error) {
-	if err := accountOnly(c); err != nil {
-		return nil, err
-	}
 	var path string
 	sb, err := s.checkpointRoute(c, func(r *http.Request) (err error) {
 		path, err = decodePath(r)
