@@ -3,6 +3,7 @@ package layers
 import (
 	"time"
 
+	"strata/internal/api"
 	"strata/internal/fault"
 )
 
@@ -68,11 +69,13 @@ type DirEntry struct {
 // MaxEntryContent is the largest file ReadEntry returns the content of.
 const MaxEntryContent = 4 << 20
 
-// MaxRestorePaths is how many paths one RestorePaths may name.
-const MaxRestorePaths = 100
+// MaxRestorePaths is how many paths one RestorePaths may name (the API's
+// limit).
+const MaxRestorePaths = api.MaxRestorePaths
 
-// MaxCheckpoints is how many checkpoints one directory may hold.
-const MaxCheckpoints = 10000
+// MaxCheckpoints is how many checkpoints one directory may hold (the
+// API's limit).
+const MaxCheckpoints = api.MaxCheckpoints
 
 // DefaultAutoCheckpoints is how many automatic checkpoints guestd keeps
 // per directory unless told otherwise.

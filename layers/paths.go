@@ -8,13 +8,13 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
+	"strata/internal/api"
 	"strata/internal/fault"
 	"strata/layers/meta"
 	"strata/pathpolicy"
@@ -42,30 +42,6 @@ import (
 // stagePrefix starts the hidden names a restore of paths builds under.
 const stagePrefix = ".strata-restore-"
 
-// checkRel checks one path relative to a managed root, as a client names
-// it (field is the request field for the error): not empty, not
-// absolute, clean, no "." or ".." element, at most PATH_MAX bytes.
-func checkRel(field, rel string) error {
-	bad := func(why string) error {
-		return fault.New(fault.Invalid, "invalid_field", fmt.Sprintf("%s: %q %s", field, rel, why)).With("field", field)
-	}
-	switch {
-	case rel == "" || rel == ".":
-		return bad("names the directory itself; restore the checkpoint instead")
-	case strings.HasPrefix(rel, "/"):
-		return bad("must be relative to the managed directory")
-	case len(rel) > unix.PathMax:
-		return bad("is too long")
-	case strings.IndexByte(rel, 0) >= 0:
-		return bad("contains a NUL byte")
-	case path.Clean(rel) != rel:
-		return bad("is not clean (a trailing slash, a doubled slash or a . element)")
-	case rel == ".." || strings.HasPrefix(rel, "../"):
-		return bad("leaves the managed directory")
-	}
-	return nil
-}
-
 // restorePathList checks paths and returns them sorted, each once, and
 // without those under another listed path (the outer one covers them).
 func restorePathList(paths []string) ([]string, error) {
@@ -74,7 +50,7 @@ func restorePathList(paths []string) ([]string, error) {
 			With("field", "paths").With("limit", MaxRestorePaths)
 	}
 	for _, p := range paths {
-		if err := checkRel("paths", p); err != nil {
+		if err := api.ValidateRelPath("paths", p); err != nil {
 			return nil, err
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"strata/internal/api"
 )
 
 // ReadEntry returns the entry at rel (relative to the root, "" or "." for
@@ -24,7 +26,7 @@ func (s *Store) ReadEntry(ctx context.Context, id, rel string) (Entry, error) {
 		rel = ""
 	}
 	if rel != "" {
-		if err := checkRel("path", rel); err != nil {
+		if err := api.ValidateRelPath("path", rel); err != nil {
 			return Entry{}, err
 		}
 	}

@@ -4,13 +4,9 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"path"
 	"slices"
-	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"strata/internal/fault"
 	"strata/internal/testenv"
@@ -120,30 +116,4 @@ func trimEntry(e Entry) Entry {
 		e.Content = e.Content[:16]
 	}
 	return e
-}
-
-// FuzzCheckRel: checkRel (the path rule of the files and restore-paths
-// routes) accepts only paths that stay inside the root and name something
-// in it: clean, relative, free of "." and ".." elements and of NUL, and
-// joining one to a root never leaves it nor names the root itself.
-func FuzzCheckRel(f *testing.F) {
-	for _, s := range []string{"", ".", "a", "a/b", "/a", "../a", "a/..", "a//b", "a/./b", "a/", "..", "...", "a/...", "a\x00b", strings.Repeat("a/", 3000)} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, rel string) {
-		if checkRel("path", rel) != nil {
-			return
-		}
-		if rel == "" || path.IsAbs(rel) || path.Clean(rel) != rel || strings.Contains(rel, "\x00") || len(rel) > unix.PathMax {
-			t.Fatalf("checkRel accepted %q", rel)
-		}
-		for _, el := range strings.Split(rel, "/") {
-			if el == ".." || el == "." || el == "" {
-				t.Fatalf("checkRel accepted %q (element %q)", rel, el)
-			}
-		}
-		if j := path.Join("/root", rel); !strings.HasPrefix(j, "/root/") {
-			t.Fatalf("checkRel accepted %q, which leaves the root (%s)", rel, j)
-		}
-	})
 }

@@ -2,7 +2,6 @@ package layers
 
 import (
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"path"
@@ -549,18 +548,4 @@ func (s *Store) liveTree(root *meta.Root) (*dirTree, error) {
 		return nil, ErrLiveUnavailable.With("path", root.Path)
 	}
 	return openDirTree(h.parent, h.name)
-}
-
-// rootByPath returns the managed root at path, or nil and an error that
-// says there is none.
-func (s *Store) rootByPath(path string) (*meta.Root, error) {
-	var root *meta.Root
-	err := s.view(func(t meta.Tx) (err error) {
-		root, err = t.RootByPath(path)
-		return err
-	})
-	if err == nil && root == nil {
-		err = fmt.Errorf("%s is not a managed directory", path)
-	}
-	return root, err
 }

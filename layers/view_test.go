@@ -2,6 +2,7 @@ package layers
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"strata/internal/fstree"
+	"strata/layers/meta"
 )
 
 // materializeTo copies the whole of tr into a new directory and returns
@@ -110,4 +112,18 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// rootByPath (tests) returns the managed root at path, or nil and an error that
+// says there is none.
+func (s *Store) rootByPath(path string) (*meta.Root, error) {
+	var root *meta.Root
+	err := s.view(func(t meta.Tx) (err error) {
+		root, err = t.RootByPath(path)
+		return err
+	})
+	if err == nil && root == nil {
+		err = fmt.Errorf("%s is not a managed directory", path)
+	}
+	return root, err
 }
