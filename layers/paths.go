@@ -167,12 +167,10 @@ func (s *Store) restorePaths(o *op, id string, rels []string) error {
 	}
 	defer src.Close()
 	path := root.Path
-	if root.Paths != nil {
-		// A restore of paths that did not finish (guestd still running):
-		// clear what it left first.
-		if err := s.finishPaths(o.ctx, root); err != nil {
-			return err
-		}
+	// A restore of paths that did not finish (guestd still running):
+	// clear what it left first.
+	if err := s.finishPaths(o.ctx, root); err != nil {
+		return err
 	}
 	var h *rootHandle
 	defer func() { h.Close() }()
