@@ -19,7 +19,7 @@ STATE ?= /var/lib/strata
 IMAGE_CACHE ?= /var/cache/strata
 KERNEL ?= 6.12-cloud
 
-.PHONY: all build deps image test test-short bench run run-local vet clean
+.PHONY: all build deps qemu image test test-short bench run run-local vet clean
 
 all: build
 
@@ -32,12 +32,34 @@ deps:
 	@command -v $(GO) >/dev/null || { echo "Go 1.26 is required at /usr/local/go/bin (see README)"; exit 1; }
 	@missing=""; for c in unshare mount tar curl gcc; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
 	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq util-linux mount tar curl gcc; fi
-	@missing=""; for cp in qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils mmdebstrap:mmdebstrap \
+	@$(MAKE) -s --no-print-directory qemu >&2
+	@missing=""; for cp in mmdebstrap:mmdebstrap \
 	  mkfs.xfs:xfsprogs mkfs.btrfs:btrfs-progs zstd:zstd xz:xz-utils lz4:lz4 depmod:kmod modprobe:kmod; do \
 	  PATH=$$PATH:/usr/sbin:/sbin command -v $${cp%%:*} >/dev/null || missing="$$missing $${cp#*:}"; done; \
 	if [ -n "$$missing" ] || ! ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1; then apt-get update -qq >&2; fi; \
 	if [ -n "$$missing" ]; then apt-get install -y -qq --no-install-recommends $$(echo $$missing | tr ' ' '\n' | sort -u) >&2; fi
 	$(GO) mod download
+
+# QEMU 10 from Debian's bookworm-backports (hostproxy refuses an older
+# one: read-only template RAM, block-stream with base-node and the frozen
+# layer reopened read-only need it). The suite is added to apt's sources
+# and only QEMU's packages (and the firmware they need) are pinned to it;
+# everything else stays bookworm's. Nothing is done when QEMU_MIN or
+# newer is installed.
+QEMU_MIN := 10.0
+QEMU_PACKAGES := qemu-system-x86 qemu-system-common qemu-system-data qemu-utils seabios ipxe-qemu
+qemu:
+	@have=$$(qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9.]*\).*/\1/p'); \
+	img=$$(qemu-img --version 2>/dev/null | sed -n 's/^qemu-img version \([0-9.]*\).*/\1/p'); \
+	if [ -n "$$have" ] && [ -n "$$img" ] && [ "$$(printf '%s\n' $(QEMU_MIN) $$have | sort -V | head -1)" = $(QEMU_MIN) ] \
+	  && [ "$$(printf '%s\n' $(QEMU_MIN) $$img | sort -V | head -1)" = $(QEMU_MIN) ]; then exit 0; fi; \
+	[ "$$(id -u)" = 0 ] || { echo "QEMU $(QEMU_MIN) or newer is needed (have: $${have:-none}); run make as root to install it from bookworm-backports" >&2; exit 1; }; \
+	echo "installing QEMU $(QEMU_MIN) from bookworm-backports (have: $${have:-none})" >&2; \
+	printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' 'Suites: bookworm-backports' 'Components: main' \
+	  'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' > /etc/apt/sources.list.d/strata-backports.sources; \
+	printf '%s\n' 'Package: $(QEMU_PACKAGES)' 'Pin: release n=bookworm-backports' 'Pin-Priority: 990' > /etc/apt/preferences.d/strata-qemu; \
+	apt-get update -qq && apt-get install -y -qq --no-install-recommends $(QEMU_PACKAGES) >/dev/null && \
+	qemu-system-x86_64 --version | head -1
 
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
