@@ -70,6 +70,11 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 	if err != nil {
 		return err
 	}
+	// An older QEMU lacks what the sandboxes' confinement rests on
+	// (read-only template RAM, frozen layers reopened read-only).
+	if _, err := vmm.CheckVersion(version); err != nil {
+		return err
+	}
 	m, err := sandbox.New(sandbox.Config{
 		QEMUVersion: version,
 		Dir:         mc.Dir, Image: img, Accel: probe, Records: s.reg, Log: s.log,

@@ -26,7 +26,7 @@ import (
 
 // qemuVersion is the host's QEMU as these tests' Managers report it: a
 // memory snapshot records it.
-const qemuVersion = "QEMU emulator version 9.2.0"
+const qemuVersion = "QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)"
 
 // snapshotHarness starts a Manager (reporting qemuVersion) with sandbox
 // sb-1 running.
@@ -818,6 +818,8 @@ func TestRestoreIncompatible(t *testing.T) {
 		what string // the key of the differs detail
 	}{
 		{"qemu", func(n *sandbox.Needs) { n.QEMU = "QEMU emulator version 8.2.2" }, "qemu"},
+		// A snapshot of bookworm's own QEMU, before strata needed 10.0.
+		{"qemu_7.2", func(n *sandbox.Needs) { n.QEMU = "QEMU emulator version 7.2.19 (Debian 1:7.2+dfsg-7+deb12u16)" }, "qemu"},
 		{"device_set", func(n *sandbox.Needs) { n.DeviceSet = "microvm-0" }, "device_set"},
 		{"accel", func(n *sandbox.Needs) { n.Accel = vmm.KVM }, "accel"},
 		{"image", func(n *sandbox.Needs) { n.Image = "an-older-image" }, "image"},
@@ -836,7 +838,7 @@ func TestRestoreIncompatible(t *testing.T) {
 		h, m1 := snapshotHarness(t)
 		takeSnapshot(t, m1, "sb-1", sandbox.SnapshotRequest{Memory: true})
 		m1.Close()
-		m2 := h.manager(func(c *sandbox.Config) { c.QEMUVersion = "QEMU emulator version 10.0.0" })
+		m2 := h.manager(func(c *sandbox.Config) { c.QEMUVersion = "QEMU emulator version 10.1.0" })
 		if err := m2.Recover(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -106,9 +106,9 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 	var stopped time.Time
 	// Whatever happens, the guest runs again if it ran before.
 	undo := func(err error) (SaveStats, error) {
-		q.Execute(context.Background(), "migrate_cancel", nil)
+		q.cleanup("migrate_cancel", nil)
 		if wasRunning {
-			q.Execute(context.Background(), "cont", nil)
+			q.cleanup("cont", nil)
 		}
 		if !st.Switched {
 			m.dropLayer(q, added)
@@ -133,7 +133,7 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 		return undo(err)
 	}
 	if _, err := q.Execute(ctx, "migrate", map[string]any{"uri": "fd:snapshot"}); err != nil {
-		q.Execute(context.Background(), "closefd", map[string]any{"fdname": "snapshot"})
+		q.cleanup("closefd", map[string]any{"fdname": "snapshot"})
 		return undo(err)
 	}
 	fail := undo
@@ -277,6 +277,8 @@ func (m *qemuMachine) top(ctx context.Context) (string, error) {
 
 // Quit asks QEMU to exit and waits until it has.
 func (m *qemuMachine) Quit(ctx context.Context) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
 	if _, err := m.execute(ctx, "quit"); err != nil && !errors.Is(err, ErrQMPClosed) {
 		select {
 		case <-m.done:
@@ -314,7 +316,7 @@ func (m *qemuMachine) addLayer(ctx context.Context, q *QMP, l Layer) (string, er
 		ret, err := q.ExecuteWithFile(ctx, "add-fd", args, f)
 		if err != nil {
 			if set != nil {
-				q.Execute(context.Background(), "remove-fd", map[string]any{"fdset-id": *set})
+				q.cleanup("remove-fd", map[string]any{"fdset-id": *set})
 			}
 			return "", err
 		}
@@ -332,7 +334,7 @@ func (m *qemuMachine) addLayer(ctx context.Context, q *QMP, l Layer) (string, er
 		"backing": nil,
 	})
 	if err != nil {
-		q.Execute(context.Background(), "remove-fd", map[string]any{"fdset-id": *set})
+		q.cleanup("remove-fd", map[string]any{"fdset-id": *set})
 		return "", err
 	}
 	return l.Node + "\x00" + fmt.Sprint(*set), nil
@@ -344,12 +346,10 @@ func (m *qemuMachine) dropLayer(q *QMP, added string) {
 		return
 	}
 	node, set, _ := strings.Cut(added, "\x00")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	q.Execute(ctx, "blockdev-del", map[string]any{"node-name": node})
+	q.cleanup("blockdev-del", map[string]any{"node-name": node})
 	var id int
 	fmt.Sscan(set, &id)
-	q.Execute(ctx, "remove-fd", map[string]any{"fdset-id": id})
+	q.cleanup("remove-fd", map[string]any{"fdset-id": id})
 }
 
 // switchTop puts the node over the disk's current top.
