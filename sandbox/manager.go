@@ -80,6 +80,12 @@ type Manager struct {
 	// gids are template groups being given (allocGid) and not yet
 	// recorded.
 	gids map[uint32]bool
+	// claimed are store files an operation made and has not yet named
+	// in a record (claimFile), by name, with the number of claims.
+	claimed map[string]int
+	// inUse are the snapshots a restore is loading ("sandbox/snapshot"):
+	// a delete of one answers snapshot_in_use.
+	inUse map[string]int
 	// closed is set by Close: background work (goAfter) no longer starts.
 	closed bool
 	// busy marks the sandboxes a lifecycle operation is under way on,
@@ -149,7 +155,7 @@ func New(cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, live: map[string]*machine{}, reserved: map[string]int{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, live: map[string]*machine{}, reserved: map[string]int{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, claimed: map[string]int{}, inUse: map[string]int{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -780,13 +786,20 @@ func (m *Manager) Pause(ctx context.Context, id string) (Record, error) {
 // saveAndQuit writes the guest's memory to a new state, names it in the
 // record (the commit point: from there the sandbox's memory is the file),
 // and ends QEMU. Before the commit a failure leaves the guest running.
+// The store's lock is held only to make the state file, which is claimed
+// until the record names it: a collection never waits for the save.
 func (m *Manager) saveAndQuit(ctx context.Context, mc *machine) error {
 	m.storeMu.RLock()
-	defer m.storeMu.RUnlock()
 	sid, f, err := m.newState()
+	release := func() {}
+	if err == nil {
+		release = m.claimFile(sid + stateExt)
+	}
+	m.storeMu.RUnlock()
 	if err != nil {
 		return err
 	}
+	defer release()
 	defer f.Close()
 	st, err := mc.vm.Save(ctx, f, vmm.SaveOptions{})
 	if err == nil {

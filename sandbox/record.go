@@ -267,5 +267,6 @@ var (
 	ErrSnapshotNotFound     = fault.New(fault.NotFound, "snapshot_not_found", "no such snapshot of this sandbox")
 	ErrSnapshotNotReady     = fault.New(fault.Conflict, "snapshot_not_ready", "the snapshot is not ready (it is being taken, or failed)")
 	ErrSnapshotLimit        = fault.New(fault.Conflict, "snapshot_limit", "the sandbox has as many snapshots of this kind as it may; delete one, or ask for retention")
+	ErrSnapshotInUse        = fault.New(fault.Conflict, "snapshot_in_use", "a restore is loading this snapshot; delete it once the restore has finished")
 	ErrSnapshotIncompatible = fault.New(fault.Conflict, "snapshot_incompatible", "this host can no longer load the snapshot's memory (its QEMU, device set or image changed); restore it with disk_only")
 )

@@ -40,6 +40,14 @@ const (
 	KeepAutoSnapshots  = 5
 )
 
+// Failed snapshots hold no files; a sandbox keeps the newest
+// KeepFailedSnapshots of them, none older than FailedSnapshotAge, so that
+// a client can see what failed. Retention never counts them.
+const (
+	KeepFailedSnapshots = 3
+	FailedSnapshotAge   = time.Hour
+)
+
 // SnapshotRequest is what a snapshot is asked for with.
 type SnapshotRequest struct {
 	Comment string
@@ -230,6 +238,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 			return nil
 		}
 		s.Status, s.SizeBytes = status, size
+		defer pruneFailed(rec, time.Now())
 		if status == SnapshotReady {
 			s.Unsynced = boot
 		}
@@ -304,17 +313,34 @@ func victims(r Record, req SnapshotRequest) ([]string, error) {
 	return eligible[:over], nil
 }
 
-// pruneAutos keeps the newest KeepAutoSnapshots automatic snapshots
-// (pinned ones, and keep, are kept beyond them).
+// pruneAutos keeps the newest KeepAutoSnapshots ready automatic
+// snapshots (pinned ones, and keep, are kept beyond them); failed and
+// processing ones are not counted (pruneFailed takes the failed).
 func pruneAutos(rec *Record, keep string) {
 	n := 0
 	for i := len(rec.Snapshots) - 1; i >= 0; i-- {
 		s := rec.Snapshots[i]
-		if !s.Auto || s.Pinned || s.Status == SnapshotProcessing || s.ID == keep {
+		if !s.Auto || s.Pinned || s.Status != SnapshotReady || s.ID == keep {
 			continue
 		}
 		n++
 		if n > KeepAutoSnapshots {
+			rec.Snapshots = slices.Delete(rec.Snapshots, i, i+1)
+		}
+	}
+}
+
+// pruneFailed drops the failed snapshots beyond the newest
+// KeepFailedSnapshots, and those older than FailedSnapshotAge at now.
+func pruneFailed(rec *Record, now time.Time) {
+	n := 0
+	for i := len(rec.Snapshots) - 1; i >= 0; i-- {
+		s := rec.Snapshots[i]
+		if s.Status != SnapshotFailed {
+			continue
+		}
+		n++
+		if n > KeepFailedSnapshots || now.Sub(s.CreatedAt) > FailedSnapshotAge {
 			rec.Snapshots = slices.Delete(rec.Snapshots, i, i+1)
 		}
 	}
@@ -330,6 +356,9 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id, snapID string) error {
 		}
 		if s.Status == SnapshotProcessing {
 			return ErrInProgress
+		}
+		if m.snapshotInUse(id, snapID) {
+			return ErrSnapshotInUse.With("snapshot_id", snapID)
 		}
 		rec.Snapshots = slices.DeleteFunc(rec.Snapshots, func(s Snapshot) bool { return s.ID == snapID })
 		return nil
@@ -382,7 +411,12 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	}
 	defer done()
 	ctx = context.WithoutCancel(ctx) // once begun, it runs to its end
-	r, err := m.cfg.Records.Get(ctx, id)
+	// The snapshot is held before it is looked at: from here a delete of
+	// it answers snapshot_in_use, so that the restore never takes its
+	// automatic snapshot and then finds its target gone. The look is a
+	// write transaction: it sees every delete that came before the hold.
+	defer m.holdSnapshot(id, snapID)()
+	r, err := m.cfg.Records.Update(ctx, id, func(*Record) error { return nil })
 	if err != nil {
 		return RestoreResult{}, err
 	}
@@ -395,6 +429,9 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 	}
 	withMemory := snap.Memory && !diskOnly
 	if err := m.loadable(snap, withMemory); err != nil {
+		return RestoreResult{}, err
+	}
+	if err := m.durable(id, *snap); err != nil {
 		return RestoreResult{}, err
 	}
 	target := *snap
@@ -486,6 +523,15 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 // the source sandbox or the snapshot staying. It boots in the background
 // (loading the snapshot's memory when it has one) as a create does.
 func (m *Manager) Fork(ctx context.Context, srcID, snapID string, r Record) (Record, error) {
+	// What the fork loads is on disk first: a power cut after the fork
+	// answers never leaves it a torn state.
+	if src, err := m.cfg.Records.Get(ctx, srcID); err == nil {
+		if snap, ok := src.Snapshot(snapID); ok && snap.Status == SnapshotReady {
+			if err := m.durable(srcID, *snap); err != nil {
+				return Record{}, err
+			}
+		}
+	}
 	m.storeMu.RLock()
 	defer m.storeMu.RUnlock()
 	src, err := m.cfg.Records.Get(ctx, srcID)
@@ -601,6 +647,35 @@ func (m *Manager) syncLater(id string, s Snapshot) {
 	if s.Unsynced == "" {
 		return
 	}
+	m.syncs.Add(1)
+	started := m.goAfter(func() {
+		defer m.syncs.Done()
+		if err := m.syncSnapshot(id, s); err != nil {
+			m.log.Error("snapshot not written to disk", "sandbox", id, "snapshot", s.ID, "err", err)
+		}
+	})
+	if !started {
+		m.syncs.Done() // the next Recover writes it back
+	}
+}
+
+// durable writes a ready snapshot's files to disk now unless they are
+// already (its mark is clear): a fork or a restore never loads a state
+// that a power cut could still tear. A sync in the background at the
+// same time does the same harmlessly.
+func (m *Manager) durable(id string, s Snapshot) error {
+	if s.Unsynced == "" {
+		return nil
+	}
+	if err := m.syncSnapshot(id, s); err != nil {
+		return fmt.Errorf("snapshot %s of %s not written to disk: %w", s.ID, id, err)
+	}
+	return nil
+}
+
+// syncSnapshot writes a snapshot's files (its frozen top and its state)
+// and the store's directory to disk, then clears the snapshot's mark.
+func (m *Manager) syncSnapshot(id string, s Snapshot) error {
 	var files []string
 	if len(s.Disk) > 0 {
 		files = append(files, m.layerPath(s.Disk[0]))
@@ -608,31 +683,45 @@ func (m *Manager) syncLater(id string, s Snapshot) {
 	if s.State != "" {
 		files = append(files, m.statePath(s.State))
 	}
-	m.syncs.Add(1)
-	started := m.goAfter(func() {
-		defer m.syncs.Done()
-		t0 := time.Now()
-		for _, f := range files {
-			if err := syncFile(f); err != nil && !errors.Is(err, os.ErrNotExist) {
-				m.log.Error("snapshot not written to disk", "sandbox", id, "snapshot", s.ID, "err", err)
-				return
-			}
+	t0 := time.Now()
+	for _, f := range files {
+		if err := syncFile(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
 		}
-		if err := syncDir(m.storeDir()); err != nil {
-			m.log.Error("store not synced", "err", err)
-			return
-		}
-		m.cfg.Records.Update(context.Background(), id, func(rec *Record) error {
-			if sn, ok := rec.Snapshot(s.ID); ok {
-				sn.Unsynced = ""
-			}
-			return nil
-		})
-		m.log.Debug("snapshot on disk", "sandbox", id, "snapshot", s.ID, "took", time.Since(t0).Round(time.Millisecond))
-	})
-	if !started {
-		m.syncs.Done() // the next Recover writes it back
 	}
+	if err := syncDir(m.storeDir()); err != nil {
+		return err
+	}
+	_, err := m.cfg.Records.Update(context.Background(), id, func(rec *Record) error {
+		if sn, ok := rec.Snapshot(s.ID); ok {
+			sn.Unsynced = ""
+		}
+		return nil
+	})
+	m.log.Debug("snapshot on disk", "sandbox", id, "snapshot", s.ID, "took", time.Since(t0).Round(time.Millisecond))
+	return err
+}
+
+// holdSnapshot marks a snapshot in use by a restore until the func it
+// returns is called: DeleteSnapshot refuses it meanwhile.
+func (m *Manager) holdSnapshot(id, snapID string) (release func()) {
+	key := id + "/" + snapID
+	m.mu.Lock()
+	m.inUse[key]++
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		if m.inUse[key]--; m.inUse[key] <= 0 {
+			delete(m.inUse, key)
+		}
+		m.mu.Unlock()
+	}
+}
+
+func (m *Manager) snapshotInUse(id, snapID string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.inUse[id+"/"+snapID] > 0
 }
 
 // Synced waits until the snapshots taken so far are on disk (their files

@@ -1223,14 +1223,15 @@ func qemuImg(t *testing.T, args ...string) {
 }
 
 // TestDeleteSnapshotDuringItsRestore: a snapshot deleted while a restore
-// of it is under way (the delete answered after the restore's automatic
-// snapshot) must leave the sandbox either restored or refused, never
-// booting from files the store has collected.
+// of it is under way (here, while the restore's automatic snapshot is
+// being saved) is refused with snapshot_in_use; the restore comes back
+// running from it, and afterwards the delete goes through.
 //
-// Regression: Restore read the snapshot before taking its automatic one
+// Regressions: Restore read the snapshot before taking its automatic one
 // and held storeMu only from after it, so a DeleteSnapshot in between
 // collected the snapshot's layers and Restore recorded a chain over
-// missing files: the boot failed and the sandbox was left in error.
+// missing files (the sandbox was left in error); later, the restore
+// answered 404 after it had already saved auto-N.
 func TestDeleteSnapshotDuringItsRestore(t *testing.T) {
 	ctx := context.Background()
 	h, m := snapshotHarness(t)
@@ -1252,22 +1253,109 @@ func TestDeleteSnapshotDuringItsRestore(t *testing.T) {
 	for fm.saves.Load() == 0 {
 		time.Sleep(time.Millisecond)
 	}
-	deleted := make(chan error, 1)
-	go func() { deleted <- m.DeleteSnapshot(ctx, "sb-1", "v2") }()
-	for {
-		if r := h.get("sb-1"); !slices.Contains(snapshotIDs(r), "v2") {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond) // the delete's collect waits for the store
+	wantFault(t, "DeleteSnapshot during its restore", m.DeleteSnapshot(ctx, "sb-1", "v2"), "snapshot_in_use", "")
 	close(gate)
-	rerr, derr := <-restored, <-deleted
-	if rerr != nil && derr != nil {
-		t.Errorf("both refused: restore %v, delete %v", rerr, derr)
+	if err := <-restored; err != nil {
+		t.Fatalf("Restore: %v", err)
 	}
-	if r := h.get("sb-1"); r.State != sandbox.Running {
-		t.Errorf("sandbox %q (%s) after a restore raced a delete of its snapshot (restore: %v, delete: %v)", r.State, r.Error, rerr, derr)
+	if r := h.get("sb-1"); r.State != sandbox.Running || !slices.Contains(snapshotIDs(r), "v2") {
+		t.Errorf("sandbox %q (%s), snapshots %v after the restore", r.State, r.Error, snapshotIDs(r))
+	}
+	if err := m.DeleteSnapshot(ctx, "sb-1", "v2"); err != nil {
+		t.Fatalf("DeleteSnapshot once the restore is done: %v", err)
+	}
+	checkStore(t, m)
+}
+
+// TestRestoreOfADeletedSnapshotSavesNothing: a restore of a snapshot that
+// a delete took first answers snapshot_not_found before it keeps the
+// current state: no automatic snapshot is taken.
+func TestRestoreOfADeletedSnapshotSavesNothing(t *testing.T) {
+	ctx := context.Background()
+	h, m := snapshotHarness(t)
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	if err := m.DeleteSnapshot(ctx, "sb-1", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := m.Restore(ctx, "sb-1", "v1", false)
+	wantFault(t, "Restore of a deleted snapshot", err, "snapshot_not_found", "")
+	if r := h.get("sb-1"); len(r.Snapshots) != 0 || r.AutoSeq != 0 || r.State != sandbox.Running {
+		t.Errorf("after a refused restore: state %q, snapshots %v, auto_seq %d", r.State, snapshotIDs(r), r.AutoSeq)
+	}
+}
+
+// TestForkAndRestoreLoadOnlyDurableSnapshots: a snapshot that is ready but
+// whose files are not yet known to be on disk (its mark is this boot's)
+// is written to disk before a fork or a restore loads it: when they have
+// answered, its record has no mark.
+func TestForkAndRestoreLoadOnlyDurableSnapshots(t *testing.T) {
+	ctx := context.Background()
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []string{"fork", "restore"} {
+		t.Run(op, func(t *testing.T) {
+			h, m := snapshotHarness(t)
+			takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+			editSnapshot(t, h, "sb-1", "v1", func(s *sandbox.Snapshot) { s.Unsynced = strings.TrimSpace(string(boot)) })
+			switch op {
+			case "fork":
+				if _, err := m.Fork(ctx, "sb-1", "v1", sandbox.Record{ID: "sb-2", Account: "acct"}); err != nil {
+					t.Fatal(err)
+				}
+				h.waitState("sb-2", sandbox.Running)
+			case "restore":
+				restore(t, m, "sb-1", "v1", false)
+			}
+			r := h.get("sb-1")
+			if s, _ := r.Snapshot("v1"); s == nil || s.Unsynced != "" {
+				t.Errorf("after the %s, v1 is %+v: want on disk (no mark)", op, s)
+			}
+		})
+	}
+}
+
+// TestFailedSnapshotsNotKeptByRetention: failed automatic snapshots do not
+// count against KeepAutoSnapshots (they pushed ready ones out), and failed
+// snapshots older than FailedSnapshotAge, or beyond the newest
+// KeepFailedSnapshots, go at the next snapshot.
+func TestFailedSnapshotsNotKeptByRetention(t *testing.T) {
+	h, m := snapshotHarness(t)
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	restore(t, m, "sb-1", "v1", false) // auto-1, ready
+	old := time.Now().Add(-2 * sandbox.FailedSnapshotAge)
+	if _, err := h.recs.Update(context.Background(), "sb-1", func(r *sandbox.Record) error {
+		for i := range 8 {
+			r.AutoSeq++
+			created := time.Now()
+			if i < 2 {
+				created = old
+			}
+			r.Snapshots = append(r.Snapshots, sandbox.Snapshot{ID: fmt.Sprintf("auto-%d", r.AutoSeq), Auto: true, Status: sandbox.SnapshotFailed, CreatedAt: created})
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for range sandbox.KeepAutoSnapshots - 1 {
+		restore(t, m, "sb-1", "v1", false)
+	}
+	r := h.get("sb-1")
+	var ready, failed []string
+	for _, s := range r.Snapshots {
+		switch {
+		case s.Auto && s.Status == sandbox.SnapshotReady:
+			ready = append(ready, s.ID)
+		case s.Status == sandbox.SnapshotFailed:
+			failed = append(failed, s.ID)
+		}
+	}
+	if len(ready) != sandbox.KeepAutoSnapshots || !slices.Contains(ready, "auto-1") {
+		t.Errorf("ready automatic snapshots %v: want %d, auto-1 among them", ready, sandbox.KeepAutoSnapshots)
+	}
+	if want := []string{"auto-7", "auto-8", "auto-9"}; !slices.Equal(failed, want) {
+		t.Errorf("failed snapshots kept %v, want the newest %d: %v", failed, sandbox.KeepFailedSnapshots, want)
 	}
 	checkStore(t, m)
 }
@@ -1370,5 +1458,47 @@ func TestRestoreOfAStoppedSandboxNeedsRoom(t *testing.T) {
 	if r := h.get("sb-1"); r.State != sandbox.Running {
 		t.Fatalf("after the restore: %s", r.State)
 	}
+	checkStore(t, m)
+}
+
+// TestPauseHoldsNoStoreLock: while a pause saves a sandbox's memory (held
+// back here), a collection of the store and the snapshots of another
+// sandbox go on, and the state file the save writes is not collected:
+// the pause ends paused and resumes.
+//
+// Regression: saveAndQuit held storeMu's read lock for its whole save (up
+// to 30 s); a collection waiting for the write lock then blocked every
+// other sandbox's snapshot, boot, fork and restore.
+func TestPauseHoldsNoStoreLock(t *testing.T) {
+	ctx := context.Background()
+	h, m := snapshotHarness(t)
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	gate := make(chan struct{})
+	h.drv.setPlan(plan{saveGate: gate})
+	h.running(m, "sb-2")
+	fm := h.drv.last("sb-2")
+	if _, err := m.Pause(ctx, "sb-2"); err != nil {
+		t.Fatal(err)
+	}
+	for fm.saves.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- m.DeleteSnapshot(ctx, "sb-1", "v1") }()
+	select {
+	case err := <-deleted:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("a delete's collection waited for another sandbox's pause")
+	}
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	close(gate)
+	h.waitState("sb-2", sandbox.Paused)
+	if _, err := m.Resume(ctx, "sb-2"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-2", sandbox.Running)
 	checkStore(t, m)
 }

@@ -33,7 +33,10 @@ import (
 // The rule that keeps a new file from being collected before a record
 // names it: whoever makes a file holds storeMu for reading from before
 // the file exists until the record naming it is written; collect holds it
-// for writing.
+// for writing. Work that takes long before its file can be named (a
+// pause's save, up to 30 s) claims the file instead (claimFile) and lets
+// the lock go at once: collect keeps claimed files too, and never waits
+// for QEMU.
 
 const (
 	layerExt = ".qcow2"
@@ -178,7 +181,25 @@ func references(records []Record) map[string]bool {
 	return refs
 }
 
-// collect deletes the store files no record names.
+// claimFile keeps collect from deleting the store file name (id and
+// extension) until release, without holding storeMu: the caller makes
+// the file under storeMu's read lock, claims it, and may then let the
+// lock go.
+func (m *Manager) claimFile(name string) (release func()) {
+	m.mu.Lock()
+	m.claimed[name]++
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		if m.claimed[name]--; m.claimed[name] <= 0 {
+			delete(m.claimed, name)
+		}
+		m.mu.Unlock()
+	}
+}
+
+// collect deletes the store files no record names nor an operation
+// claims.
 func (m *Manager) collect(ctx context.Context) error {
 	m.storeMu.Lock()
 	defer m.storeMu.Unlock()
@@ -187,6 +208,11 @@ func (m *Manager) collect(ctx context.Context) error {
 		return err
 	}
 	refs := references(records)
+	m.mu.Lock()
+	for name := range m.claimed {
+		refs[name] = true
+	}
+	m.mu.Unlock()
 	entries, err := os.ReadDir(m.storeDir())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
