@@ -37,6 +37,15 @@ type VMsConfig struct {
 	Accel string `json:"accel,omitempty"`
 	// BootTimeout bounds a boot to guestd answering (default 120s).
 	BootTimeout Duration `json:"boot_timeout,omitempty"`
+	// UIDBase is the first of this deployment's range of uids and gids
+	// (sandbox.IDRangeSize of them); zero takes the range it already
+	// claims, or the first free one from 200000. A range another
+	// deployment on the host claims refuses the start, naming it.
+	UIDBase uint32 `json:"uid_base,omitempty"`
+	// IDClaims is the host-wide file of the deployments' id ranges
+	// (default /var/lib/strata/ids.json): the same for every hostproxy
+	// of the host.
+	IDClaims string `json:"id_claims,omitempty"`
 }
 
 var (
@@ -80,8 +89,9 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 		Dir:         mc.Dir, Image: img, Accel: probe, Records: s.reg, Log: s.log,
 		Driver:      driver,
 		BootTimeout: time.Duration(mc.BootTimeout),
-		Booted:      s.booted,
-		ServeGuest:  s.serveGuest,
+		UIDBase:     mc.UIDBase, IDClaims: mc.IDClaims,
+		Booted:     s.booted,
+		ServeGuest: s.serveGuest,
 	})
 	if err != nil {
 		return err

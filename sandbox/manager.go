@@ -36,9 +36,17 @@ type Config struct {
 	Accel   vmm.Probe
 	Records Records
 	Log     *slog.Logger
-	// UIDBase is the first uid (and gid) given to a sandbox's QEMU
-	// (200000 when zero); each sandbox gets the lowest one free.
+	// UIDBase is the first id of this deployment's range (ids.go): its
+	// sandboxes' QEMUs get the lowest uid (and gid) free from there, its
+	// templates' groups count from UIDBase+IDRangeSize/2. Zero: the
+	// range the deployment already claims, or the first free one from
+	// DefaultUIDBase. A range another deployment on the host claims, or
+	// that overlaps the host's own ids, is refused.
 	UIDBase uint32
+	// IDClaims is the host-wide file of the deployments' claims of id
+	// ranges (DefaultIDClaims when empty); one for every deployment of
+	// the host.
+	IDClaims string
 	// BootTimeout bounds a boot to guestd answering (120 s); StopTimeout
 	// a clean shutdown before QEMU is killed (10 s).
 	BootTimeout, StopTimeout time.Duration
@@ -72,6 +80,11 @@ type Manager struct {
 	// making and the record that names it (store.go).
 	storeMu   sync.RWMutex
 	templates templateLocks
+
+	// ids is the deployment's range of uids and gids; dirLock holds
+	// <Dir>/.lock until Close.
+	ids     IDRange
+	dirLock *os.File
 
 	mu   sync.Mutex
 	live map[string]*machine
@@ -130,8 +143,8 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Dir == "" || !filepath.IsAbs(cfg.Dir) || cfg.Driver == nil || cfg.Records == nil || cfg.Image.Key == "" {
 		return nil, errors.New("sandbox: Dir (absolute), Image, Driver and Records are required")
 	}
-	if cfg.UIDBase == 0 {
-		cfg.UIDBase = 200000
+	if cfg.IDClaims == "" {
+		cfg.IDClaims = DefaultIDClaims
 	}
 	if cfg.BootTimeout == 0 {
 		cfg.BootTimeout = 120 * time.Second
@@ -154,8 +167,24 @@ func New(cfg Config) (*Manager, error) {
 	if err := checkTraversable(cfg.Dir); err != nil {
 		return nil, err
 	}
+	cfg.Dir = filepath.Clean(cfg.Dir)
+	lock, err := lockDir(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	records, err := cfg.Records.List(context.Background())
+	var ids IDRange
+	if err == nil {
+		ids, err = claimIDs(cfg.IDClaims, cfg.Dir, cfg.UIDBase, heldIDs(records), "/etc")
+	}
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	cfg.UIDBase = ids.Base
+	cfg.Log.Info("sandbox ids", "dir", cfg.Dir, "range", ids.String(), "claims", cfg.IDClaims)
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, live: map[string]*machine{}, reserved: map[string]int{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, claimed: map[string]int{}, inUse: map[string]int{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, claimed: map[string]int{}, inUse: map[string]int{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -192,7 +221,11 @@ func (m *Manager) Close() {
 		mc.vm.Close()
 		delete(m.live, id)
 	}
+	m.dirLock.Close() // the next Manager on Dir may start
 }
+
+// IDs is the deployment's range of uids and gids on this host.
+func (m *Manager) IDs() IDRange { return m.ids }
 
 // dir is a sandbox's directory: root's (mode 0711), holding its disk
 // (the sandbox's uid's, 0600: the uid can write it, not replace it) and
@@ -1342,7 +1375,8 @@ func (m *Manager) killStrays(claimed map[int]bool) {
 	}
 }
 
-// freeUID is the lowest uid at or above UIDBase that no record holds.
+// freeUID is the lowest uid of the deployment's range that no record
+// holds.
 func (m *Manager) freeUID(ctx context.Context) (uint32, error) {
 	records, err := m.cfg.Records.List(ctx)
 	if err != nil {
@@ -1354,11 +1388,13 @@ func (m *Manager) freeUID(ctx context.Context) (uint32, error) {
 			used[r.Machine.Uid] = true
 		}
 	}
-	for uid := m.cfg.UIDBase; ; uid++ {
+	first, end := m.ids.UIDs()
+	for uid := first; uid < end; uid++ {
 		if !used[uid] {
 			return uid, nil
 		}
 	}
+	return 0, ErrHostCapacity.With("uids", m.ids.String())
 }
 
 // reserve refuses a boot that would leave the host less than ReserveMiB

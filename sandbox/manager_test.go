@@ -44,6 +44,7 @@ const (
 type harness struct {
 	t      *testing.T
 	dir    string
+	claims string // the host's claims of id ranges (one per test)
 	image  sandbox.Image
 	recs   *memRecords
 	drv    *fakeDriver
@@ -82,7 +83,7 @@ func newHarness(t *testing.T) *harness {
 		t.Fatalf("qemu-img create: %v: %s", err, out)
 	}
 	h := &harness{
-		t: t, dir: filepath.Join(top, "sb"),
+		t: t, dir: filepath.Join(top, "sb"), claims: filepath.Join(top, "ids.json"),
 		image: sandbox.Image{Key: "k", Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initramfs"), Disk: base},
 		recs:  newMemRecords(),
 		logs:  &lockedBuffer{},
@@ -118,12 +119,22 @@ func requireQemuImg(t *testing.T) {
 // closed when the test ends; edit may change its configuration first.
 func (h *harness) manager(edit func(*sandbox.Config)) *sandbox.Manager {
 	h.t.Helper()
+	m, err := h.newManager(edit)
+	if err != nil {
+		h.t.Fatalf("sandbox.New: %v", err)
+	}
+	return m
+}
+
+// newManager is manager, answering New's error.
+func (h *harness) newManager(edit func(*sandbox.Config)) (*sandbox.Manager, error) {
+	h.t.Helper()
 	cfg := sandbox.Config{
 		Dir: h.dir, Image: h.image, Driver: h.drv,
 		Accel:   vmm.Probe{Accel: vmm.TCG, TSCKHz: 2_000_000},
 		Records: h.recs,
 		Log:     slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		UIDBase: uidBase, BootTimeout: waitFor, StopTimeout: stopTimeout,
+		UIDBase: uidBase, IDClaims: h.claims, BootTimeout: waitFor, StopTimeout: stopTimeout,
 		Booted: func(ctx context.Context, r sandbox.Record) error {
 			h.booted.Add(1)
 			return nil
@@ -135,10 +146,10 @@ func (h *harness) manager(edit func(*sandbox.Config)) *sandbox.Manager {
 	}
 	m, err := sandbox.New(cfg)
 	if err != nil {
-		h.t.Fatalf("sandbox.New: %v", err)
+		return nil, err
 	}
 	h.t.Cleanup(m.Close)
-	return m
+	return m, nil
 }
 
 // record is a new sandbox's record as hostproxy hands it to Create.
@@ -1033,4 +1044,74 @@ func TestDeleteDuringABoot(t *testing.T) {
 	}
 	waitExit(t, fm)
 	checkDeleted(t, h, "sb-1")
+}
+
+// TestDeploymentsGetDisjointIDs: two deployments on one host (two
+// Managers on two directories, one claims file) get disjoint ranges of
+// uids and template groups, and their sandboxes' QEMUs and forks' groups
+// come from their own; a deployment configured on a range another holds
+// refuses to start and names the holder; a second Manager on the same
+// directory refuses; and a deployment whose directory is gone gives its
+// range back.
+//
+// Regression: both counted from 200000 (uids) and 300000 (groups): the
+// second deployment's QEMUs could open the first's sockets and template
+// RAM.
+func TestDeploymentsGetDisjointIDs(t *testing.T) {
+	ctx := context.Background()
+	h1, h2 := newHarness(t), newHarness(t)
+	h2.claims = h1.claims
+	auto := func(c *sandbox.Config) { c.UIDBase, c.QEMUVersion = 0, qemuVersion }
+	m1, m2 := h1.manager(auto), h2.manager(auto)
+	r1, r2 := m1.IDs(), m2.IDs()
+	if r1.Base != sandbox.DefaultUIDBase || r2.Base < r1.Base+r1.Size && r1.Base < r2.Base+r2.Size {
+		t.Fatalf("ranges %+v and %+v: want the first at %d and disjoint", r1, r2, sandbox.DefaultUIDBase)
+	}
+	inRange := func(id uint32, first, end uint32) bool { return id >= first && id < end }
+	for _, d := range []struct {
+		h *harness
+		m *sandbox.Manager
+		r sandbox.IDRange
+	}{{h1, m1, r1}, {h2, m2, r2}} {
+		if _, err := d.m.Create(ctx, record("sb-1")); err != nil {
+			t.Fatal(err)
+		}
+		d.h.waitState("sb-1", sandbox.Running)
+		takeSnapshot(t, d.m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+		if _, err := d.m.Fork(ctx, "sb-1", "v1", sandbox.Record{ID: "sb-2", Account: "acct"}); err != nil {
+			t.Fatal(err)
+		}
+		fork := d.h.waitState("sb-2", sandbox.Running)
+		uf, ue := d.r.UIDs()
+		gf, ge := d.r.GIDs()
+		for _, id := range []string{"sb-1", "sb-2"} {
+			if mach := d.h.get(id).Machine; !inRange(mach.Uid, uf, ue) || mach.Gid != mach.Uid {
+				t.Errorf("%s of %s: uid %d gid %d, want in %d-%d", id, d.h.dir, mach.Uid, mach.Gid, uf, ue-1)
+			}
+		}
+		if !inRange(fork.Machine.RAMGid, gf, ge) {
+			t.Errorf("fork of %s: template group %d, want in %d-%d", d.h.dir, fork.Machine.RAMGid, gf, ge-1)
+		}
+	}
+	h3 := newHarness(t)
+	h3.claims = h1.claims
+	_, err := h3.newManager(func(c *sandbox.Config) { c.UIDBase = r1.Base })
+	if err == nil || !strings.Contains(err.Error(), h1.dir) {
+		t.Errorf("a third deployment on %d: %v, want a refusal naming %s", r1.Base, err, h1.dir)
+	}
+	_, err = h1.newManager(nil)
+	if err == nil || !strings.Contains(err.Error(), "another hostproxy") {
+		t.Errorf("a second Manager on %s: %v, want refused", h1.dir, err)
+	}
+	m1.Close()
+	if err := os.RemoveAll(h1.dir); err != nil {
+		t.Fatal(err)
+	}
+	m3, err := h3.newManager(func(c *sandbox.Config) { c.UIDBase = r1.Base })
+	if err != nil {
+		t.Fatalf("a deployment on the range of one whose directory is gone: %v", err)
+	}
+	if m3.IDs() != r1 {
+		t.Errorf("range %+v, want %+v", m3.IDs(), r1)
+	}
 }

@@ -213,8 +213,8 @@ func (m *Manager) fillTemplate(ctx context.Context, r Record, snap Snapshot, tpl
 	return errors.Join(dev.Sync(), ram.Sync())
 }
 
-// allocGid is a template group no record, live machine or template being
-// made holds (from UIDBase + 100000: sandbox uids count up from UIDBase);
+// allocGid is a template group of the deployment's range (IDRange.GIDs)
+// that no record, live machine or template being made holds;
 // release ends its reservation once a record names it.
 func (m *Manager) allocGid(ctx context.Context) (uint32, func(), error) {
 	records, err := m.cfg.Records.List(ctx)
@@ -242,9 +242,11 @@ func (m *Manager) allocGid(ctx context.Context) (uint32, func(), error) {
 			used[g] = true
 		}
 	}
-	gid := m.cfg.UIDBase + 100000
+	gid, end := m.ids.GIDs()
 	for used[gid] {
-		gid++
+		if gid++; gid >= end {
+			return 0, nil, ErrHostCapacity.With("gids", m.ids.String())
+		}
 	}
 	m.gids[gid] = true
 	return gid, func() {
