@@ -15,8 +15,15 @@ import (
 // ErrClosed is returned by Open and Accept after Close.
 var ErrClosed = errors.New("channel: closed")
 
+// acceptBacklog bounds the streams the guest has opened and the host has
+// not accepted yet (yamux resets the rest): each may hold a window (256
+// KiB) of what the guest sends.
+const acceptBacklog = 16
+
 func config(log *slog.Logger) *yamux.Config {
 	c := yamux.DefaultConfig()
+	// The host's own heartbeat (Host.heartbeat) tells a dead guest from a
+	// paused one; yamux's keep-alive would close a paused guest's session.
 	c.EnableKeepAlive = false
 	// A stream the other end has not acknowledged yet (a guest still
 	// booting, or paused) must not close the whole session.
@@ -34,13 +41,20 @@ func (a slogAdapter) Printf(format string, v ...any) {
 }
 func (a slogAdapter) Println(v ...any) { a.log.Debug("yamux", "msg", v) }
 
+// session is one yamux session, with its guard on the host end (nil on
+// the guest's).
+type session struct {
+	*yamux.Session
+	g *guard
+}
+
 // end is what both ends share: the current session, and the streams the
 // other end opened, delivered through Accept.
 type end struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
-	sess    *yamux.Session
+	sess    *session
 	changed chan struct{} // closed and replaced when sess changes
 	closed  bool
 
@@ -56,7 +70,7 @@ func newEnd(log *slog.Logger) *end {
 }
 
 // setSession publishes s as the current session (nil: none).
-func (e *end) setSession(s *yamux.Session) {
+func (e *end) setSession(s *session) {
 	e.mu.Lock()
 	e.sess = s
 	close(e.changed)
@@ -94,7 +108,7 @@ func (e *end) Open(ctx context.Context) (net.Conn, error) {
 // openStream is yamux's OpenStream bounded by ctx: OpenStream waits,
 // without a deadline, while 256 streams are still unacknowledged (a guest
 // that is hung, or hostile). A stream opened after ctx ended is closed.
-func openStream(ctx context.Context, s *yamux.Session) (net.Conn, error) {
+func openStream(ctx context.Context, s *session) (net.Conn, error) {
 	type result struct {
 		st  *yamux.Stream
 		err error
@@ -109,11 +123,11 @@ func openStream(ctx context.Context, s *yamux.Session) (net.Conn, error) {
 		if r.err != nil {
 			return nil, r.err
 		}
-		return stream{r.st}, nil
+		return stream{r.st, s.g}, nil
 	case <-ctx.Done():
 		go func() {
 			if r := <-ch; r.st != nil {
-				stream{r.st}.Close()
+				stream{r.st, s.g}.Close()
 			}
 		}()
 		return nil, ctx.Err()
@@ -147,7 +161,7 @@ func (addr) String() string  { return "channel" }
 
 // serve runs one session until it ends: it delivers the streams the other
 // end opens to Accept.
-func (e *end) serve(s *yamux.Session) {
+func (e *end) serve(s *session) {
 	e.setSession(s)
 	for {
 		st, err := s.AcceptStream()
@@ -155,9 +169,9 @@ func (e *end) serve(s *yamux.Session) {
 			break
 		}
 		select {
-		case e.incoming <- stream{st}:
+		case e.incoming <- stream{st, s.g}:
 		case <-e.done:
-			st.Close()
+			stream{st, s.g}.Close()
 		}
 	}
 	s.Close()
@@ -179,11 +193,34 @@ func (e *end) close() {
 	}
 }
 
+// HostConfig configures the host end of a channel.
+type HostConfig struct {
+	Log *slog.Logger
+	// Plain: no handshake, for a guest whose channel predates it (a
+	// sandbox booted by an earlier hostproxy, adopted running): its
+	// sessions start with yamux at once.
+	Plain bool
+	// Heartbeat is how often the host pings the guest (0: never).
+	Heartbeat time.Duration
+	// PingTimeout is how long a ping may go unanswered (3 s when zero).
+	PingTimeout time.Duration
+	// Stalled is asked when a ping goes unanswered for PingTimeout:
+	// true (the guest's CPUs run, so it should have answered) resets
+	// the session, and the host dials again; false (a paused guest)
+	// keeps it. Nil resets.
+	Stalled func(ctx context.Context) bool
+	// Answering is told whether the guest answers: true for the first
+	// answered ping of each session (n counts the sessions from 1), false
+	// when a session is reset for a ping unanswered. It is called from
+	// the heartbeat, one call at a time; it must not block for long.
+	Answering func(n uint64, answering bool)
+}
+
 // Host is the host end of one machine's channel.
 type Host struct {
 	*end
 	path   string
-	plain  bool // no handshake: a guest from before it (DialHostPlain)
+	cfg    HostConfig
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -191,19 +228,24 @@ type Host struct {
 // DialHost keeps a session to the guest through the unix socket at path
 // until Close. It returns at once; Open waits for the session.
 func DialHost(path string, log *slog.Logger) *Host {
-	return dialHost(path, log, false)
+	return Dial(path, HostConfig{Log: log})
 }
 
 // DialHostPlain is DialHost for a guest whose channel predates the
-// handshake (a sandbox booted by an earlier hostproxy, adopted running):
-// its sessions start with yamux at once.
+// handshake (HostConfig.Plain).
 func DialHostPlain(path string, log *slog.Logger) *Host {
-	return dialHost(path, log, true)
+	return Dial(path, HostConfig{Log: log, Plain: true})
 }
 
-func dialHost(path string, log *slog.Logger, plain bool) *Host {
+// Dial keeps a session to the guest through the unix socket at path
+// until Close, as cfg says. It returns at once; Open waits for the
+// session.
+func Dial(path string, cfg HostConfig) *Host {
+	if cfg.PingTimeout == 0 {
+		cfg.PingTimeout = 3 * time.Second
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &Host{end: newEnd(log), path: path, plain: plain, cancel: cancel}
+	h := &Host{end: newEnd(cfg.Log), path: path, cfg: cfg, cancel: cancel}
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
@@ -215,6 +257,7 @@ func dialHost(path string, log *slog.Logger, plain bool) *Host {
 func (h *Host) run(ctx context.Context) {
 	var d net.Dialer
 	backoff := 10 * time.Millisecond
+	var n uint64
 	for ctx.Err() == nil {
 		conn, err := d.DialContext(ctx, "unix", h.path)
 		if err != nil {
@@ -228,7 +271,7 @@ func (h *Host) run(ctx context.Context) {
 		}
 		backoff = 10 * time.Millisecond
 		var hs io.ReadWriteCloser = conn
-		if !h.plain {
+		if !h.cfg.Plain {
 			hs, err = hostHandshake(ctx, conn)
 		}
 		if err != nil {
@@ -236,19 +279,104 @@ func (h *Host) run(ctx context.Context) {
 			conn.Close()
 			continue
 		}
-		s, err := yamux.Client(hs, config(h.log))
+		g := newGuard(hs)
+		c := config(h.log)
+		c.AcceptBacklog = acceptBacklog
+		ys, err := yamux.Client(g, c)
 		if err != nil {
-			conn.Close()
+			g.Close()
 			continue
 		}
+		n++
+		s := &session{ys, g}
 		stop := context.AfterFunc(ctx, func() { s.Close() })
+		beat := make(chan struct{})
+		go func() {
+			defer close(beat)
+			h.heartbeat(ctx, s, n)
+		}()
 		h.serve(s)
 		stop()
+		g.Close()
+		<-beat
 		h.log.Debug("channel session ended", "socket", h.path)
 		select {
 		case <-ctx.Done():
 		case <-time.After(10 * time.Millisecond):
 		}
+	}
+}
+
+// heartbeat pings the guest every cfg.Heartbeat while s is up: one ping
+// at a time, so its cost is fixed. A ping unanswered for PingTimeout of a
+// guest whose CPUs run (cfg.Stalled) resets the session: a guestd that
+// was killed and started again waits for a handshake, and a session with
+// a dead peer would never end by itself (the port stays open on QEMU's
+// side).
+func (h *Host) heartbeat(ctx context.Context, s *session, n uint64) {
+	if h.cfg.Heartbeat <= 0 {
+		return
+	}
+	answered := false
+	for {
+		select {
+		case <-s.CloseChan():
+			return
+		case <-time.After(h.cfg.Heartbeat):
+		}
+		res := make(chan error, 1)
+		go func() {
+			_, err := s.Ping()
+			res <- err
+		}()
+		ok, err := h.await(ctx, s, n, res)
+		if !ok {
+			return
+		}
+		if err == nil && !answered {
+			answered = true
+			if h.cfg.Answering != nil {
+				h.cfg.Answering(n, true)
+			}
+		}
+	}
+}
+
+// await waits for the answer to one ping: a ping unanswered for
+// PingTimeout is a stalled guest's unless Stalled says its CPUs are
+// stopped (asked again each PingTimeout). False: the session ended.
+func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) (bool, error) {
+	for {
+		select {
+		case err := <-res:
+			return true, err
+		case <-s.CloseChan():
+			<-res
+			return false, nil
+		case <-time.After(h.cfg.PingTimeout):
+		}
+		sctx, cancel := context.WithTimeout(ctx, h.cfg.PingTimeout)
+		stalled := h.cfg.Stalled == nil || h.cfg.Stalled(sctx)
+		cancel()
+		if stalled {
+			h.log.Warn("channel: the guest did not answer a ping; the session is reset", "socket", h.path, "timeout", h.cfg.PingTimeout)
+			if h.cfg.Answering != nil {
+				h.cfg.Answering(n, false)
+			}
+			s.Close()
+			<-res
+			return false, nil
+		}
+	}
+}
+
+// Reset ends the current session, if any; the host dials again.
+func (h *Host) Reset() {
+	h.mu.Lock()
+	s := h.sess
+	h.mu.Unlock()
+	if s != nil {
+		s.Close()
 	}
 }
 
@@ -285,10 +413,12 @@ func (g *Guest) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		port, err := g.open()
 		if err == nil {
-			var s *yamux.Session
+			var s *session
 			hs, serr := guestHandshake(port)
 			if serr == nil {
-				s, serr = yamux.Server(hs, config(g.log))
+				var ys *yamux.Session
+				ys, serr = yamux.Server(hs, config(g.log))
+				s = &session{Session: ys}
 			}
 			if serr == nil {
 				stop := context.AfterFunc(ctx, func() { s.Close() })
@@ -349,10 +479,27 @@ func (v *view) Close() error {
 // on it, as a net.Conn's does: yamux's own Close only half-closes, and a
 // Read waiting for a peer that never answers would wait until yamux's
 // stream close timeout (5 minutes).
-type stream struct{ *yamux.Stream }
+//
+// On the host end, Close also makes yamux forget the stream (guard.forget):
+// nothing the guest sends on it afterwards is kept.
+type stream struct {
+	*yamux.Stream
+	g *guard // the host end's; nil on the guest's
+}
 
 func (s stream) Close() error {
 	err := s.Stream.Close()
 	s.Stream.SetDeadline(time.Unix(1, 0))
+	if s.g != nil {
+		s.g.forget(s.StreamID())
+	}
 	return err
+}
+
+// NeverAccepted tells whether c is a stream the host opened that the guest
+// never accepted (acknowledged): whatever was written to it never reached
+// a reader in the guest, so a call on it that failed may be sent again.
+func NeverAccepted(c net.Conn) bool {
+	s, ok := c.(stream)
+	return ok && s.g != nil && !s.g.acknowledged(s.StreamID())
 }

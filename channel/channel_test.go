@@ -207,7 +207,7 @@ func TestPlainHostReachesAGuestFromBeforeTheHandshake(t *testing.T) {
 			if err != nil {
 				return
 			}
-			old.serve(s)
+			old.serve(&session{Session: s})
 		}
 	}()
 	defer old.close()

@@ -20,8 +20,20 @@
 //
 // What it does not do: it does not speak HTTP, authenticate, or time
 // requests out (a stream is a net.Conn: callers set deadlines).
-// Keep-alives are off: a paused guest must not have its session closed
-// under it, and a dead QEMU is seen by its process ending, not by pings.
+// yamux's keep-alives are off: a paused guest must not have its session
+// closed under it. The host's own heartbeat (HostConfig.Heartbeat) pings
+// the guest one ping at a time; a ping unanswered while the guest's CPUs
+// run (HostConfig.Stalled asks) resets the session, for a guestd that was
+// killed and started again waits for a handshake that a live session
+// never sends. A dead QEMU is seen by its process ending.
+//
+// The guest is untrusted. On the host end a guard (guard.go) reads every
+// frame the guest sends before yamux does: at most one inbound ping is
+// with yamux at a time (the rest are dropped), a stream the host closes is
+// forgotten by yamux at once, and bytes that are not yamux frames end the
+// session. What one guest can make the host's end hold is then fixed: one
+// session, its guard's 64 KiB read-ahead, at most 16 streams waiting to be
+// accepted, and a 256 KiB window on each stream open (docs/design.md).
 //
 // Every session starts with a handshake (handshake.go): the guest starts
 // its session only on a HELLO from the host, answered READY, then GO.
