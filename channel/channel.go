@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -123,11 +124,11 @@ func openStream(ctx context.Context, s *session) (net.Conn, error) {
 		if r.err != nil {
 			return nil, r.err
 		}
-		return stream{r.st, s.g}, nil
+		return newStream(r.st, s.g), nil
 	case <-ctx.Done():
 		go func() {
 			if r := <-ch; r.st != nil {
-				stream{r.st, s.g}.Close()
+				newStream(r.st, s.g).Close()
 			}
 		}()
 		return nil, ctx.Err()
@@ -169,9 +170,9 @@ func (e *end) serve(s *session) {
 			break
 		}
 		select {
-		case e.incoming <- stream{st, s.g}:
+		case e.incoming <- newStream(st, s.g):
 		case <-e.done:
-			stream{st, s.g}.Close()
+			newStream(st, s.g).Close()
 		}
 	}
 	s.Close()
@@ -485,9 +486,19 @@ func (v *view) Close() error {
 type stream struct {
 	*yamux.Stream
 	g *guard // the host end's; nil on the guest's
+	// unaccepted is set by Close when the guest had not accepted the
+	// stream (the guard forgets it then).
+	unaccepted *atomic.Bool
+}
+
+func newStream(st *yamux.Stream, g *guard) stream {
+	return stream{st, g, new(atomic.Bool)}
 }
 
 func (s stream) Close() error {
+	if s.g != nil && !s.g.acknowledged(s.StreamID()) {
+		s.unaccepted.Store(true)
+	}
 	err := s.Stream.Close()
 	s.Stream.SetDeadline(time.Unix(1, 0))
 	if s.g != nil {
@@ -501,5 +512,5 @@ func (s stream) Close() error {
 // a reader in the guest, so a call on it that failed may be sent again.
 func NeverAccepted(c net.Conn) bool {
 	s, ok := c.(stream)
-	return ok && s.g != nil && !s.g.acknowledged(s.StreamID())
+	return ok && s.g != nil && (s.unaccepted.Load() || !s.g.acknowledged(s.StreamID()))
 }

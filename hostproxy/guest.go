@@ -1,12 +1,10 @@
 package hostproxy
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -16,6 +14,7 @@ import (
 	"time"
 
 	"strata/internal/api"
+	"strata/internal/guestclient"
 	"strata/internal/jsend"
 )
 
@@ -54,16 +53,22 @@ func ParseGuestAddress(s string) (scheme, addr string, err error) {
 	return scheme, addr, nil
 }
 
-// maxGuestReply bounds what is read of a guest's answer; a list of many
-// checkpoints is well under it.
+// maxGuestReply bounds one guest's answer; a list of many checkpoints is
+// well under it.
 const maxGuestReply = 16 << 20
 
-// GuestClient calls guest daemons' local API. It keeps connection pools
-// per guest address, so a dead guest costs its own callers a bounded dial
-// and nobody else anything: one for execs, which may last an hour, and
-// one for every other call, so that a sandbox busy with long execs still
-// answers checkpoint calls. Each pool caps the calls in flight to its
-// guest (maxGuestCalls).
+// maxGuestHeld bounds the bytes of one guest's answers that hostproxy
+// holds at once, over both of its pools (guestclient.Budget).
+const maxGuestHeld = 16 << 20
+
+// GuestClient calls guest daemons' local API, through guestclient: the
+// host's one client of guestd, with limits on what an answer may hold. It
+// keeps two clients per guest address, so a dead guest costs its own
+// callers a bounded dial and nobody else anything: one for execs, which
+// may last an hour, and one for every other call, so that a sandbox busy
+// with long execs still answers checkpoint calls. Each caps the calls in
+// flight to its guest (maxGuestCalls); the two share the guest's budget of
+// answers held (maxGuestHeld).
 type GuestClient struct {
 	dialers        map[string]Dialer
 	dialTimeout    time.Duration
@@ -73,9 +78,9 @@ type GuestClient struct {
 	pools map[string]*guestPools
 }
 
-// guestPools are the connections to one guest.
+// guestPools are the clients of one guest.
 type guestPools struct {
-	calls, exec *http.Transport
+	calls, exec *guestclient.Client
 }
 
 // maxGuestCalls caps the calls in flight to one guest in each pool: a
@@ -169,14 +174,13 @@ func (g *GuestClient) Exec(ctx context.Context, guest string, body []byte, timeo
 	return g.send(ctx, poolExec, timeout, guest, http.MethodPost, "/v1/exec", body, "")
 }
 
-// Forget drops the connections to guest, of both pools (a sandbox
-// stopped or deleted).
+// Forget drops the clients of guest (a sandbox stopped or deleted).
 func (g *GuestClient) Forget(guest string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if p := g.pools[guest]; p != nil {
-		p.calls.CloseIdleConnections()
-		p.exec.CloseIdleConnections()
+		p.calls.Close()
+		p.exec.Close()
 		delete(g.pools, guest)
 	}
 }
@@ -186,12 +190,12 @@ func (g *GuestClient) Close() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, p := range g.pools {
-		p.calls.CloseIdleConnections()
-		p.exec.CloseIdleConnections()
+		p.calls.Close()
+		p.exec.Close()
 	}
 }
 
-// pool names one of a guest's two connection pools.
+// pool names one of a guest's two clients.
 type pool int
 
 const (
@@ -199,8 +203,8 @@ const (
 	poolExec
 )
 
-// transport returns guest's pool p, making both pools on first use.
-func (g *GuestClient) transport(guest string, p pool) (*http.Transport, error) {
+// client returns guest's client p, making both on first use.
+func (g *GuestClient) client(guest string, p pool) (*guestclient.Client, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	pools := g.pools[guest]
@@ -213,30 +217,21 @@ func (g *GuestClient) transport(guest string, p pool) (*http.Transport, error) {
 		if dial == nil {
 			return nil, fmt.Errorf("no transport for scheme %q", scheme)
 		}
-		pools = &guestPools{calls: g.newTransport(dial, addr), exec: g.newTransport(dial, addr)}
+		dialTimeout := g.dialTimeout
+		d := func(ctx context.Context) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+			defer cancel()
+			return dial(ctx, addr)
+		}
+		budget := guestclient.NewBudget(maxGuestHeld)
+		lim := guestclient.Limits{Calls: maxGuestCalls, MaxAnswer: maxGuestReply, Timeout: g.requestTimeout}
+		pools = &guestPools{calls: guestclient.New(d, lim, budget), exec: guestclient.New(d, lim, budget)}
 		g.pools[guest] = pools
 	}
 	if p == poolExec {
 		return pools.exec, nil
 	}
 	return pools.calls, nil
-}
-
-func (g *GuestClient) newTransport(dial Dialer, addr string) *http.Transport {
-	dialTimeout := g.dialTimeout
-	return &http.Transport{
-		Proxy: nil,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			ctx, cancel := context.WithTimeout(ctx, dialTimeout)
-			defer cancel()
-			return dial(ctx, addr)
-		},
-		MaxIdleConnsPerHost: 4,
-		MaxConnsPerHost:     maxGuestCalls,
-		IdleConnTimeout:     30 * time.Second,
-		// Each call's own context bounds it (an exec may last an hour).
-		DisableCompression: true,
-	}
 }
 
 type requestIDKey struct{}
@@ -256,66 +251,57 @@ func (g *GuestClient) call(ctx context.Context, guest, method, p string, body []
 	return g.send(ctx, poolCalls, g.requestTimeout, guest, method, p, body, idempotencyKey)
 }
 
-// send is call through one pool, with a timeout of its own.
+// send is call through one pool, with a timeout of its own. A call that
+// reads (GET), puts (PUT) or carries an Idempotency-Key may be sent again
+// once when its stream died before any answer (a channel session reset).
 func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, guest, method, p string, body []byte, idempotencyKey string) (json.RawMessage, error) {
-	t, err := g.transport(guest, pl)
+	c, err := g.client(guest, pl)
 	if err != nil {
 		return nil, fmt.Errorf("guest %s: %w", guest, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var rd io.Reader
+	h := http.Header{}
 	if body != nil {
-		rd = bytes.NewReader(body)
+		h.Set("Content-Type", "application/json")
 	}
-	// The host part is never resolved: the transport dials guest itself.
-	req, err := http.NewRequestWithContext(ctx, method, "http://guestd"+p, rd)
-	if err != nil {
-		return nil, err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	req.Header.Set("Accept", "application/json")
+	h.Set("Accept", "application/json")
 	if idempotencyKey != "" {
-		req.Header.Set(api.HeaderIdempotencyKey, idempotencyKey)
+		h.Set(api.HeaderIdempotencyKey, idempotencyKey)
 	}
 	if id, ok := ctx.Value(requestIDKey{}).(string); ok {
-		req.Header.Set(jsend.HeaderRequestID, id)
+		h.Set(jsend.HeaderRequestID, id)
 	}
-	resp, err := t.RoundTrip(req)
+	resp, err := c.Do(ctx, guestclient.Request{
+		Method: method, Path: p, Header: h, Body: body, Timeout: timeout,
+		Idempotent: method == http.MethodGet || method == http.MethodPut || idempotencyKey != "",
+	})
 	if err != nil {
 		return nil, g.transportError(ctx, guest, err)
 	}
-	defer resp.Body.Close()
-	reply, err := io.ReadAll(io.LimitReader(resp.Body, maxGuestReply+1))
-	if err != nil {
-		return nil, g.transportError(ctx, guest, err)
-	}
-	if len(reply) > maxGuestReply {
-		return nil, fmt.Errorf("guest %s: answer over %d bytes", guest, maxGuestReply)
-	}
+	defer resp.Release()
+	reply := resp.Body
 	switch {
-	case resp.StatusCode == http.StatusOK:
+	case resp.Status == http.StatusOK:
 		data, err := jsend.ParseSuccess(reply)
 		if err != nil {
 			return nil, fmt.Errorf("guest %s: %w", guest, err)
 		}
 		return data, nil
-	case resp.StatusCode >= 400 && resp.StatusCode < 500:
-		fe, err := jsend.ParseFail(resp.StatusCode, reply)
+	case resp.Status >= 400 && resp.Status < 500:
+		fe, err := jsend.ParseFail(resp.Status, reply)
 		if err != nil {
 			return nil, fmt.Errorf("guest %s: %w: %.200q", guest, err, reply)
 		}
 		return nil, fe
-	case resp.StatusCode >= 500:
-		cause := fmt.Errorf("guest %s answered %d: %.500q", guest, resp.StatusCode, reply)
-		if fe := guest5xx[resp.StatusCode]; fe != nil {
+	case resp.Status >= 500:
+		cause := fmt.Errorf("guest %s answered %d: %.500q", guest, resp.Status, reply)
+		if fe := guest5xx[resp.Status]; fe != nil {
 			return nil, fe.Wrap(cause)
 		}
 		return nil, cause
 	default:
-		return nil, fmt.Errorf("guest %s: unexpected status %d", guest, resp.StatusCode)
+		return nil, fmt.Errorf("guest %s: unexpected status %d", guest, resp.Status)
 	}
 }
 

@@ -88,24 +88,21 @@ func TestExecHasItsOwnPool(t *testing.T) {
 }
 
 // TestGuestPoolsApart pins that the two pools of a guest are two
-// transports, and that another guest has its own.
+// clients, and that another guest has its own.
 func TestGuestPoolsApart(t *testing.T) {
 	g := NewGuestClient(DefaultDialers(), time.Second, time.Second)
-	calls, err := g.transport("unix:///a.sock", poolCalls)
+	calls, err := g.client("unix:///a.sock", poolCalls)
 	if err != nil {
 		t.Fatal(err)
 	}
-	exec, _ := g.transport("unix:///a.sock", poolExec)
-	again, _ := g.transport("unix:///a.sock", poolCalls)
-	other, _ := g.transport("unix:///b.sock", poolExec)
+	exec, _ := g.client("unix:///a.sock", poolExec)
+	again, _ := g.client("unix:///a.sock", poolCalls)
+	other, _ := g.client("unix:///b.sock", poolExec)
 	if calls == exec || calls != again || other == exec {
 		t.Errorf("pools: calls %p, exec %p, calls again %p, another guest's exec %p", calls, exec, again, other)
 	}
-	if calls.MaxConnsPerHost != maxGuestCalls || exec.MaxConnsPerHost != maxGuestCalls {
-		t.Errorf("caps %d and %d, want %d each", calls.MaxConnsPerHost, exec.MaxConnsPerHost, maxGuestCalls)
-	}
 	g.Forget("unix:///a.sock")
-	if t2, _ := g.transport("unix:///a.sock", poolExec); t2 == exec {
+	if t2, _ := g.client("unix:///a.sock", poolExec); t2 == exec {
 		t.Error("Forget kept the exec pool")
 	}
 }
