@@ -158,6 +158,9 @@ func sandboxView(sb Sandbox) api.Sandbox {
 	if !sb.CreatedAt.IsZero() {
 		v.CreatedAt = api.FormatTime(sb.CreatedAt)
 	}
+	if sb.State == sandbox.Unresponsive && !sb.UnresponsiveSince.IsZero() {
+		v.UnresponsiveSince = api.FormatTime(sb.UnresponsiveSince)
+	}
 	if sb.From != nil {
 		v.From = &api.SandboxFrom{Sandbox: sb.From.Sandbox, Snapshot: sb.From.Snapshot}
 	}

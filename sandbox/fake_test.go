@@ -169,6 +169,70 @@ type fakeMachine struct {
 	once sync.Once
 	done chan struct{}
 	how  atomic.Value // string: "killed" or "powered off"
+
+	// guestd plays the guest's daemon restarting (killGuestd): the port
+	// each guest end opened, and whether its daemon was killed.
+	portMu sync.Mutex
+	port   *guestdPort
+}
+
+// guestdPort is the port as one guestd has it open: the connection is
+// QEMU's and outlives the guestd. When that guestd is killed its reads
+// end and its writes go nowhere; the connection stays open, unread, for
+// the next guestd, as a virtio-serial port does.
+type guestdPort struct {
+	net.Conn
+	killed atomic.Bool
+}
+
+func (p *guestdPort) Read(b []byte) (int, error) {
+	n, err := p.Conn.Read(b)
+	if p.killed.Load() {
+		return 0, io.EOF
+	}
+	return n, err
+}
+
+func (p *guestdPort) Write(b []byte) (int, error) {
+	if p.killed.Load() {
+		return len(b), nil
+	}
+	return p.Conn.Write(b)
+}
+
+func (p *guestdPort) Close() error {
+	if p.killed.Load() {
+		return nil
+	}
+	return p.Conn.Close()
+}
+
+// killGuestd kills the guest's daemon: its end of the channel goes
+// silent while the host's connection stays open. With restart, a new
+// daemon opens the port after a moment, as guestinit starts one.
+func (m *fakeMachine) killGuestd(log *slog.Logger, restart bool) {
+	m.portMu.Lock()
+	old, p := m.guest, m.port
+	m.portMu.Unlock()
+	if p != nil {
+		p.killed.Store(true)
+		p.Conn.SetReadDeadline(time.Now()) // its reader ends
+	}
+	old.Close()
+	if !restart {
+		return
+	}
+	time.Sleep(100 * time.Millisecond)
+	if p != nil {
+		p.Conn.SetReadDeadline(time.Time{})
+		// The new daemon first reads the connection that is still open.
+		m.conns <- p.Conn
+	}
+	g := channel.ListenGuest(m.openPort, log)
+	m.portMu.Lock()
+	m.guest = g
+	m.portMu.Unlock()
+	go m.srv.Serve(g.Listener())
 }
 
 func (m *fakeMachine) boot(log *slog.Logger) {
@@ -235,7 +299,11 @@ func writeJSend(w http.ResponseWriter, data any) {
 func (m *fakeMachine) openPort() (io.ReadWriteCloser, error) {
 	select {
 	case c := <-m.conns:
-		return c, nil
+		p := &guestdPort{Conn: c}
+		m.portMu.Lock()
+		m.port = p
+		m.portMu.Unlock()
+		return p, nil
 	case <-m.done:
 		return nil, io.EOF
 	}
@@ -249,7 +317,10 @@ func (m *fakeMachine) exit(how string) {
 		close(m.done)
 		m.ln.Close()
 		m.srv.Close()
-		m.guest.Close()
+		m.portMu.Lock()
+		g := m.guest
+		m.portMu.Unlock()
+		g.Close()
 	})
 }
 

@@ -1,12 +1,10 @@
 package sandbox
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -22,6 +20,7 @@ import (
 
 	"strata/channel"
 	"strata/internal/failpoint"
+	"strata/internal/guestclient"
 	"strata/vmm"
 )
 
@@ -66,6 +65,15 @@ type Config struct {
 	// QEMUVersion is the host's `qemu --version` (vmm.QEMU.Version): a
 	// memory snapshot records it and loads only into the same.
 	QEMUVersion string
+	// Heartbeat is how often the host pings each guest through its
+	// channel (1 s when zero; negative: never), and PingTimeout how long
+	// a ping of a guest whose CPUs run may go unanswered before its
+	// channel is reset and the sandbox is unresponsive (3 s when zero).
+	Heartbeat, PingTimeout time.Duration
+	// UnresponsiveLimit is how long a sandbox may stay unresponsive
+	// before its QEMU is stopped and it is put in error (3 minutes when
+	// zero).
+	UnresponsiveLimit time.Duration
 }
 
 // Manager runs the microVM sandboxes of one state directory.
@@ -119,6 +127,10 @@ type machine struct {
 	groups  []uint32 // supplementary groups QEMU runs with (a template's)
 	ch      *channel.Host
 	guestLn net.Listener
+	// guest is the manager's own client of guestd (guestCall).
+	guest *guestclient.Client
+	// healing is set while a heal runs (heal); again asks for another.
+	healing, again bool
 	// expected is set before an exit that someone asked for (stop,
 	// delete), so that the watcher does not call it a failure.
 	mu       sync.Mutex
@@ -154,6 +166,15 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.ReserveMiB == 0 {
 		cfg.ReserveMiB = 512
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = time.Second
+	}
+	if cfg.PingTimeout == 0 {
+		cfg.PingTimeout = 3 * time.Second
+	}
+	if cfg.UnresponsiveLimit == 0 {
+		cfg.UnresponsiveLimit = 3 * time.Minute
 	}
 	if cfg.MemAvailable == nil {
 		cfg.MemAvailable = memAvailable
@@ -675,11 +696,21 @@ func (m *Manager) prepare(ctx context.Context, r Record) (Record, error) {
 // adopt connects the channel of a running QEMU, serves the guest's calls
 // and watches for its exit.
 func (m *Manager) adopt(id string, vm vmm.Machine, cfg vmm.Config, handshake bool) *machine {
-	dial := channel.DialHost
-	if !handshake {
-		dial = channel.DialHostPlain
-	}
-	mc := &machine{id: id, vm: vm, groups: cfg.Groups, ch: dial(cfg.ChannelSocket(), m.log.With("sandbox", id))}
+	mc := &machine{id: id, vm: vm, groups: cfg.Groups}
+	mc.ch = channel.Dial(cfg.ChannelSocket(), channel.HostConfig{
+		Log:         m.log.With("sandbox", id),
+		Plain:       !handshake,
+		Heartbeat:   m.cfg.Heartbeat,
+		PingTimeout: m.cfg.PingTimeout,
+		Stalled: func(ctx context.Context) bool {
+			// A guest whose CPUs are stopped (paused, or being saved)
+			// cannot answer; one whose CPUs run should have.
+			running, err := vm.Running(ctx)
+			return err == nil && running
+		},
+		Answering: func(n uint64, up bool) { m.answering(mc, n, up) },
+	})
+	mc.guest = guestclient.New(mc.ch.Open, guestCallLimits, guestclient.NewBudget(guestCallBudget))
 	mc.guestLn = mc.ch.Listener()
 	m.mu.Lock()
 	m.live[id] = mc
@@ -729,7 +760,7 @@ func (m *Manager) waitGuest(ctx context.Context, mc *machine) error {
 	defer cancel()
 	for {
 		attempt, acancel := context.WithTimeout(ctx, 15*time.Second)
-		err := guestHealth(attempt, mc.ch)
+		err := guestHealth(attempt, mc)
 		acancel()
 		if err == nil {
 			return nil
@@ -745,53 +776,36 @@ func (m *Manager) waitGuest(ctx context.Context, mc *machine) error {
 	}
 }
 
-func guestHealth(ctx context.Context, ch *channel.Host) error {
-	_, err := guestCall(ctx, ch, http.MethodGet, "/v1/health", nil)
+func guestHealth(ctx context.Context, mc *machine) error {
+	_, err := guestCall(ctx, mc, http.MethodGet, "/v1/health", nil)
 	return err
 }
 
+// The manager's own calls to a guest (health, resync, shutdown, the sync
+// before a disk snapshot) answer a few bytes: at most 4 at once, 64 KiB
+// an answer, 256 KiB held, through the host's one guest client.
+var guestCallLimits = guestclient.Limits{Calls: 4, MaxAnswer: 64 << 10, Timeout: 30 * time.Second}
+
+const guestCallBudget = 256 << 10
+
 // guestCall sends one request to guestd through the channel (a JSON body,
-// or none) and wants a 200, whose body (at most 1 MiB) it returns; the
-// stream is ended at ctx's end, answer or not.
-func guestCall(ctx context.Context, ch *channel.Host, method, path string, body []byte) ([]byte, error) {
-	conn, err := ch.Open(ctx)
+// or none) and wants a 200, whose body it returns; the call ends at ctx's
+// end, answer or not.
+func guestCall(ctx context.Context, mc *machine, method, path string, body []byte) ([]byte, error) {
+	a, err := mc.guest.Do(ctx, guestclient.Request{
+		Method: method, Path: path, Body: body,
+		Header:     http.Header{"Content-Type": {"application/json"}},
+		Idempotent: method == http.MethodGet,
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	stop := endWith(ctx, conn)
-	defer stop()
-	req := fmt.Sprintf("%s %s HTTP/1.1\r\nHost: guestd\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", method, path, len(body))
-	if _, err := io.WriteString(conn, req); err != nil {
-		return nil, err
-	}
-	if _, err := conn.Write(body); err != nil {
-		return nil, err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return b, fmt.Errorf("guestd %s %s: %s: %.300s", method, path, resp.Status, b)
+	defer a.Release()
+	b := slices.Clone(a.Body)
+	if a.Status != http.StatusOK {
+		return b, fmt.Errorf("guestd %s %s: %d: %.300s", method, path, a.Status, b)
 	}
 	return b, nil
-}
-
-// endWith ends conn's pending reads and writes when ctx ends. Closing a
-// channel stream is not enough: a yamux stream's Close only half-closes
-// it, and a Read waiting on a guest that never answers goes on waiting
-// (until yamux's 5-minute stream close timeout). A deadline ends it.
-func endWith(ctx context.Context, conn net.Conn) (stop func() bool) {
-	return context.AfterFunc(ctx, func() {
-		conn.SetDeadline(time.Now())
-		conn.Close()
-	})
 }
 
 // Dial opens a stream to the guestd of a running sandbox (the vm:// guest
@@ -991,7 +1005,7 @@ func (m *Manager) shutdown(id string) {
 }
 
 func (m *Manager) askShutdown(ctx context.Context, mc *machine) error {
-	_, err := guestCall(ctx, mc.ch, http.MethodPost, "/v1/shutdown", nil)
+	_, err := guestCall(ctx, mc, http.MethodPost, "/v1/shutdown", nil)
 	return err
 }
 

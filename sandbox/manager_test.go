@@ -1115,3 +1115,69 @@ func TestDeploymentsGetDisjointIDs(t *testing.T) {
 		t.Errorf("range %+v, want %+v", m3.IDs(), r1)
 	}
 }
+
+// TestGuestdRestartHeals pins issue 17's lost guest: after its guestd
+// was killed and started again, the host's session stayed up with a dead
+// peer, every call timed out and the record said running. The heartbeat
+// now marks the sandbox unresponsive (with since), resets the channel,
+// and once the new guestd answers resyncs it, hands it its credentials
+// again and records it running; a guest whose CPUs are stopped is never
+// called unresponsive.
+func TestGuestdRestartHeals(t *testing.T) {
+	h := newHarness(t)
+	m := h.manager(func(c *sandbox.Config) {
+		c.Heartbeat, c.PingTimeout = 20*time.Millisecond, 150*time.Millisecond
+	})
+	h.running(m, "sb-1")
+	fm := waitMachine(t, h.drv, "sb-1")
+	for i := range 3 {
+		booted, resyncs := h.booted.Load(), fm.resyncs.Load()
+		go fm.killGuestd(h.drv.log, true)
+		r := h.waitState("sb-1", sandbox.Unresponsive)
+		if r.UnresponsiveSince.IsZero() {
+			t.Fatalf("round %d: unresponsive without since", i)
+		}
+		h.waitState("sb-1", sandbox.Running)
+		if h.get("sb-1").UnresponsiveSince != (time.Time{}) {
+			t.Fatalf("round %d: running with unresponsive_since", i)
+		}
+		if h.booted.Load() <= booted || fm.resyncs.Load() <= resyncs {
+			t.Fatalf("round %d: answering again without credentials (%d → %d) or a resync (%d → %d)", i, booted, h.booted.Load(), resyncs, fm.resyncs.Load())
+		}
+		checkHealth(t, m, "sb-1")
+	}
+	// Paused CPUs do not answer either, and are not unresponsive.
+	fm.Pause(context.Background())
+	time.Sleep(500 * time.Millisecond)
+	if s := h.get("sb-1").State; s != sandbox.Running {
+		t.Fatalf("a guest with stopped CPUs is %s", s)
+	}
+	fm.Resume(context.Background())
+	if fm.exited() {
+		t.Fatal("a healed machine exited")
+	}
+}
+
+// TestUnresponsivePastItsLimit: a guest that never answers again is put
+// in error with a sentence after UnresponsiveLimit, and its QEMU stopped.
+func TestUnresponsivePastItsLimit(t *testing.T) {
+	h := newHarness(t)
+	m := h.manager(func(c *sandbox.Config) {
+		c.Heartbeat, c.PingTimeout, c.UnresponsiveLimit = 20*time.Millisecond, 150*time.Millisecond, time.Second
+	})
+	h.running(m, "sb-1")
+	fm := waitMachine(t, h.drv, "sb-1")
+	fm.killGuestd(h.drv.log, false)
+	h.waitState("sb-1", sandbox.Unresponsive)
+	r := h.waitState("sb-1", sandbox.Error)
+	if !strings.Contains(r.Error, "stopped answering") || r.Machine.Process != nil {
+		t.Fatalf("error %q, process %+v", r.Error, r.Machine.Process)
+	}
+	if how := waitExit(t, fm); how != "killed" {
+		t.Fatalf("machine %s", how)
+	}
+	if _, err := m.Start(context.Background(), "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-1", sandbox.Running)
+}

@@ -17,22 +17,27 @@ type State string
 
 // The states of a sandbox.
 const (
-	Creating   State = "creating"
-	Running    State = "running"
-	Pausing    State = "pausing"
-	Paused     State = "paused"
-	Resuming   State = "resuming"
-	Stopping   State = "stopping"
-	Stopped    State = "stopped"
-	Error      State = "error"
-	Destroying State = "destroying"
-	Destroyed  State = "destroyed"
+	Creating State = "creating"
+	Running  State = "running"
+	// Unresponsive is a running sandbox whose guest stopped answering
+	// the host's heartbeat (its guestd died, or its channel did); the
+	// host keeps dialling, and it is running again once the guest
+	// answers, or error past Config.UnresponsiveLimit.
+	Unresponsive State = "unresponsive"
+	Pausing      State = "pausing"
+	Paused       State = "paused"
+	Resuming     State = "resuming"
+	Stopping     State = "stopping"
+	Stopped      State = "stopped"
+	Error        State = "error"
+	Destroying   State = "destroying"
+	Destroyed    State = "destroyed"
 )
 
 // Valid tells whether s is one of the states.
 func (s State) Valid() bool {
 	switch s {
-	case Creating, Running, Pausing, Paused, Resuming, Stopping, Stopped, Error, Destroying, Destroyed:
+	case Creating, Running, Unresponsive, Pausing, Paused, Resuming, Stopping, Stopped, Error, Destroying, Destroyed:
 		return true
 	}
 	return false
@@ -51,8 +56,11 @@ type Record struct {
 	DiskGiB   int       `json:"disk_gib,omitempty"`
 	CreatedAt time.Time `json:"created_at,omitzero"`
 	// Error says what went wrong, in state error.
-	Error   string   `json:"error,omitempty"`
-	Machine *Machine `json:"machine,omitempty"`
+	Error string `json:"error,omitempty"`
+	// UnresponsiveSince is when the guest stopped answering, in state
+	// unresponsive.
+	UnresponsiveSince time.Time `json:"unresponsive_since,omitzero"`
+	Machine           *Machine  `json:"machine,omitempty"`
 	// From is the snapshot a fork was made from.
 	From *From `json:"from,omitempty"`
 	// Snapshots are the sandbox's VM snapshots, oldest first.
@@ -262,6 +270,7 @@ var (
 	errBaseDiskMissing   = "the base disk this sandbox's disk was made from is gone; the sandbox cannot boot"
 	errStartFailedOnHost = "the sandbox's virtual machine could not be started on this host; start it to try again"
 	errLoadFailed        = "the sandbox's saved memory could not be loaded; start it to boot it again from its disk, or restore a snapshot"
+	errUnresponsive      = "the sandbox's guest daemon stopped answering for longer than %v; its virtual machine was stopped: start it to boot it again from its disk"
 	errResumeFailed      = "the sandbox's saved memory could not be loaded; it is kept: resume to try again, or stop the sandbox to drop it and start it from its disk"
 
 	ErrSnapshotNotFound     = fault.New(fault.NotFound, "snapshot_not_found", "no such snapshot of this sandbox")

@@ -209,7 +209,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 		// A disk-only snapshot is what a power cut would leave: the
 		// guest's own buffers are written out first.
 		sctx, scancel := context.WithTimeout(ctx, 15*time.Second)
-		_, serr := guestCall(sctx, mc.ch, http.MethodPost, "/v1/exec", []byte(`{"cmd":["sync"],"timeout_s":10}`))
+		_, serr := guestCall(sctx, mc, http.MethodPost, "/v1/exec", []byte(`{"cmd":["sync"],"timeout_s":10}`))
 		scancel()
 		if serr != nil {
 			m.log.Warn("guest not synced before a disk-only snapshot", "sandbox", id, "err", serr)
@@ -610,7 +610,7 @@ func (m *Manager) resync(ctx context.Context, mc *machine, r Record) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err = guestCall(rctx, mc.ch, http.MethodPost, "/v1/resync", body)
+	_, err = guestCall(rctx, mc, http.MethodPost, "/v1/resync", body)
 	if err != nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
 		return fmt.Errorf("guestd did not answer the resync: %w", err)
 	}

@@ -48,15 +48,18 @@ func SandboxTransient(state string) bool {
 // Sandbox is a sandbox record as the API shows it. Error is a sentence,
 // set in state error; From names the snapshot a fork was made from.
 type Sandbox struct {
-	ID        string       `json:"id"`
-	Name      string       `json:"name"`
-	State     string       `json:"state"`
-	MemoryMiB int          `json:"memory_mib"`
-	VCPUs     int          `json:"vcpus"`
-	DiskGiB   int          `json:"disk_gib"`
-	CreatedAt string       `json:"created_at"`
-	Error     string       `json:"error,omitempty"`
-	From      *SandboxFrom `json:"from,omitempty"`
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	State     string `json:"state"`
+	MemoryMiB int    `json:"memory_mib"`
+	VCPUs     int    `json:"vcpus"`
+	DiskGiB   int    `json:"disk_gib"`
+	CreatedAt string `json:"created_at"`
+	Error     string `json:"error,omitempty"`
+	// UnresponsiveSince is when the guest stopped answering, in state
+	// unresponsive (RFC 3339).
+	UnresponsiveSince string       `json:"unresponsive_since,omitempty"`
+	From              *SandboxFrom `json:"from,omitempty"`
 }
 
 // SandboxList is the data of GET /v1/sandboxes: one page of records,
