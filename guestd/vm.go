@@ -75,32 +75,68 @@ func ForwardAPI(ctx context.Context, ln net.Listener, open func(context.Context)
 				return
 			}
 			defer up.Close()
-			splice(c, up)
+			splice(ctx, c, up)
 		}()
 	}
 }
 
-// splice copies both ways until either side ends, then closes both.
-func splice(a, b net.Conn) {
-	done := make(chan struct{}, 2)
-	cp := func(dst, src net.Conn) {
-		io.Copy(dst, src)
-		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+// After the host has answered and ended its stream, splice reads what the
+// client still sends for as long as it keeps sending (each read within
+// drainIdle, drainMax in all) and drops it: a client that writes its
+// whole body before it reads (most do) then reads the answer (a 413 for a
+// body over the limit) at once, where closing under it would reset the
+// answer away, and waiting for it would stall it.
+const (
+	drainIdle = time.Second
+	drainMax  = 10 * time.Second
+)
+
+// splice carries one call: client is the process's connection, server
+// the stream to the host. It ends when the host has answered and ended
+// its stream (the host's server decides how long a call lasts), or when
+// ctx ends.
+func splice(ctx context.Context, client, server net.Conn) {
+	served := make(chan struct{})
+	go func() {
+		io.Copy(client, server)
+		if cw, ok := client.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()
 		}
-		done <- struct{}{}
-	}
-	go cp(a, b)
-	go cp(b, a)
-	<-done
-	// One direction ended: give the other a moment to drain, then end
-	// both (a stream may not support half-close).
+		close(served)
+	}()
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		io.Copy(server, client)
+		// The host stopped reading (it answered, or ended the stream):
+		// what the client still sends is dropped until served ends
+		// both.
+		drain(client)
+	}()
 	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
+	case <-served:
+	case <-ctx.Done():
 	}
-	a.Close()
-	b.Close()
+	server.Close()
+	client.SetReadDeadline(time.Now().Add(drainIdle))
+	select {
+	case <-sent:
+	case <-time.After(drainMax):
+	}
+	client.Close()
+	<-sent
+}
+
+// drain reads and drops what c sends until it ends or stays silent for
+// drainIdle.
+func drain(c net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		if _, err := c.Read(buf); err != nil {
+			return
+		}
+		c.SetReadDeadline(time.Now().Add(drainIdle))
+	}
 }
 
 // storeCheck is one store's answer to GET /v1/check.
