@@ -16,6 +16,10 @@ import (
 // ErrClosed is returned by Open and Accept after Close.
 var ErrClosed = errors.New("channel: closed")
 
+// resetPause is how long the host waits to dial again after it reset a
+// session for a silent guest.
+const resetPause = 250 * time.Millisecond
+
 // acceptBacklog bounds the streams the guest has opened and the host has
 // not accepted yet (yamux resets the rest): each may hold a window (256
 // KiB) of what the guest sends.
@@ -291,19 +295,23 @@ func (h *Host) run(ctx context.Context) {
 		n++
 		s := &session{ys, g}
 		stop := context.AfterFunc(ctx, func() { s.Close() })
-		beat := make(chan struct{})
-		go func() {
-			defer close(beat)
-			h.heartbeat(ctx, s, n)
-		}()
+		beat := make(chan bool, 1)
+		go func() { beat <- h.heartbeat(ctx, s, n) }()
 		h.serve(s)
 		stop()
 		g.Close()
-		<-beat
+		pause := 10 * time.Millisecond
+		if <-beat {
+			// Reset for a silent guest: the guest's port must see this
+			// connection end (its reads return EOF) before the next
+			// one starts, or it may see the end in the middle of the
+			// next session's handshake and leave that session dead.
+			pause = resetPause
+		}
 		h.log.Debug("channel session ended", "socket", h.path)
 		select {
 		case <-ctx.Done():
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(pause):
 		}
 	}
 }
@@ -314,15 +322,17 @@ func (h *Host) run(ctx context.Context) {
 // was killed and started again waits for a handshake, and a session with
 // a dead peer would never end by itself (the port stays open on QEMU's
 // side).
-func (h *Host) heartbeat(ctx context.Context, s *session, n uint64) {
+//
+// It returns true when it reset the session.
+func (h *Host) heartbeat(ctx context.Context, s *session, n uint64) bool {
 	if h.cfg.Heartbeat <= 0 {
-		return
+		return false
 	}
 	answered := false
 	for {
 		select {
 		case <-s.CloseChan():
-			return
+			return false
 		case <-time.After(h.cfg.Heartbeat):
 		}
 		res := make(chan error, 1)
@@ -330,9 +340,9 @@ func (h *Host) heartbeat(ctx context.Context, s *session, n uint64) {
 			_, err := s.Ping()
 			res <- err
 		}()
-		ok, err := h.await(ctx, s, n, res)
+		ok, reset, err := h.await(ctx, s, n, res)
 		if !ok {
-			return
+			return reset
 		}
 		if err == nil && !answered {
 			answered = true
@@ -345,15 +355,16 @@ func (h *Host) heartbeat(ctx context.Context, s *session, n uint64) {
 
 // await waits for the answer to one ping: a ping unanswered for
 // PingTimeout is a stalled guest's unless Stalled says its CPUs are
-// stopped (asked again each PingTimeout). False: the session ended.
-func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) (bool, error) {
+// stopped (asked again each PingTimeout). ok false: the session ended
+// (reset: await ended it).
+func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) (ok, reset bool, err error) {
 	for {
 		select {
 		case err := <-res:
-			return true, err
+			return true, false, err
 		case <-s.CloseChan():
 			<-res
-			return false, nil
+			return false, false, nil
 		case <-time.After(h.cfg.PingTimeout):
 		}
 		sctx, cancel := context.WithTimeout(ctx, h.cfg.PingTimeout)
@@ -366,7 +377,7 @@ func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) 
 			}
 			s.Close()
 			<-res
-			return false, nil
+			return false, true, nil
 		}
 	}
 }
