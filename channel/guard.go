@@ -52,6 +52,8 @@ const (
 	maxFrameData = 256 << 10
 	// maxQueued bounds the guest's bytes read ahead of yamux.
 	maxQueued = 64 << 10
+	// maxForgotten is how many closed streams the guard remembers.
+	maxForgotten = 256
 )
 
 // frameHeader is a yamux frame header.
@@ -111,21 +113,26 @@ const (
 type guard struct {
 	conn io.ReadWriteCloser
 
-	mu        sync.Mutex
-	cond      *sync.Cond // signals changes of in, err, closed
-	in        []byte     // frames for yamux, whole frames but the last
-	boundary  bool       // in ends at a frame boundary
-	pending   [][]byte   // frames to give yamux at the next boundary
-	err       error      // the reader's end
-	closed    bool
-	pingOut   bool            // an inbound ping is with yamux, unanswered
-	unacked   map[uint32]bool // the host's streams the guest has not acknowledged
-	out       frameScanner    // the host's frames, as yamux writes them
+	mu       sync.Mutex
+	cond     *sync.Cond // signals changes of in, err, closed
+	in       []byte     // frames for yamux, whole frames but the last
+	boundary bool       // in ends at a frame boundary
+	pending  [][]byte   // frames to give yamux at the next boundary
+	err      error      // the reader's end
+	closed   bool
+	pingOut  bool            // an inbound ping is with yamux, unanswered
+	unacked  map[uint32]bool // the host's streams the guest has not acknowledged
+	// forgotten are the last maxForgotten streams the host closed: what
+	// the guest still sends on them is dropped here (yamux would discard
+	// it too, logging each frame).
+	forgotten map[uint32]bool
+	order     []uint32
+	out       frameScanner // the host's frames, as yamux writes them
 	onceClose sync.Once
 }
 
 func newGuard(conn io.ReadWriteCloser) *guard {
-	g := &guard{conn: conn, boundary: true, unacked: map[uint32]bool{}}
+	g := &guard{conn: conn, boundary: true, unacked: map[uint32]bool{}, forgotten: map[uint32]bool{}}
 	g.cond = sync.NewCond(&g.mu)
 	go g.readLoop()
 	return g
@@ -184,6 +191,9 @@ func (g *guard) admit(h frameHeader) verdict {
 	case typeData, typeWindow:
 		if h.Flags&(flagACK|flagRST) != 0 {
 			delete(g.unacked, h.Stream)
+		}
+		if g.forgotten[h.Stream] && h.Flags&flagSYN == 0 {
+			return drop
 		}
 	}
 	return pass
@@ -285,6 +295,12 @@ func (g *guard) forget(id uint32) {
 	if g.closed || g.err != nil {
 		return
 	}
+	if len(g.order) == maxForgotten {
+		delete(g.forgotten, g.order[0])
+		g.order = g.order[1:]
+	}
+	g.forgotten[id] = true
+	g.order = append(g.order, id)
 	if g.boundary {
 		g.in = append(g.in, rst...)
 		g.cond.Broadcast()
