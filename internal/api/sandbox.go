@@ -22,24 +22,28 @@ const SandboxIDPrefix = "sb-"
 
 // States of a sandbox, as the record's state names them.
 const (
-	SandboxCreating   = "creating"
-	SandboxRunning    = "running"
-	SandboxPausing    = "pausing"
-	SandboxPaused     = "paused"
-	SandboxResuming   = "resuming"
-	SandboxStopping   = "stopping"
-	SandboxStopped    = "stopped"
-	SandboxError      = "error"
-	SandboxDestroying = "destroying"
-	SandboxDestroyed  = "destroyed"
+	SandboxCreating = "creating"
+	SandboxRunning  = "running"
+	// SandboxUnresponsive is a running sandbox whose guest stopped
+	// answering: it is running again once the guest answers, or error.
+	SandboxUnresponsive = "unresponsive"
+	SandboxPausing      = "pausing"
+	SandboxPaused       = "paused"
+	SandboxResuming     = "resuming"
+	SandboxStopping     = "stopping"
+	SandboxStopped      = "stopped"
+	SandboxError        = "error"
+	SandboxDestroying   = "destroying"
+	SandboxDestroyed    = "destroyed"
 )
 
 // SandboxTransient reports whether state is one a sandbox passes through
-// on its way to another (creating, pausing, resuming, stopping,
-// destroying): a client waiting for an operation to finish polls on.
+// on its way to another (creating, unresponsive, pausing, resuming,
+// stopping, destroying): a client waiting for an operation to finish
+// polls on.
 func SandboxTransient(state string) bool {
 	switch state {
-	case SandboxCreating, SandboxPausing, SandboxResuming, SandboxStopping, SandboxDestroying:
+	case SandboxCreating, SandboxUnresponsive, SandboxPausing, SandboxResuming, SandboxStopping, SandboxDestroying:
 		return true
 	}
 	return false

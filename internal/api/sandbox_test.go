@@ -247,7 +247,7 @@ func FuzzValidateSandboxName(f *testing.F) {
 // TestSandboxTransient: the states a waiting client polls through.
 func TestSandboxTransient(t *testing.T) {
 	for state, want := range map[string]bool{
-		SandboxCreating: true, SandboxPausing: true, SandboxResuming: true, SandboxStopping: true, SandboxDestroying: true,
+		SandboxCreating: true, SandboxUnresponsive: true, SandboxPausing: true, SandboxResuming: true, SandboxStopping: true, SandboxDestroying: true,
 		SandboxRunning: false, SandboxPaused: false, SandboxStopped: false, SandboxError: false, SandboxDestroyed: false, "": false,
 	} {
 		if got := SandboxTransient(state); got != want {
