@@ -355,9 +355,11 @@ func (h *Host) heartbeat(ctx context.Context, s *session, n uint64) bool {
 
 // await waits for the answer to one ping: a ping unanswered for
 // PingTimeout is a stalled guest's unless Stalled says its CPUs are
-// stopped (asked again each PingTimeout). ok false: the session ended
+// stopped (asked again each PingTimeout); once they were, the guest has
+// a PingTimeout from when they run again. ok false: the session ended
 // (reset: await ended it).
 func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) (ok, reset bool, err error) {
+	grace := false
 	for {
 		select {
 		case err := <-res:
@@ -370,15 +372,24 @@ func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) 
 		sctx, cancel := context.WithTimeout(ctx, h.cfg.PingTimeout)
 		stalled := h.cfg.Stalled == nil || h.cfg.Stalled(sctx)
 		cancel()
-		if stalled {
-			h.log.Warn("channel: the guest did not answer a ping; the session is reset", "socket", h.path, "timeout", h.cfg.PingTimeout)
-			if h.cfg.Answering != nil {
-				h.cfg.Answering(n, false)
-			}
-			s.Close()
-			<-res
-			return false, true, nil
+		if !stalled {
+			grace = true
+			continue
 		}
+		if grace {
+			// The CPUs run again after a stop (a pause, a save, QEMU
+			// itself stopped): the guest gets a PingTimeout of its own
+			// to answer.
+			grace = false
+			continue
+		}
+		h.log.Warn("channel: the guest did not answer a ping; the session is reset", "socket", h.path, "timeout", h.cfg.PingTimeout)
+		if h.cfg.Answering != nil {
+			h.cfg.Answering(n, false)
+		}
+		s.Close()
+		<-res
+		return false, true, nil
 	}
 }
 
