@@ -33,6 +33,10 @@ import (
 //     that a call on a stream that died unacknowledged is known to have
 //     never reached guestd (Stream.Delivered).
 //
+// Window updates and go-aways yamux handles inline, with neither a
+// goroutine nor a buffer of their own; streams the guest opens wait in an
+// accept backlog of acceptBacklog (yamux resets the rest).
+//
 // It adds one goroutine per session (its reader) and at most maxQueued
 // bytes of frames waiting for yamux.
 

@@ -1,7 +1,7 @@
 // Package sandbox runs sandboxes as microVMs on this host: their records,
 // their disks and run directories, and the lifecycle that moves them
-// between states (creating, running, pausing, paused, resuming, stopping,
-// stopped, error, destroying, destroyed).
+// between states (creating, running, unresponsive, pausing, paused,
+// resuming, stopping, stopped, error, destroying, destroyed).
 //
 // A sandbox is one QEMU machine (package vmm) booted from the guest image,
 // with its own copy-on-write disk over the image's shared read-only base
@@ -19,6 +19,12 @@
 //   - a sandbox is running once guestd answers through the channel, which
 //     it does only after it has recovered its store: that answer is the
 //     guest's signal, not a timed poll;
+//   - a guest whose CPUs run but that stops answering the channel's
+//     heartbeat (its guestd died) is unresponsive until its new guestd
+//     answers, then resynced, given its credentials again and running
+//     (unresponsive.go); past UnresponsiveLimit its QEMU is stopped and
+//     it is in error. The manager's own calls to guestd go through
+//     guestclient, bounded like every call to a guest;
 //   - a QEMU that exits when nobody asked it to puts its sandbox in error,
 //     with a sentence saying so; Start boots it again from its disk;
 //   - Stop asks guestd for a clean shutdown (it syncs, init unmounts and
