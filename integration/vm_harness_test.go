@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"strata/internal/testenv"
+	"strata/vmm"
 )
 
 // vmStack is hostproxy running microVM sandboxes, as a process, with its
@@ -102,7 +103,7 @@ func startVMStack(t *testing.T, guestRequest string) *vmStack {
 	t.Cleanup(func() {
 		if t.Failed() {
 			// Before the deletes take them away.
-			consoles, _ := filepath.Glob(filepath.Join(s.machines, "*", "run", "console.log"))
+			consoles, _ := filepath.Glob(filepath.Join(s.machines, "*", "ctl", "console.log"))
 			for _, c := range consoles {
 				b, _ := os.ReadFile(c)
 				t.Logf("%s:\n%s", c, tail(b, 3000))
@@ -193,8 +194,11 @@ func killQEMUsUnder(dir string) {
 		if err != nil {
 			continue
 		}
+		// A sandbox's QEMU runs in its run directory; its command line
+		// names no path of the machines directory.
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if bytes.Contains(cmdline, []byte("qemu-system")) && bytes.Contains(cmdline, []byte(dir+"/")) {
+		cwd, _ := vmm.RunDirOf(pid)
+		if bytes.Contains(cmdline, []byte("qemu-system")) && strings.HasPrefix(cwd, dir+"/") {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
@@ -344,14 +348,14 @@ func (s *vmStack) qemuPid(id string) int {
 // findQEMU is the pid of a sandbox's QEMU, or 0 when none runs.
 func (s *vmStack) findQEMU(id string) int {
 	procs, _ := os.ReadDir("/proc")
-	needle := []byte(filepath.Join(s.machines, id) + "/")
+	run := filepath.Join(s.machines, id, "run")
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())
 		if err != nil {
 			continue
 		}
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if bytes.Contains(cmdline, []byte("qemu-system")) && bytes.Contains(cmdline, needle) {
+		if cwd, _ := vmm.RunDirOf(pid); bytes.Contains(cmdline, []byte("qemu-system")) && cwd == run {
 			return pid
 		}
 	}
@@ -360,8 +364,7 @@ func (s *vmStack) findQEMU(id string) int {
 
 // console is a sandbox's serial console so far.
 func (s *vmStack) console(id string) string {
-	b, _ := os.ReadFile(filepath.Join(s.machines, id, "run", "console.log"))
-	return string(b)
+	return string(vmm.ReadTail(filepath.Join(s.machines, id, "ctl", "console.log"), 2*vmm.LogBytes))
 }
 
 // checkConfined checks a sandbox's QEMU as the host sees it: not root,
@@ -403,6 +406,8 @@ func (s *vmStack) checkConfined(id string) {
 			strings.HasSuffix(target, "/base.qcow2"), // the image's shared base, read-only
 			strings.HasPrefix(target, "/dev/"),
 			strings.HasPrefix(target, "socket:"),
+			// its stdout and stderr, drained by hostproxy into ctl/qemu.log
+			strings.HasPrefix(target, "pipe:"),
 			strings.HasPrefix(target, "anon_inode:"):
 		default:
 			s.t.Fatalf("QEMU of %s holds fd %s -> %s", id, fd.Name(), target)

@@ -253,14 +253,18 @@ func (m *Manager) IDs() IDRange { return m.ids }
 // its run directory.
 func (m *Manager) dir(id string) string { return filepath.Join(m.cfg.Dir, id) }
 
-// runDir is the directory QEMU runs in, the sandbox's uid's (0700): its
-// sockets, console log and QEMU's log. Root opens nothing there that
-// follows a link (vmm.ReadTail).
+// runDir is the directory QEMU runs in, the sandbox's uid's (0700).
+// The host opens and dials nothing there.
 func (m *Manager) runDir(id string) string { return filepath.Join(m.cfg.Dir, id, "run") }
+
+// ctlDir is the sandbox's control directory, root's alone (0700): the
+// sockets QEMU is handed as descriptors and the capped logs of its
+// console and its own output (vmm.Config.Ctl).
+func (m *Manager) ctlDir(id string) string { return filepath.Join(m.cfg.Dir, id, "ctl") }
 
 func (m *Manager) vmConfig(r Record) vmm.Config {
 	return vmm.Config{
-		Name: r.ID, Dir: m.runDir(r.ID),
+		Name: r.ID, Dir: m.runDir(r.ID), Ctl: m.ctlDir(r.ID),
 		Kernel: m.cfg.Image.Kernel, Initrd: m.cfg.Image.Initrd,
 		Disk:      m.chain(r.Machine),
 		MemoryMiB: r.MemoryMiB, VCPUs: r.VCPUs,
@@ -674,6 +678,10 @@ func (m *Manager) prepare(ctx context.Context, r Record) (Record, error) {
 		return r, err
 	}
 	if err := os.Lchown(run, uid, gid); err != nil {
+		return r, err
+	}
+	// Root's alone; vmm checks it (not a link, root's, 0700) before use.
+	if err := os.Mkdir(m.ctlDir(r.ID), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return r, err
 	}
 	if len(r.Machine.Disk) > 0 {
@@ -1376,8 +1384,11 @@ func (m *Manager) killStrays(claimed map[int]bool) {
 		if err != nil {
 			continue
 		}
+		// A machine's QEMU runs in its run directory (its command line
+		// names no path of the machines directory).
 		cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if err != nil || !bytes.Contains(cmdline, []byte("qemu-system")) || !bytes.Contains(cmdline, prefix) {
+		cwd, cerr := vmm.RunDirOf(pid)
+		if err != nil || cerr != nil || !bytes.Contains(cmdline, []byte("qemu-system")) || !strings.HasPrefix(cwd, string(prefix)) {
 			unix.Close(pidfd)
 			continue
 		}

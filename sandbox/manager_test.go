@@ -295,6 +295,8 @@ func TestCreate(t *testing.T) {
 		{filepath.Join(h.dir, "store"), 0, 0o711 | os.ModeDir},
 		{top, 0, 0o600},
 		{filepath.Join(h.dir, "sb-1", "run"), r.Machine.Uid, 0o700 | os.ModeDir},
+		// The sockets the host dials and the logs it writes: root's alone.
+		{filepath.Join(h.dir, "sb-1", "ctl"), 0, 0o700 | os.ModeDir},
 	} {
 		fi, err := os.Lstat(c.path)
 		if err != nil {
@@ -304,7 +306,7 @@ func TestCreate(t *testing.T) {
 			t.Errorf("%s is %v owned by %d:%d, want %v owned by %d:%d", fi.Name(), fi.Mode(), st.Uid, st.Gid, c.mode, c.uid, c.uid)
 		}
 	}
-	if len(fm.cfg.Disk) != 2 || fm.cfg.Disk[0].Path != top || fm.cfg.Disk[1].Path != h.image.Disk || fm.cfg.Uid != r.Machine.Uid || fm.cfg.MemoryMiB != 256 {
+	if len(fm.cfg.Disk) != 2 || fm.cfg.Disk[0].Path != top || fm.cfg.Disk[1].Path != h.image.Disk || fm.cfg.Uid != r.Machine.Uid || fm.cfg.MemoryMiB != 256 || fm.cfg.Ctl != filepath.Join(h.dir, "sb-1", "ctl") {
 		t.Errorf("QEMU started with %+v", fm.cfg)
 	}
 }

@@ -23,8 +23,9 @@ import (
 // sandbox, in one directory (<Dir>/store, root's, 0711: no one else may
 // list it): <id>.qcow2 and <id>.state (root's, 0600: QEMU gets them as
 // descriptors), and the RAM files of templates, <id>.ram (root and the
-// template's group, 0660: QEMU opens them by name, and only the QEMUs
-// given that group can). A file is shared by reference: a sandbox's disk chain, a
+// template's group, 0660 while the template's QEMU fills it, 0640 after:
+// QEMU opens them by name, only the QEMUs given that group can, and a
+// fork's only to read). A file is shared by reference: a sandbox's disk chain, a
 // snapshot and a fork each name the files they need in their records,
 // and a file no record names is garbage (collect). So deleting a source
 // sandbox or a snapshot never breaks a fork, and nothing needs a counter

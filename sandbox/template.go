@@ -22,11 +22,11 @@ import (
 //
 // The template QEMU runs as the fork's uid (before the fork's own QEMU,
 // in its run directory) with the template's group, the only one besides
-// root's that may open the RAM file. Every fork of the template gets the
-// group too: a fork's QEMU could write the file (QEMU opens it read-write
-// even to map it privately), which would change the pages the other
-// forks of the same snapshot have not written yet. They are forks of one
-// snapshot of one account.
+// root's that may open the RAM file; it writes the file (0660) while it
+// fills it. Once filled, the file is 0640: every fork of the template
+// gets the group, to read it, and its QEMU opens it read-only
+// (vmm.RAMFile, readonly=on), so that no fork can change the pages the
+// other forks of the same snapshot have not written yet.
 
 // templateLocks serializes the making of one snapshot's template: ten
 // forks at once make it once.
@@ -123,6 +123,12 @@ func (m *Manager) template(ctx context.Context, r Record, from From) (Template, 
 		m.collectLater()
 	}
 	if err := m.fillTemplate(ctx, r, *snap, tpl, ram, dev); err != nil {
+		done(false)
+		return Template{}, err
+	}
+	// Filled: from here on the forks only read it (their QEMUs open it
+	// read-only), and even their group cannot write it.
+	if err := ram.Chmod(0o640); err != nil {
 		done(false)
 		return Template{}, err
 	}

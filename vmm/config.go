@@ -27,15 +27,24 @@ const (
 	KVM Accel = "kvm"
 )
 
-// Config describes one machine. Paths are absolute; Dir is the machine's
-// run directory, where QEMU makes its sockets, and must be writable by
-// Uid.
+// Config describes one machine. Paths are absolute. Dir is the machine's
+// run directory (QEMU's working directory), writable by Uid; Ctl is its
+// control directory, root's alone, where the caller's process makes the
+// sockets QEMU is handed and keeps the logs it drains from QEMU. QEMU
+// gets no path into either: its sockets are inherited descriptors.
 type Config struct {
 	// Name identifies the machine in QEMU's process title and logs (the
 	// sandbox id).
 	Name string
-	// Dir is the run directory: QMP and channel sockets, console log.
+	// Dir is the run directory: QEMU's working directory, and nothing
+	// else. It is Uid's, so the host opens nothing there: an escaped
+	// QEMU could put a link in the place of any name in it.
 	Dir string
+	// Ctl is the control directory: root's, mode 0700 (Start and Attach
+	// check it, and never follow a link to it). It holds the QMP,
+	// channel and console sockets (made by Start, handed to QEMU as
+	// descriptors) and the console's and QEMU's logs, capped.
+	Ctl string
 	// Kernel is the uncompressed vmlinux, booted through its PVH entry.
 	Kernel string
 	// Initrd is the initramfs.
@@ -72,7 +81,9 @@ type Config struct {
 	Incoming bool
 }
 
-// RAMFile is a file that holds a machine's RAM.
+// RAMFile is a file that holds a machine's RAM: shared, QEMU writes the
+// guest's memory into it (a template being made); private, QEMU opens it
+// read-only and the guest's writes are its own (a fork).
 type RAMFile struct {
 	Path   string
 	Shared bool
@@ -91,27 +102,51 @@ type Layer struct {
 	Path string
 }
 
-// The files of a machine in its run directory.
+// The files of a machine in its control directory.
 const (
 	qmpSocket     = "qmp.sock"
 	channelSocket = "channel.sock"
+	consoleSocket = "console.sock"
 	consoleLog    = "console.log"
+	qemuLog       = "qemu.log"
+)
+
+// The descriptors QEMU inherits (Start opens them in this order): the
+// listening sockets of its monitor, channel and console, then the disk's
+// layers (diskFDs).
+const (
+	fdQMP = 3 + iota
+	fdChannel
+	fdConsole
+	fdDisk
 )
 
 // QMPSocket is the path of the machine's QMP socket.
-func (c Config) QMPSocket() string { return filepath.Join(c.Dir, qmpSocket) }
+func (c Config) QMPSocket() string { return filepath.Join(c.Ctl, qmpSocket) }
 
 // ChannelSocket is the path of the unix socket behind the machine's
 // virtio-serial channel port: one client at a time.
-func (c Config) ChannelSocket() string { return filepath.Join(c.Dir, channelSocket) }
+func (c Config) ChannelSocket() string { return filepath.Join(c.Ctl, channelSocket) }
 
-// ConsoleLog is the file that receives the guest's serial console.
-func (c Config) ConsoleLog() string { return filepath.Join(c.Dir, consoleLog) }
+// ConsoleLog is the log of the guest's serial console: LogBytes at most,
+// and the LogBytes before it in ConsoleLog()+".1" (ReadTail reads both).
+func (c Config) ConsoleLog() string { return filepath.Join(c.Ctl, consoleLog) }
+
+// QEMULog is the log of QEMU's own output (stdout and stderr), capped as
+// the console's.
+func (c Config) QEMULog() string { return filepath.Join(c.Ctl, qemuLog) }
+
+// consoleSocket is the socket QEMU serves the serial console on; the
+// caller's process drains it into ConsoleLog.
+func (c Config) consoleSocket() string { return filepath.Join(c.Ctl, consoleSocket) }
 
 // Validate reports what is missing or out of range in c.
 func (c Config) Validate() error {
 	var errs []error
-	paths := map[string]string{"Dir": c.Dir, "Kernel": c.Kernel, "Initrd": c.Initrd}
+	paths := map[string]string{"Dir": c.Dir, "Ctl": c.Ctl, "Kernel": c.Kernel, "Initrd": c.Initrd}
+	if c.Ctl != "" && filepath.Clean(c.Ctl) == filepath.Clean(c.Dir) {
+		errs = append(errs, errors.New("vmm config: the control directory is the run directory: QEMU's uid must not write where the host dials"))
+	}
 	if c.RAM != nil {
 		paths["RAM"] = c.RAM.Path
 	}
@@ -203,8 +238,18 @@ func (c Config) Argv() ([]string, error) {
 		"-smp", strconv.Itoa(c.VCPUs),
 	}
 	if c.RAM != nil {
-		argv = append(argv, "-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,share=%s",
-			RAMID, c.MemoryMiB, c.RAM.Path, onOff(c.RAM.Shared)))
+		// A fork maps the template's RAM privately, from a descriptor
+		// opened read-only (readonly=on; rom=off keeps the guest's view
+		// writable, copy on write): the file is the template's, shared
+		// with every other fork of the snapshot, and its QEMU cannot
+		// write it (QEMU 8.2; before, it opened the file read-write even
+		// to map it privately).
+		share := "share=on"
+		if !c.RAM.Shared {
+			share = "share=off,readonly=on,rom=off"
+		}
+		argv = append(argv, "-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,%s",
+			RAMID, c.MemoryMiB, c.RAM.Path, share))
 	}
 	switch c.Accel {
 	case KVM:
@@ -216,12 +261,18 @@ func (c Config) Argv() ([]string, error) {
 		"-kernel", c.Kernel,
 		"-initrd", c.Initrd,
 		"-append", c.KernelCmdline(),
-		"-serial", "file:"+c.ConsoleLog(),
-		"-qmp", "unix:"+c.QMPSocket()+",server=on,wait=off",
+		// The monitor, console and channel are sockets the caller made in
+		// its control directory and QEMU inherits (listening): QEMU has no
+		// path to them, and nothing the host dials is in a directory
+		// QEMU's uid can write.
+		"-chardev", fmt.Sprintf("socket,id=qmp0,fd=%d,server=on,wait=off", fdQMP),
+		"-mon", "chardev=qmp0,mode=control",
+		"-chardev", fmt.Sprintf("socket,id=console0,fd=%d,server=on,wait=off", fdConsole),
+		"-serial", "chardev:console0",
 		"-object", "rng-random,id=rng0,filename=/dev/urandom",
 		"-device", "virtio-rng-device,rng=rng0",
 		"-device", "virtio-serial-device,id=vser0",
-		"-chardev", "socket,id=channel0,path="+c.ChannelSocket()+",server=on,wait=off",
+		"-chardev", fmt.Sprintf("socket,id=channel0,fd=%d,server=on,wait=off", fdChannel),
 		"-device", "virtserialport,bus=vser0.0,chardev=channel0,name="+ChannelPort,
 	)
 	for i := range c.Disk {
@@ -247,9 +298,9 @@ func (c Config) Argv() ([]string, error) {
 // layer once, read-only. Start opens them in this order.
 func diskFDs(i int) []int {
 	if i == 0 {
-		return []int{3, 4}
+		return []int{fdDisk, fdDisk + 1}
 	}
-	return []int{4 + i}
+	return []int{fdDisk + 1 + i}
 }
 
 // machine is the -M value.

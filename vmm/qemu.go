@@ -6,12 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+
 	"log/slog"
 	"math"
 	"os"
 	"os/exec"
-	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,10 +72,6 @@ type QEMU struct {
 	Log    *slog.Logger
 }
 
-// QEMULog is the file, in the run directory, that receives QEMU's own
-// stdout and stderr.
-const QEMULog = "qemu.log"
-
 // Version returns the first line of `qemu --version`; a memory snapshot
 // records it.
 func (d *QEMU) Version(ctx context.Context) (string, error) {
@@ -110,21 +106,25 @@ func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range []string{cfg.QMPSocket(), cfg.ChannelSocket()} {
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, err
-		}
-	}
-	// The run directory belongs to the machine's uid: what is opened there
-	// as root must not follow a link it planted.
-	logf, err := openRegular(filepath.Join(cfg.Dir, QEMULog), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	ctl, err := openControlDir(cfg.Ctl)
 	if err != nil {
 		return nil, err
 	}
-	defer logf.Close()
+	defer ctl.Close()
 	// Nothing the caller holds may leak into a QEMU that outlives it:
 	// every descriptor beyond stdio becomes close-on-exec (Go's own are).
 	unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
+	// The monitor, channel and console sockets, in the order of the fd
+	// numbers Argv gives them (fdQMP, fdChannel, fdConsole).
+	var socks []*os.File
+	defer func() { closeAll(socks) }()
+	for _, name := range []string{qmpSocket, channelSocket, consoleSocket} {
+		f, err := listenIn(ctl, name)
+		if err != nil {
+			return nil, err
+		}
+		socks = append(socks, f)
+	}
 	groups := append([]uint32{}, cfg.Groups...)
 	if cfg.Accel == KVM {
 		// QEMU opens /dev/kvm as the machine's uid: through its group.
@@ -138,11 +138,16 @@ func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
 		return nil, err
 	}
 	defer closeAll(disk)
+	// QEMU's own output goes through a pipe into a capped log of the
+	// control directory (exec copies it; Wait returns once it is all
+	// in). After the caller restarts, the pipe has no reader: QEMU
+	// ignores SIGPIPE, and what it says then is lost.
+	qlog := newCappedLog(cfg.QEMULog(), LogBytes)
 	cmd := exec.Command(d.binary(), argv...)
-	cmd.ExtraFiles = disk
+	cmd.ExtraFiles = append(slices.Clone(socks), disk...)
 	cmd.Dir = cfg.Dir
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Stdout, cmd.Stderr = qlog, qlog
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Setsid:     true,
 		Credential: &syscall.Credential{Uid: cfg.Uid, Gid: cfg.Gid, Groups: groups},
@@ -151,16 +156,21 @@ func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", d.binary(), err)
 	}
-	m := &qemuMachine{cfg: cfg, done: make(chan struct{}), pidfd: -1, wake: -1}
+	closeAll(socks) // QEMU's now
+	socks = nil
+	m := newMachine(cfg)
 	m.proc.Pid = cmd.Process.Pid
 	go func() {
 		err := cmd.Wait()
+		qlog.Close()
 		m.exited(err)
 	}()
+	m.drain()
 	fail := func(err error) (Machine, error) {
 		cmd.Process.Kill()
 		<-m.done
-		return nil, fmt.Errorf("%w%s", err, logTail(filepath.Join(cfg.Dir, QEMULog)))
+		m.Close()
+		return nil, fmt.Errorf("%w%s", err, logTail(cfg.QEMULog()))
 	}
 	if m.proc.StartTime, err = startTime(m.proc.Pid); err != nil {
 		return fail(err)
@@ -187,11 +197,21 @@ func (d *QEMU) Attach(ctx context.Context, cfg Config, p Process) (Machine, erro
 		return nil, fmt.Errorf("qemu of %s (pid %d): %w", cfg.Name, p.Pid, ErrGone)
 	}
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.Pid))
-	if err != nil || !bytes.Contains(cmdline, []byte(cfg.QMPSocket())) {
+	cwd, cerr := RunDirOf(p.Pid)
+	if err != nil || cerr != nil || !isMachineOf(cmdline, cwd, cfg) {
 		unix.Close(pidfd)
 		return nil, fmt.Errorf("qemu of %s (pid %d): the process is not this machine's QEMU: %w", cfg.Name, p.Pid, ErrGone)
 	}
-	m := &qemuMachine{cfg: cfg, proc: p, done: make(chan struct{}), pidfd: pidfd}
+	// Its sockets are dialled in the control directory only: checked
+	// here, as Start checks it.
+	if ctl, err := openControlDir(cfg.Ctl); err != nil {
+		unix.Close(pidfd)
+		return nil, fmt.Errorf("qemu of %s (pid %d): %w", cfg.Name, p.Pid, err)
+	} else {
+		ctl.Close()
+	}
+	m := newMachine(cfg)
+	m.proc, m.pidfd = p, pidfd
 	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	if err != nil {
 		unix.Close(pidfd)
@@ -220,10 +240,12 @@ func (d *QEMU) Attach(ctx context.Context, cfg Config, p Process) (Machine, erro
 			m.exited(nil)
 		}
 	}()
+	m.drain()
 	if err := m.connect(ctx); err != nil {
 		select {
 		case <-m.done:
 			m.stopWatching()
+			m.Close()
 			return nil, fmt.Errorf("qemu of %s (pid %d): %w", cfg.Name, p.Pid, ErrGone)
 		default:
 		}
@@ -244,6 +266,12 @@ type qemuMachine struct {
 	cfg  Config
 	proc Process
 
+	// stop ends the console's drain (Close); drained is closed once it
+	// has ended.
+	stop     chan struct{}
+	stopOnce sync.Once
+	drained  chan struct{}
+
 	qmpMu sync.Mutex
 	qmp   *QMP
 
@@ -252,6 +280,19 @@ type qemuMachine struct {
 	wake    int // eventfd that ends an adopted machine's watch
 	done    chan struct{}
 	exitErr error
+}
+
+func newMachine(cfg Config) *qemuMachine {
+	return &qemuMachine{cfg: cfg, done: make(chan struct{}), pidfd: -1, wake: -1, stop: make(chan struct{}), drained: make(chan struct{})}
+}
+
+// drain copies the guest's console into its capped log in the
+// background, until QEMU exits or Close.
+func (m *qemuMachine) drain() {
+	go func() {
+		defer close(m.drained)
+		drainConsole(m.cfg.consoleSocket(), newCappedLog(m.cfg.ConsoleLog(), LogBytes), m.done, m.stop)
+	}()
 }
 
 // stopWatching ends the watch of an adopted machine that is given up.
@@ -368,7 +409,11 @@ func (m *qemuMachine) Kill() error {
 	return unix.Kill(m.proc.Pid, unix.SIGKILL)
 }
 
+// Close drops the monitor and ends the console's drain (what the guest
+// writes meanwhile is dropped, until the next Attach drains it again).
 func (m *qemuMachine) Close() error {
+	m.stopOnce.Do(func() { close(m.stop) })
+	<-m.drained
 	m.qmpMu.Lock()
 	defer m.qmpMu.Unlock()
 	if m.qmp != nil {
@@ -447,21 +492,6 @@ func openRegular(path string, flag int, perm os.FileMode) (*os.File, error) {
 		return nil, fmt.Errorf("%s: not a regular file", path)
 	}
 	return f, nil
-}
-
-// ReadTail returns the last n bytes of the regular file at path (a log in
-// a machine's run directory), never following a link planted there.
-func ReadTail(path string, n int64) []byte {
-	f, err := openRegular(path, os.O_RDONLY, 0)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > n {
-		f.Seek(fi.Size()-n, io.SeekStart)
-	}
-	b, _ := io.ReadAll(io.LimitReader(f, n))
-	return b
 }
 
 // logTail is the end of QEMU's log, for an error about its start.

@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"strata/internal/failpoint"
 )
@@ -122,10 +125,11 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 			return undo(err)
 		}
 		if opts.Overlay != nil {
-			if err := m.switchTop(ctx, q, opts.Overlay.Node); err != nil {
+			switched, err := m.switchTop(ctx, q, *opts.Overlay)
+			st.Switched = switched
+			if err != nil {
 				return undo(err)
 			}
-			st.Switched = true
 			failpoint.Hit(FailpointSwitchover)
 		}
 	}
@@ -151,10 +155,11 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 			// changes now, before the device state is written.
 			stopped = time.Now()
 			if opts.Overlay != nil {
-				if err := m.switchTop(ctx, q, opts.Overlay.Node); err != nil {
+				switched, err := m.switchTop(ctx, q, *opts.Overlay)
+				st.Switched = switched
+				if err != nil {
 					return fail(err)
 				}
-				st.Switched = true
 				failpoint.Hit(FailpointSwitchover)
 			}
 			if _, err := q.Execute(ctx, "migrate-continue", map[string]any{"state": migPreSwitchover}); err != nil {
@@ -204,8 +209,10 @@ func (m *qemuMachine) SwitchDisk(ctx context.Context, top Layer) error {
 	if err != nil {
 		return err
 	}
-	if err := m.switchTop(ctx, q, top.Node); err != nil {
-		m.dropLayer(q, added)
+	if switched, err := m.switchTop(ctx, q, top); err != nil {
+		if !switched {
+			m.dropLayer(q, added)
+		}
 		return err
 	}
 	return nil
@@ -246,7 +253,7 @@ func (m *qemuMachine) Load(ctx context.Context, state *os.File) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-m.done:
-			return fmt.Errorf("qemu of %s exited while loading its state%s", m.cfg.Name, logTail(m.cfg.Dir+"/"+QEMULog))
+			return fmt.Errorf("qemu of %s exited while loading its state%s", m.cfg.Name, logTail(m.cfg.QEMULog()))
 		case <-time.After(time.Millisecond):
 		}
 	}
@@ -352,14 +359,111 @@ func (m *qemuMachine) dropLayer(q *QMP, added string) {
 	q.cleanup("remove-fd", map[string]any{"fdset-id": id})
 }
 
-// switchTop puts the node over the disk's current top.
-func (m *qemuMachine) switchTop(ctx context.Context, q *QMP, node string) error {
+// switchTop puts the node over the disk's current top, which is frozen
+// from then on: QEMU reopens it read-only by itself, and its read-write
+// descriptor goes (dropWritable). switched tells whether node is the top
+// now, even when an error follows.
+func (m *qemuMachine) switchTop(ctx context.Context, q *QMP, layer Layer) (switched bool, err error) {
 	top, err := m.top(ctx)
+	if err != nil {
+		return false, err
+	}
+	if _, err = q.Execute(ctx, "blockdev-snapshot", map[string]any{"node": top, "overlay": layer.Node}); err != nil {
+		return false, err
+	}
+	return true, m.dropWritable(ctx, q, layer)
+}
+
+// dropWritable removes from QEMU every read-write descriptor of a disk
+// layer but the top's: a frozen layer is read by restores and forks of
+// other sandboxes, and an escaped QEMU must not hold a way to write it.
+// The descriptor sets Start and addLayer gave QEMU hold a layer's file
+// read-write and read-only; once a layer is a backing layer, QEMU has
+// reopened it through the read-only one, and the read-write one only
+// waits in its set. Which file a descriptor is, and how it was opened,
+// is read from the host's side (/proc/PID/fd, fdinfo).
+func (m *qemuMachine) dropWritable(ctx context.Context, q *QMP, top Layer) error {
+	topInfo, err := os.Stat(top.Path)
 	if err != nil {
 		return err
 	}
-	_, err = q.Execute(ctx, "blockdev-snapshot", map[string]any{"node": top, "overlay": node})
-	return err
+	ret, err := q.Execute(ctx, "query-fdsets", nil)
+	if err != nil {
+		return err
+	}
+	sets, err := parseFdsets(ret)
+	if err != nil {
+		return err
+	}
+	for _, set := range sets {
+		for _, fd := range set.FDs {
+			if fi, err := os.Stat(fmt.Sprintf("/proc/%d/fd/%d", m.proc.Pid, fd)); err == nil && os.SameFile(fi, topInfo) {
+				continue
+			}
+			if !writable(m.proc.Pid, fd) {
+				continue
+			}
+			if _, err := q.Execute(ctx, "remove-fd", map[string]any{"fdset-id": set.ID, "fd": fd}); err != nil {
+				return fmt.Errorf("qemu of %s: dropping the writable descriptor %d of a frozen layer: %w", m.cfg.Name, fd, err)
+			}
+		}
+	}
+	return nil
+}
+
+// fdset is one of QEMU's descriptor sets (query-fdsets).
+type fdset struct {
+	ID  int
+	FDs []int
+}
+
+func parseFdsets(ret json.RawMessage) ([]fdset, error) {
+	var raw []struct {
+		ID  int `json:"fdset-id"`
+		FDs []struct {
+			FD int `json:"fd"`
+		} `json:"fds"`
+	}
+	if err := json.Unmarshal(ret, &raw); err != nil {
+		return nil, fmt.Errorf("query-fdsets: %w", err)
+	}
+	sets := make([]fdset, 0, len(raw))
+	for _, r := range raw {
+		s := fdset{ID: r.ID}
+		for _, f := range r.FDs {
+			s.FDs = append(s.FDs, f.FD)
+		}
+		sets = append(sets, s)
+	}
+	return sets, nil
+}
+
+// writable tells whether descriptor fd of process pid was opened for
+// writing (its fdinfo flags); an unreadable one counts as writable, so
+// that it is removed rather than kept.
+func writable(pid, fd int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd))
+	if err != nil {
+		return true
+	}
+	flags, ok := fdinfoFlags(b)
+	return !ok || flags&unix.O_ACCMODE != unix.O_RDONLY
+}
+
+// fdinfoFlags reads the flags line of /proc/PID/fdinfo/FD (octal).
+func fdinfoFlags(b []byte) (int, bool) {
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || k != "flags" {
+			continue
+		}
+		f, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32)
+		if err != nil {
+			return 0, false
+		}
+		return int(f), true
+	}
+	return 0, false
 }
 
 func migrationStatus(ctx context.Context, q *QMP) (string, error) {

@@ -8,7 +8,7 @@ import (
 
 func testConfig() Config {
 	return Config{
-		Name: "sb-test", Dir: "/run/vm/sb-test", Kernel: "/img/vmlinux", Initrd: "/img/initramfs.cpio",
+		Name: "sb-test", Dir: "/run/vm/sb-test/run", Ctl: "/run/vm/sb-test/ctl", Kernel: "/img/vmlinux", Initrd: "/img/initramfs.cpio",
 		Disk:      []Layer{{Node: "l-top", Path: "/var/lib/vm/layers/top.qcow2"}, {Node: "l-base", Path: "/img/base.qcow2"}},
 		MemoryMiB: 512, VCPUs: 1, Accel: TCG, TSCKHz: 2100000,
 		KernelArgs: []string{"strata.hostname=sb-test"}, Uid: 200001, Gid: 200001,
@@ -36,9 +36,11 @@ func TestArgvIsAPlan(t *testing.T) {
 		"tsc_early_khz=2100000", "reboot=t", "strata.hostname=sb-test",
 		"-device virtio-serial-device,id=vser0",
 		"name=" + ChannelPort,
-		"path=/run/vm/sb-test/channel.sock",
-		"-qmp unix:/run/vm/sb-test/qmp.sock,server=on,wait=off",
-		"-add-fd fd=3,set=1 -add-fd fd=4,set=1 -add-fd fd=5,set=2",
+		// The monitor, console and channel: inherited listening sockets.
+		"-chardev socket,id=qmp0,fd=3,server=on,wait=off -mon chardev=qmp0,mode=control",
+		"-chardev socket,id=console0,fd=5,server=on,wait=off -serial chardev:console0",
+		"-chardev socket,id=channel0,fd=4,server=on,wait=off -device virtserialport,bus=vser0.0,chardev=channel0",
+		"-add-fd fd=6,set=1 -add-fd fd=7,set=1 -add-fd fd=8,set=2",
 		`"filename":"/dev/fdset/1"`, `"backing":{"backing":null`, `"node-name":"l-base","read-only":true`,
 		"-device virtio-blk-device,drive=l-top,id=blk0",
 		"-m 512", "-smp 1",
@@ -47,7 +49,14 @@ func TestArgvIsAPlan(t *testing.T) {
 			t.Errorf("argv lacks %q:\n%s", want, line)
 		}
 	}
-	for _, never := range []string{"-runas", "-netdev", "-incoming"} {
+	// No path of the run or control directory: QEMU has no name there
+	// to follow, and the host none to dial that QEMU's uid could swap.
+	for _, arg := range a {
+		if strings.Contains(arg, c.Dir) || strings.Contains(arg, c.Ctl) || strings.Contains(arg, "/run/vm/sb-test") {
+			t.Errorf("argv names a path of the machine's directories: %q", arg)
+		}
+	}
+	for _, never := range []string{"-runas", "-netdev", "-incoming", "-qmp", "file:", "path="} {
 		if strings.Contains(line, never) {
 			t.Errorf("argv has %q:\n%s", never, line)
 		}
@@ -57,6 +66,20 @@ func TestArgvIsAPlan(t *testing.T) {
 	if !strings.Contains(strings.Join(in, " "), "-S -incoming defer") {
 		t.Error("an incoming machine lacks -incoming defer")
 	}
+	// A fork's RAM: the template's file, mapped privately from a
+	// read-only descriptor; a template's: shared, written.
+	c.Incoming = false
+	c.RAM = &RAMFile{Path: "/store/t.ram"}
+	fork, _ := c.Argv()
+	if l := strings.Join(fork, " "); !strings.Contains(l, "memory-backend-file,id=microvm.ram,size=512M,mem-path=/store/t.ram,share=off,readonly=on,rom=off") || !strings.Contains(l, "memory-backend=microvm.ram") {
+		t.Errorf("fork argv: %s", l)
+	}
+	c.RAM.Shared = true
+	tpl, _ := c.Argv()
+	if l := strings.Join(tpl, " "); !strings.Contains(l, "mem-path=/store/t.ram,share=on") || strings.Contains(l, "readonly") {
+		t.Errorf("template argv: %s", l)
+	}
+	c.RAM = nil
 	c.Accel = KVM
 	k, _ := c.Argv()
 	if l := strings.Join(k, " "); !strings.Contains(l, "-accel kvm -cpu host,-arch-capabilities") || strings.Contains(l, "tsc_early_khz") {
@@ -81,6 +104,9 @@ func TestConfigValidate(t *testing.T) {
 		"empty name":          func(c *Config) { c.Name = "" },
 		"empty kernel arg":    func(c *Config) { c.KernelArgs = []string{""} },
 		"relative run dir":    func(c *Config) { c.Dir = "run" },
+		"relative ctl dir":    func(c *Config) { c.Ctl = "ctl" },
+		"no ctl dir":          func(c *Config) { c.Ctl = "" },
+		"ctl is the run dir":  func(c *Config) { c.Ctl = c.Dir + "/" },
 		"absurd memory (TiB)": func(c *Config) { c.MemoryMiB = 2 << 20 },
 	} {
 		c := testConfig()
