@@ -185,7 +185,7 @@ func (s *vmStack) stop() {
 	s.proxy = nil
 }
 
-// killQEMUsUnder kills every QEMU whose command line names dir: nothing a
+// killQEMUsUnder kills every QEMU that runs below dir: nothing a
 // test starts outlives it.
 func killQEMUsUnder(dir string) {
 	procs, _ := os.ReadDir("/proc")

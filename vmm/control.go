@@ -176,12 +176,12 @@ func (l *cappedLog) Close() error {
 	return nil
 }
 
-// drainConsole copies the guest's console into its capped log until the
-// machine exits or stop is closed, dialling the console socket again when
+// drainConsole copies the guest's console into its capped log until QEMU
+// has exited (gone) and its last bytes are read, or stop is closed, dialling the console socket again when
 // the connection ends while QEMU runs (QEMU serves one client at a time,
 // and drops what the guest writes while none is connected: the guest's
 // writes never wait on the host for long).
-func drainConsole(path string, log *cappedLog, done, stop <-chan struct{}) {
+func drainConsole(path string, log *cappedLog, gone, stop <-chan struct{}) {
 	defer log.Close()
 	buf := make([]byte, 32<<10)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -203,7 +203,7 @@ func drainConsole(path string, log *cappedLog, done, stop <-chan struct{}) {
 			conn.Close()
 		}
 		select {
-		case <-done:
+		case <-gone:
 			return
 		case <-ctx.Done():
 			return

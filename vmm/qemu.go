@@ -279,11 +279,12 @@ type qemuMachine struct {
 	pidfd   int
 	wake    int // eventfd that ends an adopted machine's watch
 	done    chan struct{}
+	gone    chan struct{} // closed at QEMU's exit, before done
 	exitErr error
 }
 
 func newMachine(cfg Config) *qemuMachine {
-	return &qemuMachine{cfg: cfg, done: make(chan struct{}), pidfd: -1, wake: -1, stop: make(chan struct{}), drained: make(chan struct{})}
+	return &qemuMachine{cfg: cfg, done: make(chan struct{}), gone: make(chan struct{}), pidfd: -1, wake: -1, stop: make(chan struct{}), drained: make(chan struct{})}
 }
 
 // drain copies the guest's console into its capped log in the
@@ -291,7 +292,7 @@ func newMachine(cfg Config) *qemuMachine {
 func (m *qemuMachine) drain() {
 	go func() {
 		defer close(m.drained)
-		drainConsole(m.cfg.consoleSocket(), newCappedLog(m.cfg.ConsoleLog(), LogBytes), m.done, m.stop)
+		drainConsole(m.cfg.consoleSocket(), newCappedLog(m.cfg.ConsoleLog(), LogBytes), m.gone, m.stop)
 	}()
 }
 
@@ -309,6 +310,9 @@ func (m *qemuMachine) stopWatching() {
 func (m *qemuMachine) Process() Process      { return m.proc }
 func (m *qemuMachine) Done() <-chan struct{} { return m.done }
 
+// exited records QEMU's exit. Done closes once the console's drain has
+// read what QEMU wrote before it exited (a stop's last console lines are
+// in the log when Done closes), or after drainGrace.
 func (m *qemuMachine) exited(err error) {
 	m.mu.Lock()
 	m.exitErr = err
@@ -317,8 +321,17 @@ func (m *qemuMachine) exited(err error) {
 		m.pidfd = -1
 	}
 	m.mu.Unlock()
+	close(m.gone)
+	select {
+	case <-m.drained:
+	case <-time.After(drainGrace):
+	}
 	close(m.done)
 }
+
+// drainGrace bounds the wait for the console's last bytes after QEMU
+// exits.
+const drainGrace = 2 * time.Second
 
 // connect waits for the QMP socket (QEMU makes it early in its start)
 // and negotiates it.
@@ -399,8 +412,8 @@ func (m *qemuMachine) Kill() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	select {
-	case <-m.done:
-		return nil
+	case <-m.gone:
+		return nil // a child's pid may be another process's now
 	default:
 	}
 	if m.pidfd >= 0 {
