@@ -64,9 +64,9 @@ func newVMHarness(t *testing.T) *vmHarness {
 	return &vmHarness{t: t, dir: dir, kernel: img.Kernel, initrd: img.Initrd, base: img.Disk, khz: probe.TSCKHz}
 }
 
-// testUID is a uid no sandbox of a running hostproxy takes (they count
-// up from 200000 and 300000).
-func testUID(n int) uint32 { return uint32(290000 + os.Getpid()%5000*2 + n) }
+// testUID is a uid no deployment's range holds (they are 200,000 ids
+// each, from 200000 up), and no other test process's.
+func testUID(n int) uint32 { return uint32(3_900_000_000 + os.Getpid()%100000*4 + n) }
 
 // config is a machine named name, with its own top layer over the base.
 func (h *vmHarness) config(name string, uid uint32) Config {
