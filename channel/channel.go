@@ -216,8 +216,9 @@ type HostConfig struct {
 	Stalled func(ctx context.Context) bool
 	// Answering is told whether the guest answers: true for the first
 	// answered ping of each session (n counts the sessions from 1), false
-	// when a session is reset for a ping unanswered. It is called from
-	// the heartbeat, one call at a time; it must not block for long.
+	// when a session is reset for a ping unanswered, or ended otherwise
+	// and no next one started within PingTimeout. It must be safe for
+	// concurrent use and must not block for long.
 	Answering func(n uint64, answering bool)
 }
 
@@ -263,6 +264,12 @@ func (h *Host) run(ctx context.Context) {
 	var d net.Dialer
 	backoff := 10 * time.Millisecond
 	var n uint64
+	var lost *time.Timer // a session that ended and was not followed yet
+	defer func() {
+		if lost != nil {
+			lost.Stop()
+		}
+	}()
 	for ctx.Err() == nil {
 		conn, err := d.DialContext(ctx, "unix", h.path)
 		if err != nil {
@@ -292,6 +299,10 @@ func (h *Host) run(ctx context.Context) {
 			g.Close()
 			continue
 		}
+		if lost != nil {
+			lost.Stop()
+			lost = nil
+		}
 		n++
 		s := &session{ys, g}
 		stop := context.AfterFunc(ctx, func() { s.Close() })
@@ -307,6 +318,12 @@ func (h *Host) run(ctx context.Context) {
 			// one starts, or it may see the end in the middle of the
 			// next session's handshake and leave that session dead.
 			pause = resetPause
+		} else if h.cfg.Answering != nil && h.cfg.Heartbeat > 0 && ctx.Err() == nil {
+			// Ended otherwise (the guest's frames were not yamux's, or
+			// its port closed): a guest that does not start another
+			// session within PingTimeout is not answering either.
+			ended := n
+			lost = time.AfterFunc(h.cfg.PingTimeout+resetPause, func() { h.cfg.Answering(ended, false) })
 		}
 		h.log.Debug("channel session ended", "socket", h.path)
 		select {

@@ -333,3 +333,44 @@ func TestHeartbeatResetsADeadPeer(t *testing.T) {
 		t.Fatal("the new session's answer was never told")
 	}
 }
+
+// TestLostSessionIsTold: a session that ends otherwise than by the
+// heartbeat (the guest wrote garbage) and is not followed by another
+// within PingTimeout is told as not answering; one that is followed in
+// time is not.
+func TestLostSessionIsTold(t *testing.T) {
+	port, path := newFakePort(t)
+	told := make(chan uint64, 4)
+	h := Dial(path, HostConfig{
+		Heartbeat: time.Hour, PingTimeout: 100 * time.Millisecond,
+		Answering: func(n uint64, up bool) {
+			if !up {
+				told <- n
+			}
+		},
+	})
+	defer h.Close()
+	guest := rawGuest(t, port)
+	guest.Write(bytes.Repeat([]byte{0xff}, 64))
+	io.Copy(io.Discard, guest)
+	select {
+	case n := <-told:
+		if n != 1 {
+			t.Fatalf("told session %d, want 1", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a session lost for good was never told")
+	}
+	// Followed at once by a guest that speaks properly: nothing told.
+	g := ListenGuest(port.open, nil)
+	defer g.Close()
+	go echo(g, "guest")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	roundTrip(t, ctx, h.Open, "hi", "guest:hi")
+	select {
+	case n := <-told:
+		t.Fatalf("session %d told lost while the next one runs", n)
+	case <-time.After(500 * time.Millisecond):
+	}
+}

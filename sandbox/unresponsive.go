@@ -115,9 +115,21 @@ func (m *Manager) expireUnresponsive(mc *machine, since time.Time) {
 		return
 	case <-time.After(time.Until(since.Add(m.cfg.UnresponsiveLimit))):
 	}
-	done, err := m.begin(mc.id)
-	if err != nil {
-		return // an operation is under way: it decides
+	var done func()
+	for {
+		var err error
+		if done, err = m.begin(mc.id); err == nil {
+			break
+		}
+		// An operation is under way (a stop, a delete): it may settle
+		// the sandbox; if not, its end is waited for.
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-mc.vm.Done():
+			return
+		case <-time.After(time.Second):
+		}
 	}
 	defer done()
 	expired := false
