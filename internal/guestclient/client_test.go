@@ -183,3 +183,34 @@ func TestCallsAreCapped(t *testing.T) {
 		t.Fatalf("%d calls in flight, cap 3", peak)
 	}
 }
+
+// TestRetryOnce: a call whose connection died before any answer is sent
+// again once when it is idempotent, and not otherwise.
+func TestRetryOnce(t *testing.T) {
+	var mu sync.Mutex
+	seen := 0
+	dial := rawGuest(t, func(w io.Writer) {
+		mu.Lock()
+		seen++
+		first := seen%2 == 1
+		mu.Unlock()
+		if first {
+			return // the connection ends with no answer
+		}
+		io.WriteString(w, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+	})
+	c := New(dial, Limits{Timeout: 5 * time.Second}, NewBudget(1<<20))
+	a, err := c.Do(context.Background(), Request{Method: "GET", Path: "/", Idempotent: true})
+	if err != nil {
+		t.Fatalf("an idempotent call was not sent again: %v", err)
+	}
+	a.Release()
+	if _, err := c.Do(context.Background(), Request{Method: "POST", Path: "/"}); err == nil {
+		t.Fatal("a call that is not idempotent was sent again")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if seen != 3 {
+		t.Fatalf("the guest saw %d calls, want 3", seen)
+	}
+}
