@@ -386,10 +386,13 @@ func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) 
 			return false, false, nil
 		case <-time.After(h.cfg.PingTimeout):
 		}
+		asked := time.Now()
 		sctx, cancel := context.WithTimeout(ctx, h.cfg.PingTimeout)
 		stalled := h.cfg.Stalled == nil || h.cfg.Stalled(sctx)
 		cancel()
-		if !stalled {
+		// A QEMU that was stopped (SIGSTOP, a host under load) answers
+		// late, and only once it runs again: a slow answer is a stop's.
+		if !stalled || time.Since(asked) > h.cfg.PingTimeout/6 {
 			grace = true
 			continue
 		}
@@ -398,6 +401,24 @@ func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) 
 			// itself stopped): the guest gets a PingTimeout of its own
 			// to answer.
 			grace = false
+			continue
+		}
+		// They run now, but may have been stopped until the moment QEMU
+		// answered (a stopped QEMU answers when it runs again): a last
+		// look a while later, for the answer or for the CPUs stopped.
+		select {
+		case err := <-res:
+			return true, false, err
+		case <-s.CloseChan():
+			<-res
+			return false, false, nil
+		case <-time.After(h.cfg.PingTimeout / 3):
+		}
+		sctx, cancel = context.WithTimeout(ctx, h.cfg.PingTimeout)
+		stalled = h.cfg.Stalled == nil || h.cfg.Stalled(sctx)
+		cancel()
+		if !stalled {
+			grace = true
 			continue
 		}
 		h.log.Warn("channel: the guest did not answer a ping; the session is reset", "socket", h.path, "timeout", h.cfg.PingTimeout)
