@@ -55,6 +55,9 @@ type Machine interface {
 	CancelSave(ctx context.Context) error
 	// SwitchDisk freezes the disk's top under a new, empty one.
 	SwitchDisk(ctx context.Context, top Layer) error
+	// StreamDisk merges the layers between the top and base into the
+	// top and drops them (their node names).
+	StreamDisk(ctx context.Context, base Layer, drop []string) error
 	// Quit ends QEMU through its monitor and waits for its exit.
 	Quit(ctx context.Context) error
 }

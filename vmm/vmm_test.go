@@ -2,6 +2,7 @@ package vmm
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -187,6 +188,44 @@ func FuzzCPUFlags(f *testing.F) {
 		_, mhz := cpuFlags(b)
 		if mhz < 0 || mhz >= 1e6 {
 			t.Fatalf("clock %v out of range", mhz)
+		}
+	})
+}
+
+func TestFDSetOf(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		set  int
+		ok   bool
+	}{
+		{"/dev/fdset/5", 5, true},
+		{"/dev/fdset/12", 12, true},
+		{`json:{"backing": {"driver": "qcow2", "file": {"driver": "file", "filename": "/dev/fdset/5"}}, "driver": "qcow2", "file": {"driver": "file", "filename": "/dev/fdset/4"}}`, 4, true},
+		{"/dev/fdset/", 0, false},
+		{"/dev/fdset/1x", 0, false},
+		{"/dev/fdset/07", 0, false},
+		{"/var/lib/x.qcow2", 0, false},
+		{"json:{", 0, false},
+	} {
+		set, ok := fdSetOf(tc.file)
+		if set != tc.set || ok != tc.ok {
+			t.Errorf("fdSetOf(%q) = %d, %v; want %d, %v", tc.file, set, ok, tc.set, tc.ok)
+		}
+	}
+}
+
+// FuzzFDSetOf: a set is read only from a /dev/fdset/N name (plain, or a
+// json: description's own file), and N is what the name says.
+func FuzzFDSetOf(f *testing.F) {
+	f.Add("/dev/fdset/3")
+	f.Add(`json:{"file": {"filename": "/dev/fdset/7"}}`)
+	f.Fuzz(func(t *testing.T, file string) {
+		set, ok := fdSetOf(file)
+		if !ok {
+			return
+		}
+		if set < 0 || !strings.HasPrefix(file, "json:") && file != "/dev/fdset/"+strconv.Itoa(set) {
+			t.Fatalf("fdSetOf(%q) = %d", file, set)
 		}
 	})
 }

@@ -1,0 +1,229 @@
+package vmm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// streamJob is the id of the block job StreamDisk runs (one at a time per
+// machine: its caller holds the sandbox).
+const streamJob = "compact"
+
+// StreamDisk merges into the disk's top every layer between the top and
+// base (a layer of the running chain: QMP block-stream with base-node),
+// then drops the merged layers' nodes and descriptor sets. The top's
+// qcow2 header names base.Path as its backing file afterwards, so that
+// tools reading the file alone see the chain the caller records.
+//
+// Only the top is written, and only with data its backing layers already
+// give it: the disk the guest sees never changes, whether the job
+// completes, fails or is cancelled (ctx). A cancelled or failed job
+// leaves the chain as it was; the layers it did not drop are still read.
+// Streaming waits for a guest in prelaunch (-S): QEMU runs no block job
+// there.
+func (m *qemuMachine) StreamDisk(ctx context.Context, base Layer, drop []string) error {
+	if !ValidNode(base.Node) {
+		return fmt.Errorf("stream base node %q is not valid", base.Node)
+	}
+	q, err := m.monitor(ctx)
+	if err != nil {
+		return err
+	}
+	top, err := m.top(ctx)
+	if err != nil {
+		return err
+	}
+	sets, err := m.fdSets(ctx, q)
+	if err != nil {
+		return err
+	}
+	// No blockdev-reopen first: with one, the job stayed paused forever
+	// (QEMU 10.0.2). block-stream reopens the top itself.
+	if _, err := q.Execute(ctx, "block-stream", map[string]any{
+		"job-id": streamJob, "device": top, "base-node": base.Node,
+		"backing-file": base.Path, "auto-dismiss": false,
+	}); err != nil {
+		return err
+	}
+	if err := m.waitJob(ctx, q); err != nil {
+		return err
+	}
+	// The merged nodes: those made with -blockdev went with the top's
+	// old backing link; those added later (blockdev-add) are the
+	// monitor's until deleted. Their descriptors go with their sets.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	for _, node := range drop {
+		if _, err := q.Execute(dctx, "blockdev-del", map[string]any{"node-name": node}); err != nil && !notFound(err) {
+			return fmt.Errorf("stream of %s: dropping %s: %w", m.cfg.Name, node, err)
+		}
+		if set, ok := sets[node]; ok {
+			if _, err := q.Execute(dctx, "remove-fd", map[string]any{"fdset-id": set}); err != nil && !notFound(err) {
+				return fmt.Errorf("stream of %s: closing the descriptors of %s: %w", m.cfg.Name, node, err)
+			}
+		}
+	}
+	return nil
+}
+
+// waitJob waits for the stream job to conclude and dismisses it. A
+// cancelled ctx cancels the job first (bounded: a job that does not end
+// within 10 s is left to QEMU's exit).
+func (m *qemuMachine) waitJob(ctx context.Context, q *QMP) error {
+	for {
+		job, err := m.job(ctx, q)
+		if err != nil {
+			return m.cancelJob(q, err)
+		}
+		switch {
+		case job == nil:
+			return fmt.Errorf("stream of %s: job %s vanished", m.cfg.Name, streamJob)
+		case job.Status == "concluded":
+			q.Execute(ctx, "job-dismiss", map[string]any{"id": streamJob})
+			if job.Error != "" {
+				return fmt.Errorf("stream of %s: %s", m.cfg.Name, job.Error)
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return m.cancelJob(q, ctx.Err())
+		case <-m.done:
+			return fmt.Errorf("qemu of %s exited while streaming its disk", m.cfg.Name)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// cancelJob cancels the stream job and waits (bounded) for its end, so
+// that the caller's next block operation finds no job; it returns cause.
+func (m *qemuMachine) cancelJob(q *QMP, cause error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	q.Execute(ctx, "block-job-cancel", map[string]any{"device": streamJob, "force": true})
+	for ctx.Err() == nil {
+		job, err := m.job(ctx, q)
+		if err != nil || job == nil {
+			break
+		}
+		if job.Status == "concluded" {
+			q.Execute(ctx, "job-dismiss", map[string]any{"id": streamJob})
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-m.done:
+			return cause
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return cause
+}
+
+type blockJob struct {
+	Device string `json:"device"`
+	Status string `json:"status"`
+	Error  string `json:"error"`
+}
+
+// job is the stream job as QEMU reports it, nil when there is none.
+func (m *qemuMachine) job(ctx context.Context, q *QMP) (*blockJob, error) {
+	ret, err := q.Execute(ctx, "query-block-jobs", nil)
+	if err != nil {
+		return nil, err
+	}
+	var jobs []blockJob
+	if err := json.Unmarshal(ret, &jobs); err != nil {
+		return nil, fmt.Errorf("query-block-jobs: %w", err)
+	}
+	for _, j := range jobs {
+		if j.Device == streamJob {
+			return &j, nil
+		}
+	}
+	return nil, nil
+}
+
+// fdSets maps each qcow2 node of the disk to the descriptor set its file
+// is (/dev/fdset/N): the sets of layers given at start are numbered by
+// position, those of layers added later by QEMU.
+func (m *qemuMachine) fdSets(ctx context.Context, q *QMP) (map[string]int, error) {
+	nodes, err := blockNodes(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	sets := map[string]int{}
+	for _, n := range nodes {
+		if n.Driver != "qcow2" {
+			continue
+		}
+		if set, ok := fdSetOf(n.File); ok {
+			sets[n.Node] = set
+		}
+	}
+	return sets, nil
+}
+
+// blockNode is a block node as query-named-block-nodes reports it.
+type blockNode struct {
+	Node   string `json:"node-name"`
+	Driver string `json:"drv"`
+	// File is the node's file name: /dev/fdset/N for a layer's file
+	// node, a json: description of the chain for a qcow2 node over a
+	// backing one.
+	File     string `json:"file"`
+	ReadOnly bool   `json:"ro"`
+	// Depth is the length of the node's backing chain.
+	Depth int `json:"backing_file_depth"`
+}
+
+func blockNodes(ctx context.Context, q *QMP) ([]blockNode, error) {
+	ret, err := q.Execute(ctx, "query-named-block-nodes", map[string]any{"flat": true})
+	if err != nil {
+		return nil, err
+	}
+	var nodes []blockNode
+	if err := json.Unmarshal(ret, &nodes); err != nil {
+		return nil, fmt.Errorf("query-named-block-nodes: %w", err)
+	}
+	return nodes, nil
+}
+
+// fdSetOf reads the descriptor set of a node's file name: /dev/fdset/N, or
+// a json: description whose own file is one.
+func fdSetOf(file string) (int, bool) {
+	if j, ok := strings.CutPrefix(file, "json:"); ok {
+		var d struct {
+			File struct {
+				Filename string `json:"filename"`
+			} `json:"file"`
+		}
+		if json.Unmarshal([]byte(j), &d) != nil {
+			return 0, false
+		}
+		file = d.File.Filename
+	}
+	n, ok := strings.CutPrefix(file, "/dev/fdset/")
+	if !ok || n == "" || len(n) > 9 || len(n) > 1 && n[0] == '0' {
+		return 0, false
+	}
+	set := 0
+	for _, c := range n {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		set = set*10 + int(c-'0')
+	}
+	return set, true
+}
+
+// notFound tells whether QEMU answered that a node or set is not there
+// (a node made with -blockdev goes with its parent's link).
+func notFound(err error) bool {
+	var qe *QMPError
+	return errors.As(err, &qe) && (strings.Contains(qe.Desc, "Failed to find") || strings.Contains(qe.Desc, "not found") || strings.Contains(qe.Desc, "No such"))
+}
