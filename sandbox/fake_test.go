@@ -160,6 +160,7 @@ type fakeMachine struct {
 	loaded    atomic.Value // string: the machine whose state Load read
 	loadedTop atomic.Value // string: the disk top that state was saved over
 	saves     atomic.Int32 // Save calls begun
+	streams   atomic.Int32 // StreamDisk calls
 	topMu     sync.Mutex
 	top       string       // the disk's top node
 	shutdowns atomic.Int32 // POST /v1/shutdown received
@@ -444,6 +445,19 @@ func (m *fakeMachine) SwitchDisk(ctx context.Context, top vmm.Layer) error {
 	m.topMu.Lock()
 	m.top = top.Node
 	m.topMu.Unlock()
+	return nil
+}
+
+// StreamDisk checks what a QEMU would: the base is a file, and the job
+// runs only in a machine that is running (not in prelaunch, not exited).
+func (m *fakeMachine) StreamDisk(ctx context.Context, base vmm.Layer, drop []string) error {
+	if m.exited() {
+		return errors.New("fake qemu: exited")
+	}
+	if _, err := os.Stat(base.Path); err != nil {
+		return fmt.Errorf("fake qemu: stream base: %w", err)
+	}
+	m.streams.Add(1)
 	return nil
 }
 

@@ -118,6 +118,12 @@ type Manager struct {
 	syncs   sync.WaitGroup      // snapshots being written to disk
 	ctx     context.Context     // ends with Close
 	stop    context.CancelFunc
+
+	// compacts are the compactions of disk chains under way or due
+	// (compact.go), by sandbox; work the store's work files they make.
+	compacts map[string]*compactRun
+	workMu   sync.Mutex
+	work     map[string]bool
 }
 
 // machine is a sandbox whose QEMU runs.
@@ -205,7 +211,7 @@ func New(cfg Config) (*Manager, error) {
 	cfg.UIDBase = ids.Base
 	cfg.Log.Info("sandbox ids", "dir", cfg.Dir, "range", ids.String(), "claims", cfg.IDClaims)
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, claimed: map[string]int{}, inUse: map[string]int{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -312,6 +318,8 @@ func (m *Manager) machineOf(id string) *machine {
 func (m *Manager) begin(id string) (func(), error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	for m.busy[id] == 0 && m.yieldCompaction(id) {
+	}
 	if m.busy[id] != 0 {
 		return nil, ErrInProgress
 	}
@@ -594,6 +602,7 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 		}
 	}
 	m.setState(id, Running, "", via)
+	m.compactLater(id)
 	m.log.Info("sandbox running", "sandbox", id, "boot", time.Since(t0).Round(time.Millisecond), "loaded", cfg.Incoming, "loaded_in", loadedIn.Round(time.Millisecond))
 }
 
@@ -984,6 +993,7 @@ func (m *Manager) Stop(ctx context.Context, id string) (Record, error) {
 	if cerr := m.collect(ctx); cerr != nil {
 		m.log.Warn("store not collected after a stop", "sandbox", id, "err", cerr)
 	}
+	m.compactLater(id) // the disk a pause saved may have gone
 	return r, err
 }
 

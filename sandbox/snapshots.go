@@ -85,8 +85,10 @@ func (m *Manager) Snapshot(ctx context.Context, id string, req SnapshotRequest) 
 	defer done()
 	s, err := m.snapshot(ctx, id, req, false, "")
 	// What retention let go, or a top a failed save never used: not on
-	// the way to the answer.
+	// the way to the answer; nor the merge of the layers retention let
+	// go (it runs once the snapshot's mark is released).
 	m.collectLater()
+	m.compactLater(id)
 	return s, err
 }
 
@@ -366,6 +368,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id, snapID string) error {
 		return err
 	}
 	m.log.Info("snapshot deleted", "sandbox", id, "snapshot", snapID)
+	m.compactLater(id)
 	return m.collect(context.WithoutCancel(ctx))
 }
 

@@ -223,7 +223,7 @@ func (m *Manager) collect(ctx context.Context) error {
 	}
 	removed := 0
 	for _, e := range entries {
-		if refs[e.Name()] || !isStoreName(strings.TrimSuffix(e.Name(), ".tmp")) {
+		if refs[e.Name()] || !isStoreName(strings.TrimSuffix(e.Name(), ".tmp")) || m.isWorking(filepath.Join(m.storeDir(), e.Name())) {
 			continue // named, or not the store's to delete
 		}
 		if err := os.Remove(filepath.Join(m.storeDir(), e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
