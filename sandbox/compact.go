@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"strata/vmm"
 )
 
 // Compaction keeps a sandbox's disk chains short. Every snapshot, pause
@@ -467,7 +469,11 @@ func (m *Manager) streamLive(ctx context.Context, mc *machine, r Record, st stre
 	for _, l := range full[1:st.Keep] {
 		drop = append(drop, l.Node)
 	}
-	if err := mc.vm.StreamDisk(ctx, base, drop); err != nil {
+	if err := mc.vm.StreamDisk(ctx, base, drop); errors.Is(err, vmm.ErrNotDropped) {
+		// The top reads the short chain: the record says so; the
+		// files stay open until QEMU ends.
+		m.log.Warn("disk chain streamed, merged layers left open", "sandbox", r.ID, "err", err)
+	} else if err != nil {
 		return err
 	}
 	if err := m.nameLive(ctx, r.ID, st); err != nil {

@@ -1182,6 +1182,13 @@ func (m *Manager) Recover(ctx context.Context) error {
 	if err := m.collect(ctx); err != nil {
 		m.log.Error("store not collected", "err", err)
 	}
+	// Chains left long (by an earlier hostproxy, or a compaction a stop
+	// interrupted) are shortened in the background.
+	for _, r := range records {
+		if r.Machine != nil {
+			m.compactLater(r.ID)
+		}
+	}
 	return ctx.Err()
 }
 

@@ -37,10 +37,9 @@ func (m *qemuMachine) StreamDisk(ctx context.Context, base Layer, drop []string)
 	if err != nil {
 		return err
 	}
-	sets, err := m.fdSets(ctx, q)
-	if err != nil {
-		return err
-	}
+	// Without the sets (a reply too long, say) the merged layers'
+	// descriptors stay open until QEMU ends: the stream is still worth it.
+	sets, _ := m.fdSets(ctx, q)
 	// No blockdev-reopen first: with one, the job stayed paused forever
 	// (QEMU 10.0.2). block-stream reopens the top itself.
 	if _, err := q.Execute(ctx, "block-stream", map[string]any{
@@ -57,18 +56,28 @@ func (m *qemuMachine) StreamDisk(ctx context.Context, base Layer, drop []string)
 	// monitor's until deleted. Their descriptors go with their sets.
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
+	var errs []error
 	for _, node := range drop {
 		if _, err := q.Execute(dctx, "blockdev-del", map[string]any{"node-name": node}); err != nil && !notFound(err) {
-			return fmt.Errorf("stream of %s: dropping %s: %w", m.cfg.Name, node, err)
+			errs = append(errs, fmt.Errorf("dropping %s: %w", node, err))
+			continue
 		}
 		if set, ok := sets[node]; ok {
 			if _, err := q.Execute(dctx, "remove-fd", map[string]any{"fdset-id": set}); err != nil && !notFound(err) {
-				return fmt.Errorf("stream of %s: closing the descriptors of %s: %w", m.cfg.Name, node, err)
+				errs = append(errs, fmt.Errorf("closing the descriptors of %s: %w", node, err))
 			}
 		}
 	}
+	if len(errs) > 0 {
+		return fmt.Errorf("stream of %s: %w: %w", m.cfg.Name, ErrNotDropped, errors.Join(errs...))
+	}
 	return nil
 }
+
+// ErrNotDropped is StreamDisk's error when the stream completed (the top
+// no longer reads the merged layers) but QEMU kept some of their nodes or
+// descriptors open.
+var ErrNotDropped = errors.New("merged layers not all dropped")
 
 // waitJob waits for the stream job to conclude and dismisses it. A
 // cancelled ctx cancels the job first (bounded: a job that does not end
