@@ -277,7 +277,9 @@ func (c Config) Argv() ([]string, error) {
 	)
 	for i := range c.Disk {
 		for _, fd := range diskFDs(i) {
-			argv = append(argv, "-add-fd", fmt.Sprintf("fd=%d,set=%d", fd, i+1))
+			// The layer's node names its set (opaque): StreamDisk finds
+			// the sets of the layers it drops by it.
+			argv = append(argv, "-add-fd", fmt.Sprintf("fd=%d,set=%d,opaque=%s", fd, i+1, c.Disk[i].Node))
 		}
 	}
 	argv = append(argv,

@@ -316,7 +316,7 @@ func (m *qemuMachine) addLayer(ctx context.Context, q *QMP, l Layer) (string, er
 	defer closeAll(files)
 	var set *int
 	for _, f := range files {
-		args := map[string]any{}
+		args := map[string]any{"opaque": l.Node} // StreamDisk's key
 		if set != nil {
 			args["fdset-id"] = *set
 		}

@@ -157,77 +157,47 @@ func (m *qemuMachine) job(ctx context.Context, q *QMP) (*blockJob, error) {
 	return nil, nil
 }
 
-// fdSets maps each qcow2 node of the disk to the descriptor set its file
-// is (/dev/fdset/N): the sets of layers given at start are numbered by
-// position, those of layers added later by QEMU.
+// fdSets maps the disk's layer nodes to their descriptor sets, by the
+// node name each set carries (opaque, given with -add-fd and add-fd).
+// Not query-named-block-nodes: its answer grows with the square of the
+// chain's length (each node describes the chain under it), past the
+// monitor's line limit at about 60 layers.
 func (m *qemuMachine) fdSets(ctx context.Context, q *QMP) (map[string]int, error) {
-	nodes, err := blockNodes(ctx, q)
+	ret, err := q.Execute(ctx, "query-fdsets", nil)
 	if err != nil {
 		return nil, err
 	}
+	return parseFDSets(ret)
+}
+
+// parseFDSets reads query-fdsets' answer into node → set: a set's fds
+// must all name the same node (a set without a name is skipped).
+func parseFDSets(ret []byte) (map[string]int, error) {
+	var fdsets []struct {
+		ID  int `json:"fdset-id"`
+		FDs []struct {
+			Opaque string `json:"opaque"`
+		} `json:"fds"`
+	}
+	if err := json.Unmarshal(ret, &fdsets); err != nil {
+		return nil, fmt.Errorf("query-fdsets: %w", err)
+	}
 	sets := map[string]int{}
-	for _, n := range nodes {
-		if n.Driver != "qcow2" {
-			continue
+	for _, set := range fdsets {
+		node := ""
+		for i, fd := range set.FDs {
+			if i == 0 {
+				node = fd.Opaque
+			} else if fd.Opaque != node {
+				node = ""
+				break
+			}
 		}
-		if set, ok := fdSetOf(n.File); ok {
-			sets[n.Node] = set
+		if ValidNode(node) {
+			sets[node] = set.ID
 		}
 	}
 	return sets, nil
-}
-
-// blockNode is a block node as query-named-block-nodes reports it.
-type blockNode struct {
-	Node   string `json:"node-name"`
-	Driver string `json:"drv"`
-	// File is the node's file name: /dev/fdset/N for a layer's file
-	// node, a json: description of the chain for a qcow2 node over a
-	// backing one.
-	File     string `json:"file"`
-	ReadOnly bool   `json:"ro"`
-	// Depth is the length of the node's backing chain.
-	Depth int `json:"backing_file_depth"`
-}
-
-func blockNodes(ctx context.Context, q *QMP) ([]blockNode, error) {
-	ret, err := q.Execute(ctx, "query-named-block-nodes", map[string]any{"flat": true})
-	if err != nil {
-		return nil, err
-	}
-	var nodes []blockNode
-	if err := json.Unmarshal(ret, &nodes); err != nil {
-		return nil, fmt.Errorf("query-named-block-nodes: %w", err)
-	}
-	return nodes, nil
-}
-
-// fdSetOf reads the descriptor set of a node's file name: /dev/fdset/N, or
-// a json: description whose own file is one.
-func fdSetOf(file string) (int, bool) {
-	if j, ok := strings.CutPrefix(file, "json:"); ok {
-		var d struct {
-			File struct {
-				Filename string `json:"filename"`
-			} `json:"file"`
-		}
-		if json.Unmarshal([]byte(j), &d) != nil {
-			return 0, false
-		}
-		file = d.File.Filename
-	}
-	n, ok := strings.CutPrefix(file, "/dev/fdset/")
-	if !ok || n == "" || len(n) > 9 || len(n) > 1 && n[0] == '0' {
-		return 0, false
-	}
-	set := 0
-	for _, c := range n {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		set = set*10 + int(c-'0')
-	}
-	return set, true
 }
 
 // notFound tells whether QEMU answered that a node or set is not there

@@ -1,8 +1,8 @@
 package vmm
 
 import (
+	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -41,7 +41,7 @@ func TestArgvIsAPlan(t *testing.T) {
 		"-chardev socket,id=qmp0,fd=3,server=on,wait=off -mon chardev=qmp0,mode=control",
 		"-chardev socket,id=console0,fd=5,server=on,wait=off -serial chardev:console0",
 		"-chardev socket,id=channel0,fd=4,server=on,wait=off -device virtserialport,bus=vser0.0,chardev=channel0",
-		"-add-fd fd=6,set=1 -add-fd fd=7,set=1 -add-fd fd=8,set=2",
+		"-add-fd fd=6,set=1,opaque=l-top -add-fd fd=7,set=1,opaque=l-top -add-fd fd=8,set=2,opaque=l-base",
 		`"filename":"/dev/fdset/1"`, `"backing":{"backing":null`, `"node-name":"l-base","read-only":true`,
 		"-device virtio-blk-device,drive=l-top,id=blk0",
 		"-m 512", "-smp 1",
@@ -192,40 +192,31 @@ func FuzzCPUFlags(f *testing.F) {
 	})
 }
 
-func TestFDSetOf(t *testing.T) {
-	for _, tc := range []struct {
-		file string
-		set  int
-		ok   bool
-	}{
-		{"/dev/fdset/5", 5, true},
-		{"/dev/fdset/12", 12, true},
-		{`json:{"backing": {"driver": "qcow2", "file": {"driver": "file", "filename": "/dev/fdset/5"}}, "driver": "qcow2", "file": {"driver": "file", "filename": "/dev/fdset/4"}}`, 4, true},
-		{"/dev/fdset/", 0, false},
-		{"/dev/fdset/1x", 0, false},
-		{"/dev/fdset/07", 0, false},
-		{"/var/lib/x.qcow2", 0, false},
-		{"json:{", 0, false},
-	} {
-		set, ok := fdSetOf(tc.file)
-		if set != tc.set || ok != tc.ok {
-			t.Errorf("fdSetOf(%q) = %d, %v; want %d, %v", tc.file, set, ok, tc.set, tc.ok)
-		}
+func TestParseFDSets(t *testing.T) {
+	got, err := parseFDSets([]byte(`[{"fds": [{"fd": 7, "opaque": "lT"}, {"fd": 8, "opaque": "lT"}], "fdset-id": 1},
+		{"fds": [{"fd": 9}], "fdset-id": 2}, {"fds": [{"fd": 10, "opaque": "la"}, {"fd": 11, "opaque": "lb"}], "fdset-id": 3},
+		{"fds": [{"fd": 12, "opaque": "l a"}], "fdset-id": 4}, {"fds": [{"fd": 13, "opaque": "base"}], "fdset-id": 5}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"lT": 1, "base": 5}; !maps.Equal(got, want) {
+		t.Fatalf("parseFDSets = %v, want %v", got, want)
 	}
 }
 
-// FuzzFDSetOf: a set is read only from a /dev/fdset/N name (plain, or a
-// json: description's own file), and N is what the name says.
-func FuzzFDSetOf(f *testing.F) {
-	f.Add("/dev/fdset/3")
-	f.Add(`json:{"file": {"filename": "/dev/fdset/7"}}`)
-	f.Fuzz(func(t *testing.T, file string) {
-		set, ok := fdSetOf(file)
-		if !ok {
+// FuzzParseFDSets: every set named is one the answer lists, under a
+// valid node name.
+func FuzzParseFDSets(f *testing.F) {
+	f.Add([]byte(`[{"fds": [{"fd": 7, "opaque": "lT"}], "fdset-id": 1}]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		sets, err := parseFDSets(b)
+		if err != nil {
 			return
 		}
-		if set < 0 || !strings.HasPrefix(file, "json:") && file != "/dev/fdset/"+strconv.Itoa(set) {
-			t.Fatalf("fdSetOf(%q) = %d", file, set)
+		for node := range sets {
+			if !ValidNode(node) {
+				t.Fatalf("node %q", node)
+			}
 		}
 	})
 }
