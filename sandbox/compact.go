@@ -302,7 +302,15 @@ func (m *Manager) compactLater(id string) {
 }
 
 func (m *Manager) runCompaction(id string, c *compactRun) {
-	for {
+	for round := 0; ; round++ {
+		if round > 0 {
+			// An operation that waited for the last round takes the
+			// sandbox first.
+			select {
+			case <-m.ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
 		var ctx context.Context
 		for {
 			m.mu.Lock()
@@ -431,7 +439,7 @@ func (m *Manager) merge(ctx context.Context, r Record, mg merge) error {
 	}
 	size := allocated(m.layerPath(id))
 	changed := 0
-	_, err := m.cfg.Records.Update(ctx, r.ID, func(rec *Record) error {
+	_, err := m.cfg.Records.Update(context.WithoutCancel(ctx), r.ID, func(rec *Record) error {
 		changed = 0
 		for i := range rec.Snapshots {
 			s := &rec.Snapshots[i]
@@ -449,9 +457,10 @@ func (m *Manager) merge(ctx context.Context, r Record, mg merge) error {
 		return nil
 	})
 	if err != nil {
-		return err
+		return err // the file goes with the next collect, if no record names it
 	}
 	if changed == 0 {
+		os.Remove(m.layerPath(id)) // named nowhere (storeMu still held)
 		return fmt.Errorf("merge of %s: the snapshots' chains changed under it", mg.Top)
 	}
 	m.log.Info("snapshot layers merged", "sandbox", r.ID, "snapshot", mg.Snapshot, "layers", 1+len(mg.Run), "into", id, "snapshots", changed, "took", time.Since(t0).Round(time.Millisecond))
