@@ -33,6 +33,9 @@ type plan struct {
 	// saveGate, when not nil, holds every Save back (after its disk
 	// switch) until it is closed: a save the test releases.
 	saveGate <-chan struct{}
+	// streamGate, when not nil, holds every StreamDisk back until it is
+	// closed (or its context ends): a compaction the test releases.
+	streamGate <-chan struct{}
 }
 
 // fakeDriver is a TEST DOUBLE of vmm.QEMU. Start plays QEMU: it serves
@@ -160,7 +163,8 @@ type fakeMachine struct {
 	loaded    atomic.Value // string: the machine whose state Load read
 	loadedTop atomic.Value // string: the disk top that state was saved over
 	saves     atomic.Int32 // Save calls begun
-	streams   atomic.Int32 // StreamDisk calls
+	streams   atomic.Int32 // StreamDisk calls begun
+	streamed  atomic.Int32 // StreamDisk calls completed
 	topMu     sync.Mutex
 	top       string       // the disk's top node
 	shutdowns atomic.Int32 // POST /v1/shutdown received
@@ -442,6 +446,11 @@ func (m *fakeMachine) SwitchDisk(ctx context.Context, top vmm.Layer) error {
 	if _, err := os.Stat(top.Path); err != nil {
 		return fmt.Errorf("fake qemu: new top: %w", err)
 	}
+	if m.streams.Load() != m.streamed.Load() {
+		// QEMU would refuse it with a job on the top: block jobs and a
+		// snapshot of their node do not mix.
+		return errors.New("fake qemu: the disk's top is being streamed")
+	}
 	m.topMu.Lock()
 	m.top = top.Node
 	m.topMu.Unlock()
@@ -458,6 +467,14 @@ func (m *fakeMachine) StreamDisk(ctx context.Context, base vmm.Layer, drop []str
 		return fmt.Errorf("fake qemu: stream base: %w", err)
 	}
 	m.streams.Add(1)
+	if m.plan.streamGate != nil {
+		select {
+		case <-m.plan.streamGate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	m.streamed.Add(1)
 	return nil
 }
 

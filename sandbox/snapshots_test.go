@@ -1596,3 +1596,39 @@ func TestCompactionBoundsTheChain(t *testing.T) {
 		t.Errorf("boot after the cycles: disk %v, want %v", got, want)
 	}
 }
+
+// TestSnapshotWaitsForCompaction: a snapshot asked for while the
+// sandbox's QEMU streams its disk waits for the stream, and the disk's
+// top is switched only once the stream has ended (the fake refuses the
+// switch under a job, as QEMU would).
+func TestSnapshotWaitsForCompaction(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	m := h.manager(func(c *sandbox.Config) { c.QEMUVersion = qemuVersion })
+	gate := make(chan struct{})
+	h.drv.setPlan(plan{streamGate: gate})
+	h.running(m, "sb-1")
+	fm := h.drv.last("sb-1")
+	v1 := takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: false})
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: false})
+	if err := m.DeleteSnapshot(ctx, "sb-1", v1.ID); err != nil {
+		t.Fatal(err)
+	}
+	for fm.streams.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Snapshot(ctx, "sb-1", sandbox.SnapshotRequest{Memory: false})
+		done <- err
+	}()
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatalf("a snapshot after a compaction: %v", err)
+	}
+	if fm.streamed.Load() == 0 {
+		t.Error("the stream never completed")
+	}
+	m.Synced()
+	checkStore(t, m)
+}
