@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"maps"
@@ -16,10 +17,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 
 	"strata/internal/api"
 	"strata/internal/httpx"
@@ -32,10 +35,6 @@ var execBaseEnv = map[string]string{
 	"LANG": "C.UTF-8",
 }
 
-// execPipeGrace is how long output is still read after the program
-// exited (or was killed) while another process holds its pipes open.
-const execPipeGrace = 2 * time.Second
-
 // execute handles POST /v1/exec: it runs one program inside the sandbox
 // and answers api.ExecResult.
 //
@@ -46,18 +45,24 @@ const execPipeGrace = 2 * time.Second
 // (CREATEOS_API_URL, CREATEOS_SANDBOX_ID, CREATEOS_API_KEY) when it
 // exists, then the request's env, each layer overriding the one before.
 //
-// The program leads a process group of its own. When timeout_s passes,
-// or the request's context ends (the client went away), the whole group
-// is killed with SIGKILL, so a shell's children die with it; processes
-// that left the group (setsid) are not followed. A timed-out run answers
-// timed_out with exit_code -1, a status no program can exit with; a
-// program killed by signal N otherwise answers 128+N, as a shell says.
+// The program leads a process group of its own; inside a microVM (with
+// exec cgroups, see cgroup.go) it also starts in a cgroup of its own,
+// whose memory and task limits leave guestd its share of the guest. The
+// exec lasts until the program has exited and its stdout and stderr are
+// closed (processes it leaves running in the background, their output
+// sent elsewhere, keep running), or until timeout_s passes, or the
+// request's context ends (the client went away): the exec is killed then,
+// its whole cgroup (cgroup.kill: processes that left the process group or
+// double-forked too), or outside a microVM its process group, with
+// SIGKILL. The answer comes at most execKillGrace after the kill,
+// whatever the killed processes do. A timed-out run answers timed_out
+// with exit_code -1, a status no program can exit with; a program killed
+// by signal N otherwise answers 128+N, as a shell says (137 for a program
+// the out-of-memory killer took: the whole exec is killed then).
 //
 // stdout and stderr are read to their end, the first MaxExecOutput bytes
 // of each kept and the rest dropped (truncated), so the program never
-// blocks on a full pipe. Processes the program leaves running keep
-// running after it exits; what they write is read for execPipeGrace more,
-// then their pipes are closed.
+// blocks on a full pipe.
 //
 // A program that cannot be started (not found, not executable, cwd
 // missing) is 422 exec_failed with a sentence saying why.
@@ -67,7 +72,7 @@ func (s *Server) execute(r *http.Request) (any, error) {
 		return nil, err
 	}
 	env := execEnv(credentialsEnv(s.credentialsPath, s.log), req.Env)
-	res, err := runExec(r.Context(), req, env)
+	res, err := runExec(r.Context(), req, env, s.cgroups, s.log)
 	if err != nil {
 		return nil, err
 	}
@@ -110,11 +115,22 @@ func execEnv(credentials, env map[string]string) []string {
 	return out
 }
 
+// execKillGrace is how long, after an exec is killed (its timeout, or
+// its request ended), its program is still waited for and its output
+// read: within it the killed processes exit and their pipes close; past
+// it, a process that has not died (stuck in the kernel) or a holder of
+// the pipes that the kill did not reach (outside the exec's cgroup) no
+// longer holds the answer.
+const execKillGrace = time.Second
+
 // runExec runs req with the environment env (NAME=value strings) and
-// waits for it. It fails with exec_failed when the program cannot be
-// started, and with ctx's error when ctx ended first (the process group
-// is killed then).
-func runExec(ctx context.Context, req api.ExecRequest, env []string) (api.ExecResult, error) {
+// waits for it: until its program has exited and its output is closed,
+// or until its timeout, when it is killed. With cg (inside a microVM)
+// the program runs in a cgroup of its own, which is killed whole; without,
+// the program's process group is killed. It fails with exec_failed when
+// the program cannot be started, and with ctx's error when ctx ended
+// first (the program is killed then).
+func runExec(ctx context.Context, req api.ExecRequest, env []string, cg *execCgroups, log *slog.Logger) (api.ExecResult, error) {
 	if err := checkCwd(req.Cwd); err != nil {
 		return api.ExecResult{}, err
 	}
@@ -122,58 +138,255 @@ func runExec(ctx context.Context, req api.ExecRequest, env []string) (api.ExecRe
 	if err != nil {
 		return api.ExecResult{}, err
 	}
+	var group *execCgroup
+	if cg != nil {
+		if group, err = cg.create(); err != nil {
+			return api.ExecResult{}, err
+		}
+	}
 	// The duration is measured from the same instant as the deadline: a
 	// program killed at its timeout has run for timeout_s, not a few
 	// milliseconds of setup less.
 	start := time.Now()
-	tctx, cancel := context.WithDeadline(ctx, start.Add(time.Duration(req.TimeoutS)*time.Second))
-	defer cancel()
-	cmd := exec.CommandContext(tctx, path)
-	cmd.Args = req.Cmd
-	cmd.Dir = req.Cwd
-	cmd.Env = env
-	if req.Stdin != "" {
-		cmd.Stdin = strings.NewReader(req.Stdin) // else /dev/null
-	}
-	stdout, stderr := &capped{max: api.MaxExecOutput}, &capped{max: api.MaxExecOutput}
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var killed atomic.Bool
-	cmd.Cancel = func() error {
-		killed.Store(true)
-		// The group's id is the leader's pid (Setpgid), and the leader is
-		// not reaped before Wait returns, so the id is still ours.
-		if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return err
+	deadline := start.Add(time.Duration(req.TimeoutS) * time.Second)
+	p, err := startExec(req, path, env, cg, group)
+	if err != nil {
+		if group != nil {
+			group.remove()
 		}
-		return nil
+		return api.ExecResult{}, err
 	}
-	cmd.WaitDelay = execPipeGrace
-
-	if err := cmd.Start(); err != nil {
-		return api.ExecResult{}, startError(req.Cmd[0], err)
+	killed, timedOut := false, false
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case <-p.done:
+	case <-timer.C:
+		killed, timedOut = true, true
+	case <-ctx.Done():
+		killed = true
 	}
-	err = cmd.Wait()
+	if killed {
+		p.kill(log)
+		grace := time.NewTimer(execKillGrace)
+		select {
+		case <-p.done:
+		case <-grace.C:
+		}
+		grace.Stop()
+	}
+	exited := p.stop()
 	elapsed := time.Since(start)
-	if ctx.Err() != nil {
-		return api.ExecResult{}, fmt.Errorf("exec: the request ended before the program; its process group was killed: %w", ctx.Err())
+	if group != nil {
+		if n := group.oomKills(); n > 0 {
+			httpx.Annotate(ctx, slog.Uint64("oom_kills", n))
+		}
+	}
+	if exited {
+		err = p.cmd.Wait() // reaps the leader: after the kill, so its pgid was still its own
+		p.cleanup(group, killed)
+	} else {
+		// Not dead within the grace (stuck in the kernel): reaped, and its
+		// cgroup removed, when it dies.
+		go func() {
+			<-p.exited
+			p.cmd.Wait()
+			p.cleanup(group, true)
+		}()
+	}
+	if ctx.Err() != nil && !timedOut {
+		return api.ExecResult{}, fmt.Errorf("exec: the request ended before the program; it was killed: %w", ctx.Err())
 	}
 	var exitErr *exec.ExitError
-	if err != nil && !errors.As(err, &exitErr) && !errors.Is(err, exec.ErrWaitDelay) && !errors.Is(err, context.DeadlineExceeded) {
+	if err != nil && !errors.As(err, &exitErr) {
 		return api.ExecResult{}, fmt.Errorf("exec: wait: %w", err)
 	}
 	res := api.ExecResult{
-		ExitCode:   exitCode(cmd.ProcessState),
-		TimedOut:   killed.Load() && errors.Is(tctx.Err(), context.DeadlineExceeded),
-		Truncated:  stdout.dropped || stderr.dropped,
+		ExitCode:   -1,
+		TimedOut:   timedOut,
+		Truncated:  p.stdout.dropped || p.stderr.dropped,
 		DurationMS: elapsed.Milliseconds(),
 	}
-	if res.TimedOut {
-		res.ExitCode = -1
+	if !timedOut {
+		res.ExitCode = exitCode(p.cmd.ProcessState)
 	}
-	res.Stdout = encodeOutput(stdout, req.Encoding)
-	res.Stderr = encodeOutput(stderr, req.Encoding)
+	res.Stdout = encodeOutput(p.stdout, req.Encoding)
+	res.Stderr = encodeOutput(p.stderr, req.Encoding)
 	return res, nil
+}
+
+// execProcess is a started program: its leader, and the pipes of its
+// standard streams, read (stdout, stderr) and written (stdin) by
+// goroutines of their own.
+type execProcess struct {
+	cmd            *exec.Cmd
+	group          *execCgroup // nil outside a microVM
+	stdout, stderr *capped
+
+	// parent ends of the pipes; closing them ends the goroutines.
+	outR, errR, inW *os.File
+	copies          sync.WaitGroup
+
+	// exited is closed when the leader has exited (not yet reaped);
+	// output when stdout and stderr are closed by every process holding
+	// them; done when both.
+	exited, output, done chan struct{}
+}
+
+// startExec starts the program of req (path) with its pipes, in group
+// when there is one.
+func startExec(req api.ExecRequest, path string, env []string, cg *execCgroups, group *execCgroup) (_ *execProcess, err error) {
+	p := &execProcess{group: group, stdout: &capped{max: api.MaxExecOutput}, stderr: &capped{max: api.MaxExecOutput},
+		exited: make(chan struct{}), output: make(chan struct{}), done: make(chan struct{})}
+	var child []*os.File // the child's ends, closed here once it has them
+	defer func() {
+		for _, f := range child {
+			f.Close()
+		}
+		if err != nil {
+			for _, f := range []*os.File{p.outR, p.errR, p.inW} {
+				if f != nil {
+					f.Close()
+				}
+			}
+		}
+	}()
+	outW, errW, inR := (*os.File)(nil), (*os.File)(nil), (*os.File)(nil)
+	if p.outR, outW, err = os.Pipe(); err != nil {
+		return nil, err
+	}
+	child = append(child, outW)
+	if p.errR, errW, err = os.Pipe(); err != nil {
+		return nil, err
+	}
+	child = append(child, errW)
+	cmd := exec.Command(path)
+	cmd.Args = req.Cmd
+	cmd.Dir = req.Cwd
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = outW, errW
+	if req.Stdin != "" { // else /dev/null
+		if inR, p.inW, err = os.Pipe(); err != nil {
+			return nil, err
+		}
+		child = append(child, inR)
+		cmd.Stdin = inR
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p.cmd = cmd
+	if group != nil {
+		err = cg.start(cmd, group)
+	} else {
+		err = cmd.Start()
+	}
+	if err != nil {
+		return nil, startError(req.Cmd[0], err)
+	}
+	p.copies.Add(2)
+	for _, c := range []struct {
+		dst *capped
+		src *os.File
+	}{{p.stdout, p.outR}, {p.stderr, p.errR}} {
+		go func() {
+			defer p.copies.Done()
+			io.Copy(c.dst, c.src)
+		}()
+	}
+	go func() {
+		p.copies.Wait()
+		close(p.output)
+	}()
+	if p.inW != nil {
+		go func() {
+			// A program that does not read its stdin fails the write when
+			// it exits (EPIPE) or stop closes the pipe: nothing to report.
+			io.WriteString(p.inW, req.Stdin)
+			p.inW.Close()
+		}()
+	}
+	go func() {
+		waitExited(cmd.Process.Pid)
+		close(p.exited)
+	}()
+	go func() {
+		<-p.exited
+		<-p.output
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// waitExited waits until process pid has exited, without reaping it
+// (WNOWAIT): until Wait reaps it, its pid, and so its process group's
+// id, stay its own and a kill of the group reaches no other.
+func waitExited(pid int) {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return
+		}
+	}
+}
+
+// kill kills the exec: its cgroup whole when it has one, else its process
+// group (processes that left the group, setsid, are not reached then).
+func (p *execProcess) kill(log *slog.Logger) {
+	if p.group != nil {
+		err := p.group.kill()
+		if err == nil {
+			return
+		}
+		log.Warn("exec: cgroup.kill failed; killing the process group", "cgroup", p.group.name, "err", err)
+	}
+	// The leader is not reaped before kill (Wait comes after), so -pid is
+	// still its group's id even when the leader itself has exited.
+	if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		log.Warn("exec: kill", "pgid", p.cmd.Process.Pid, "err", err)
+	}
+}
+
+// stop closes the parent's ends of the pipes, which ends the goroutines
+// that read and write them, waits for those, and tells whether the
+// leader has exited. What the program wrote is in stdout and stderr
+// from then on.
+func (p *execProcess) stop() bool {
+	for _, f := range []*os.File{p.outR, p.errR, p.inW} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	p.copies.Wait()
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// cleanup removes the exec's cgroup once its program is reaped. Its
+// background processes keep it (it is removed by a sweep once they end);
+// after a kill it is empty within moments, and its removal is retried
+// for a while.
+func (p *execProcess) cleanup(group *execCgroup, killed bool) {
+	if group == nil {
+		return
+	}
+	if !killed {
+		group.remove()
+		return
+	}
+	go func() {
+		for range 100 {
+			if err := unix.Unlinkat(int(group.parent.dir.Fd()), group.name, unix.AT_REMOVEDIR); !errors.Is(err, unix.EBUSY) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		group.dir.Close()
+		group.parent.forget(group.name)
+	}()
 }
 
 // exitCode is the program's exit status, or 128+N when signal N killed it.

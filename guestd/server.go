@@ -62,6 +62,13 @@ type Config struct {
 	// /v1/resync, the host's call after a restore from a memory snapshot
 	// or a fork.
 	PowerOff func()
+	// Cgroup, set only inside a strata microVM, is the cgroup2 mount
+	// (/sys/fs/cgroup) where guestd puts itself and each exec in cgroups
+	// of their own, with limits that leave guestd its share of the
+	// guest's memory and tasks (see cgroup.go), and makes itself exempt
+	// from the out-of-memory killer. When that cannot be done guestd
+	// says why in its log and runs execs without limits.
+	Cgroup string
 }
 
 // Server is a running guestd: its stores and its HTTP handler.
@@ -76,6 +83,9 @@ type Server struct {
 	credentialsCopy string
 	powerOff        func()
 	shutdownTimeout time.Duration
+
+	// cgroups, when set, are the exec cgroups (Config.Cgroup).
+	cgroups *execCgroups
 
 	// kernel is what POST /v1/resync changes; resyncMu serializes it.
 	kernel   resyncKernel
@@ -104,6 +114,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := restoreCredentials(s.credentialsPath, s.credentialsCopy); err != nil {
 		e.closeAll()
 		return nil, fmt.Errorf("credentials: %w", err)
+	}
+	if cfg.Cgroup != "" {
+		if s.cgroups, err = setupCgroups(cfg.Cgroup, s.log); err != nil {
+			s.log.Error("exec cgroups cannot be set up: execs run without memory and task limits", "err", err)
+		} else {
+			s.log.Info("exec cgroups", "memory_max", s.cgroups.limits.MemoryMax, "pids_max", s.cgroups.limits.PidsMax, "cpu", s.cgroups.limits.CPU)
+		}
 	}
 	s.handler = s.routes()
 	return s, nil

@@ -107,6 +107,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		cfg.ShutdownTimeout = 2 * time.Second
 		// Beside the store, not in it: the store owns its directory.
 		cfg.CredentialsCopy = filepath.Join(filepath.Dir(cfg.Store), "strata-credentials.env")
+		// strata-init mounts cgroup2 there.
+		cfg.Cgroup = "/sys/fs/cgroup"
 	}
 	srv, err := guestd.New(ctx, cfg)
 	if err != nil {
