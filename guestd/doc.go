@@ -18,8 +18,10 @@
 // access token, written root-readable for processes in the sandbox; after
 // a boot it may send only the token's hash, and the token guestd has is
 // kept if it matches),
-// POST /v1/exec (a program run without a shell in its own process group,
-// output capped, killed whole at its timeout), GET /v1/check (the open
+// POST /v1/exec (a program run without a shell in its own process group
+// and, inside a microVM, its own cgroup with limits that leave guestd its
+// share of the guest, see cgroup.go; output capped; killed whole at its
+// timeout), GET /v1/check (the open
 // stores' consistency report, for tests and support), GET /v1/health and
 // GET /metrics (Prometheus). Inside a strata microVM (Config.PowerOff set,
 // guestd --vm) POST /v1/shutdown is the host's clean stop; POST /v1/resync
