@@ -46,6 +46,18 @@ type VMsConfig struct {
 	// (default /var/lib/strata/ids.json): the same for every hostproxy
 	// of the host.
 	IDClaims string `json:"id_claims,omitempty"`
+	// StoreReserveMiB is the free space kept on the store's filesystem
+	// (default 1024): a snapshot, pause, fork or create that would cut
+	// into it answers 507 insufficient_storage.
+	StoreReserveMiB int64 `json:"store_reserve_mib,omitempty"`
+	// SnapshotQuotaGiB caps the bytes of one sandbox's snapshots
+	// (default 8 × its memory and disk): 409 snapshot_quota_exceeded.
+	SnapshotQuotaGiB int64 `json:"snapshot_quota_gib,omitempty"`
+	// MemoryReserveMiB is host memory kept free beyond the sandboxes'
+	// (default 512); MemoryOvercommit the ratio of the sandboxes' memory
+	// to the host's that admission allows (default 1: none).
+	MemoryReserveMiB int     `json:"memory_reserve_mib,omitempty"`
+	MemoryOvercommit float64 `json:"memory_overcommit,omitempty"`
 }
 
 var (
@@ -90,8 +102,12 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 		Driver:      driver,
 		BootTimeout: time.Duration(mc.BootTimeout),
 		UIDBase:     mc.UIDBase, IDClaims: mc.IDClaims,
-		Booted:     s.booted,
-		ServeGuest: s.serveGuest,
+		StoreReserveBytes:  mc.StoreReserveMiB << 20,
+		SnapshotQuotaBytes: mc.SnapshotQuotaGiB << 30,
+		ReserveMiB:         mc.MemoryReserveMiB,
+		Overcommit:         mc.MemoryOvercommit,
+		Booted:             s.booted,
+		ServeGuest:         s.serveGuest,
 	})
 	if err != nil {
 		return err
@@ -154,6 +170,9 @@ func sandboxView(sb Sandbox) api.Sandbox {
 		ID: sb.ID, Name: sb.Name, State: string(sb.State),
 		MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, DiskGiB: sb.DiskGiB,
 		Error: sb.Error,
+	}
+	if e := sb.LastError; e != nil {
+		v.LastError = &api.FailedOperation{Operation: e.Operation, Code: e.Code, Message: e.Message, At: api.FormatTime(e.At)}
 	}
 	if !sb.CreatedAt.IsZero() {
 		v.CreatedAt = api.FormatTime(sb.CreatedAt)

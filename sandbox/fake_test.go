@@ -13,6 +13,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"strata/channel"
@@ -36,6 +37,8 @@ type plan struct {
 	// streamGate, when not nil, holds every StreamDisk back until it is
 	// closed (or its context ends): a compaction the test releases.
 	streamGate <-chan struct{}
+	// saveENOSPC fails every Save as a full disk would.
+	saveENOSPC bool
 }
 
 // fakeDriver is a TEST DOUBLE of vmm.QEMU. Start plays QEMU: it serves
@@ -394,6 +397,9 @@ func (m *fakeMachine) Save(ctx context.Context, f *os.File, opts vmm.SaveOptions
 	}
 	m.saves.Add(1)
 	var st vmm.SaveStats
+	if m.plan.saveENOSPC {
+		return st, fmt.Errorf("fake qemu: writing the state: %w", syscall.ENOSPC)
+	}
 	if opts.Overlay != nil {
 		if err := m.SwitchDisk(ctx, *opts.Overlay); err != nil {
 			return st, err

@@ -20,6 +20,7 @@ import (
 
 	"strata/channel"
 	"strata/internal/failpoint"
+	"strata/internal/fault"
 	"strata/internal/guestclient"
 	"strata/vmm"
 )
@@ -59,9 +60,20 @@ type Config struct {
 	// ServeGuest serves the calls processes in the sandbox make through
 	// its channel, until ln is closed.
 	ServeGuest func(id string, ln net.Listener)
-	// MemAvailable reads the host's available memory in MiB
-	// (/proc/meminfo when nil).
-	MemAvailable func() (int, error)
+	// MemAvailable and MemTotal read the host's available and total
+	// memory in MiB (/proc/meminfo when nil).
+	MemAvailable, MemTotal func() (int, error)
+	// Overcommit is the ratio of the sandboxes' memory to the host's
+	// (MemTotal less ReserveMiB) that admission allows (1 when zero:
+	// none).
+	Overcommit float64
+	// StoreReserveBytes is the free space kept on the store's filesystem
+	// (DefaultStoreReserveBytes when zero): an operation that would cut
+	// into it answers insufficient_storage.
+	StoreReserveBytes int64
+	// SnapshotQuotaBytes caps the bytes of one sandbox's snapshots
+	// (DefaultSnapshotQuotaFactor × its memory and disk when zero).
+	SnapshotQuotaBytes int64
 	// QEMUVersion is the host's `qemu --version` (vmm.QEMU.Version): a
 	// memory snapshot records it and loads only into the same.
 	QEMUVersion string
@@ -137,6 +149,8 @@ type machine struct {
 	guest *guestclient.Client
 	// healing is set while a heal runs (heal); again asks for another.
 	healing, again bool
+	// memoryMiB is its guest's memory, as memory admission counts it.
+	memoryMiB int
 	// expected is set before an exit that someone asked for (stop,
 	// delete), so that the watcher does not call it a failure.
 	mu       sync.Mutex
@@ -184,6 +198,18 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.MemAvailable == nil {
 		cfg.MemAvailable = memAvailable
+	}
+	if cfg.MemTotal == nil {
+		cfg.MemTotal = memTotal
+	}
+	if cfg.Overcommit == 0 {
+		cfg.Overcommit = 1
+	}
+	if cfg.Overcommit < 0 || cfg.StoreReserveBytes < 0 || cfg.SnapshotQuotaBytes < 0 {
+		return nil, errors.New("sandbox: Overcommit, StoreReserveBytes and SnapshotQuotaBytes must not be negative")
+	}
+	if cfg.StoreReserveBytes == 0 {
+		cfg.StoreReserveBytes = DefaultStoreReserveBytes
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -387,6 +413,9 @@ func (m *Manager) cancelRunning(ctx context.Context, id string) {
 // Create records r (in state creating, with a uid of its own) and boots
 // it in the background. r carries the id, account, name and size.
 func (m *Manager) Create(ctx context.Context, r Record) (Record, error) {
+	if err := m.checkStorage(layerBytes); err != nil {
+		return Record{}, err
+	}
 	return m.create(ctx, r, Machine{BaseDisk: m.cfg.Image.Disk, Image: m.cfg.Image.Key})
 }
 
@@ -713,7 +742,7 @@ func (m *Manager) prepare(ctx context.Context, r Record) (Record, error) {
 // adopt connects the channel of a running QEMU, serves the guest's calls
 // and watches for its exit.
 func (m *Manager) adopt(id string, vm vmm.Machine, cfg vmm.Config, handshake bool) *machine {
-	mc := &machine{id: id, vm: vm, groups: cfg.Groups}
+	mc := &machine{id: id, vm: vm, groups: cfg.Groups, memoryMiB: cfg.MemoryMiB}
 	mc.ch = channel.Dial(cfg.ChannelSocket(), channel.HostConfig{
 		Log:         m.log.With("sandbox", id),
 		Plain:       !handshake,
@@ -844,6 +873,17 @@ func (m *Manager) Dial(ctx context.Context, id string) (net.Conn, error) {
 // until it is paused. Resume loads it back, processes as they were. A
 // paused sandbox is returned as it is.
 func (m *Manager) Pause(ctx context.Context, id string) (Record, error) {
+	// The store must hold the guest's memory: refused now, not after a
+	// 202 that a failed save would take back.
+	r, err := m.cfg.Records.Get(ctx, id)
+	if err != nil {
+		return Record{}, err
+	}
+	if r.Machine != nil && r.State == Running {
+		if err := m.checkStorage(int64(r.MemoryMiB) << 20); err != nil {
+			return Record{}, err
+		}
+	}
 	return m.transition(ctx, id, Running, Pausing, Paused, m.saveAndQuit)
 }
 
@@ -855,6 +895,7 @@ func (m *Manager) Pause(ctx context.Context, id string) (Record, error) {
 func (m *Manager) saveAndQuit(ctx context.Context, mc *machine) error {
 	m.storeMu.RLock()
 	sid, f, err := m.newState()
+	err = m.storageFault(err)
 	release := func() {}
 	if err == nil {
 		release = m.claimFile(sid + stateExt)
@@ -883,7 +924,7 @@ func (m *Manager) saveAndQuit(ctx context.Context, mc *machine) error {
 		// The save stopped the guest; it runs on as if never paused.
 		mc.vm.Resume(context.WithoutCancel(ctx))
 		os.Remove(m.statePath(sid))
-		return err
+		return m.storageFault(err)
 	}
 	m.log.Debug("sandbox memory saved", "sandbox", mc.id, "took", st.Total.Round(time.Millisecond), "bytes", allocated(m.statePath(sid)))
 	mc.expectExit()
@@ -951,12 +992,22 @@ func (m *Manager) transition(ctx context.Context, id string, from, via, to State
 		qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := do(qctx, mc)
 		cancel()
+		op := map[State]string{Pausing: "pause", Resuming: "resume"}[via]
 		if err != nil {
+			// Answered 202 already: the record says why it is back.
 			m.log.Error("sandbox "+string(via)+" failed", "sandbox", id, "err", err)
-			m.setState(id, from, "", via)
+			failed := &OpError{Operation: op, Message: "the operation failed on the host; the sandbox is as it was", At: time.Now().UTC()}
+			if fe := fault.As(err); fe != nil {
+				failed.Code, failed.Message = fe.Code, fe.Message
+			}
+			m.setStateWith(id, from, "", func(r *Record) { r.LastError = failed }, via)
 			return
 		}
-		m.setState(id, to, "", via)
+		m.setStateWith(id, to, "", func(r *Record) {
+			if r.LastError != nil && r.LastError.Operation == op {
+				r.LastError = nil
+			}
+		}, via)
 		m.log.Info("sandbox "+string(to), "sandbox", id)
 	})
 	return r, nil
@@ -1103,6 +1154,12 @@ func (m *Manager) destroy(ctx context.Context, id string) error {
 // Lock order: the registry's transaction, then m.mu; never the reverse
 // (nothing calls Records while holding m.mu).
 func (m *Manager) setState(id string, s State, sentence string, from ...State) (Record, error) {
+	return m.setStateWith(id, s, sentence, nil, from...)
+}
+
+// setStateWith is setState that also applies edit (when not nil) to the
+// record it moves.
+func (m *Manager) setStateWith(id string, s State, sentence string, edit func(*Record), from ...State) (Record, error) {
 	r, err := m.cfg.Records.Update(context.Background(), id, func(r *Record) error {
 		m.mu.Lock()
 		delete(m.busy, id)
@@ -1112,6 +1169,9 @@ func (m *Manager) setState(id string, s State, sentence string, from ...State) (
 			return nil
 		}
 		r.State, r.Error = s, sentence
+		if edit != nil {
+			edit(r)
+		}
 		if r.Machine != nil && (s == Stopped || s == Error || s == Paused && r.Machine.Saved != "") {
 			// No QEMU runs for it (a pause that saved its memory
 			// ended its QEMU).
@@ -1437,56 +1497,6 @@ func (m *Manager) freeUID(ctx context.Context) (uint32, error) {
 		}
 	}
 	return 0, ErrHostCapacity.With("uids", m.ids.String())
-}
-
-// reserve refuses a boot that would leave the host less than ReserveMiB
-// of available memory beyond what the guest may take and what the boots
-// under way have reserved; otherwise it reserves memoryMiB for id until
-// its boot ends (unreserve).
-func (m *Manager) reserve(ctx context.Context, id string, memoryMiB int) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	avail, err := m.cfg.MemAvailable()
-	if err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	booting := 0
-	for other, mib := range m.reserved {
-		if other != id {
-			booting += mib
-		}
-	}
-	if memoryMiB+booting+m.cfg.ReserveMiB > avail {
-		return ErrHostCapacity.With("memory_mib", memoryMiB).With("available_mib", max(avail-booting, 0))
-	}
-	m.reserved[id] = memoryMiB
-	return nil
-}
-
-func (m *Manager) unreserve(id string) {
-	m.mu.Lock()
-	delete(m.reserved, id)
-	m.mu.Unlock()
-}
-
-func memAvailable() (int, error) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
-			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
-			if err != nil {
-				return 0, err
-			}
-			return kb / 1024, nil
-		}
-	}
-	return 0, errors.New("/proc/meminfo: no MemAvailable")
 }
 
 func syncDir(dir string) error {

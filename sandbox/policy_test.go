@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"strata/internal/fault"
 )
 
 // These test the policy functions of the package from inside it: pure
@@ -140,6 +142,110 @@ func FuzzRetention(f *testing.F) {
 		}
 		if autos > KeepAutoSnapshots || failed > KeepFailedSnapshots {
 			t.Fatalf("%d ready automatic and %d failed snapshots kept", autos, failed)
+		}
+	})
+}
+
+func TestAdmitStorage(t *testing.T) {
+	cases := []struct {
+		name                string
+		need, free, reserve int64
+		ok                  bool
+	}{
+		{"room", 100, 1000, 500, true},
+		{"exactly", 500, 1000, 500, true},
+		{"one_byte_short", 501, 1000, 500, false},
+		{"reserve_alone_too_much", 0, 100, 500, false},
+		{"full", 1, 0, 0, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := admitStorage(tc.need, tc.free, tc.reserve)
+			if (err == nil) != tc.ok {
+				t.Fatalf("got %v, want ok=%v", err, tc.ok)
+			}
+			if err != nil {
+				fe := fault.As(err)
+				if fe == nil || fe.Code != "insufficient_storage" || fe.Kind != fault.InsufficientStorage || fe.Fields["needed_bytes"] != tc.need || fe.Fields["free_bytes"] != tc.free {
+					t.Errorf("error %#v", fe)
+				}
+			}
+		})
+	}
+}
+
+func TestAdmitQuota(t *testing.T) {
+	cases := []struct {
+		name              string
+		used, need, quota int64
+		ok                bool
+	}{
+		{"empty", 0, 10, 100, true},
+		{"up_to_the_quota", 90, 10, 100, true},
+		{"past_it", 91, 10, 100, false},
+		{"already_past", 200, 0, 100, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := admitQuota(tc.used, tc.need, tc.quota)
+			if (err == nil) != tc.ok || err != nil && fault.CodeOf(err) != "snapshot_quota_exceeded" {
+				t.Fatalf("got %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+func TestAdmitMemory(t *testing.T) {
+	host := memoryLoad{Total: 8192, Available: 8192, Reserve: 512, Overcommit: 1}
+	with := func(edit func(*memoryLoad)) memoryLoad { l := host; edit(&l); return l }
+	cases := []struct {
+		name string
+		load memoryLoad
+		want int
+		ok   bool
+		room int
+	}{
+		{"empty_host", host, 1024, true, 8192 - 512 - QEMUOverheadMiB},
+		{"whole_host_less_reserve_and_overhead", host, 8192 - 512 - QEMUOverheadMiB, true, 8192 - 512 - QEMUOverheadMiB},
+		{"one_mib_more", host, 8192 - 512 - QEMUOverheadMiB + 1, false, 8192 - 512 - QEMUOverheadMiB},
+		{"running_sandboxes_count_whole", with(func(l *memoryLoad) { l.Committed = 7 * (1024 + QEMUOverheadMiB) }), 1024, false, 8192 - 512 - 8*QEMUOverheadMiB - 7*1024},
+		{"overcommit_lets_it_in", with(func(l *memoryLoad) { l.Committed = 7 * (1024 + QEMUOverheadMiB); l.Overcommit = 2 }), 1024, true, 2*(8192-512) - 8*QEMUOverheadMiB - 7*1024},
+		{"available_still_binds", with(func(l *memoryLoad) { l.Overcommit = 4; l.Available = 1500 }), 1024, false, 1500 - 512},
+		{"boots_under_way_not_yet_in_available", with(func(l *memoryLoad) { l.Available = 2000; l.Booting = 700; l.Committed = 700 + QEMUOverheadMiB }), 1024, false, 2000 - 700 - 512},
+		{"no_memory", with(func(l *memoryLoad) { l.Available = 0 }), 128, false, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ok, room := admitMemory(tc.load, tc.want)
+			if ok != tc.ok || room != tc.room {
+				t.Fatalf("got %v, room %d; want %v, room %d", ok, room, tc.ok, tc.room)
+			}
+		})
+	}
+}
+
+// FuzzAdmitMemory: an admitted guest never takes the committed memory
+// past (total − reserve) × overcommit, nor the available memory below the
+// reserve beyond the boots under way; admission is monotonic in want.
+func FuzzAdmitMemory(f *testing.F) {
+	f.Add(8192, 6000, 512, 1.0, 2048, 700, 1024)
+	f.Add(1024, 1024, 512, 3.0, 0, 0, 512)
+	f.Fuzz(func(t *testing.T, total, avail, reserve int, over float64, committed, booting, want int) {
+		if total < 0 || total > 1<<24 || avail < 0 || avail > 1<<24 || reserve < 0 || reserve > 1<<20 || committed < 0 || committed > 1<<24 || booting < 0 || booting > committed || want <= 0 || want > 1<<20 || !(over >= 1 && over <= 16) {
+			return
+		}
+		l := memoryLoad{Total: total, Available: avail, Reserve: reserve, Overcommit: over, Committed: committed, Booting: booting}
+		ok, room := admitMemory(l, want)
+		if ok {
+			if float64(committed+want+QEMUOverheadMiB) > float64(total-reserve)*over+1 || want+booting+reserve > avail {
+				t.Fatalf("%+v admitted %d", l, want)
+			}
+			if smaller, _ := admitMemory(l, want/2+1); !smaller && want/2+1 <= want {
+				t.Fatalf("%+v admitted %d but not %d", l, want, want/2+1)
+			}
+		}
+		if room < 0 {
+			t.Fatalf("room %d", room)
 		}
 	})
 }

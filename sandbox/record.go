@@ -60,7 +60,11 @@ type Record struct {
 	// UnresponsiveSince is when the guest stopped answering, in state
 	// unresponsive.
 	UnresponsiveSince time.Time `json:"unresponsive_since,omitzero"`
-	Machine           *Machine  `json:"machine,omitempty"`
+	// LastError is the last operation that failed after it was answered
+	// (a pause whose save failed: the sandbox runs on), until the same
+	// operation succeeds.
+	LastError *OpError `json:"last_error,omitempty"`
+	Machine   *Machine `json:"machine,omitempty"`
 	// From is the snapshot a fork was made from.
 	From *From `json:"from,omitempty"`
 	// Snapshots are the sandbox's VM snapshots, oldest first.
@@ -69,6 +73,14 @@ type Record struct {
 	// given (v<N>, auto-<N>): ids are never reused.
 	SnapshotSeq int `json:"snapshot_seq,omitempty"`
 	AutoSeq     int `json:"auto_seq,omitempty"`
+}
+
+// OpError is an operation that failed in the background.
+type OpError struct {
+	Operation string    `json:"operation"`
+	Code      string    `json:"code,omitempty"`
+	Message   string    `json:"message"`
+	At        time.Time `json:"at"`
 }
 
 // From names a snapshot of a sandbox.

@@ -135,6 +135,26 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	if len(r.Machine.Disk) == 0 {
 		return Snapshot{}, ErrWrongState.With("state", string(r.State))
 	}
+	// What the store must hold: the new top (and a restore's), and the
+	// guest's memory when it is saved now.
+	need, estimate := int64(layerBytes), allocated(m.layerPath(r.Machine.Disk[0]))
+	if req.Memory && how == "qemu" {
+		need += int64(r.MemoryMiB) << 20
+		estimate += int64(r.MemoryMiB) << 20
+	}
+	if auto {
+		need += layerBytes
+	}
+	if err := m.checkStorage(need); err != nil {
+		return Snapshot{}, err
+	}
+	if !auto {
+		// A restore's automatic snapshot is bounded by KeepAutoSnapshots
+		// instead: a quota must not stop a restore.
+		if err := admitQuota(snapshotBytes(r), estimate, m.snapshotQuota(r)); err != nil {
+			return Snapshot{}, err
+		}
+	}
 	if !auto {
 		if _, err := victims(r, req); err != nil {
 			return Snapshot{}, err
@@ -143,13 +163,13 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	frozen := slices.Clone(r.Machine.Disk)
 	top, err := m.newLayer(ctx, r.Machine.BaseDisk, frozen[0], m.diskBytes(r.DiskGiB))
 	if err != nil {
-		return Snapshot{}, err
+		return Snapshot{}, m.storageFault(err)
 	}
 	var state string
 	var sf *os.File
 	if req.Memory && how == "qemu" {
 		if state, sf, err = m.newState(); err != nil {
-			return Snapshot{}, err
+			return Snapshot{}, m.storageFault(err)
 		}
 		defer sf.Close()
 	} else if req.Memory {
@@ -264,7 +284,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 		return Snapshot{}, uerr
 	}
 	if err != nil {
-		return snap, fmt.Errorf("snapshot %s of %s: %w", snap.ID, id, err)
+		return snap, fmt.Errorf("snapshot %s of %s: %w", snap.ID, id, m.storageFault(err))
 	}
 	m.syncLater(id, snap)
 	m.log.Info("snapshot taken", "sandbox", id, "snapshot", snap.ID, "memory", req.Memory, "took", time.Since(t0).Round(time.Millisecond), "pause", pause.Round(time.Millisecond), "size_bytes", size)
@@ -548,9 +568,18 @@ func (m *Manager) Fork(ctx context.Context, srcID, snapID string, r Record) (Rec
 	if err := m.loadable(snap, snap.Memory); err != nil {
 		return Record{}, err
 	}
+	// Its top, and the snapshot's template (RAM and scratch top) if the
+	// first fork is to make it.
+	need := int64(layerBytes)
+	if snap.Memory && (snap.Template == nil || snap.Template.Building) {
+		need += int64(snap.MemoryMiB)<<20 + layerBytes
+	}
+	if err := m.checkStorage(need); err != nil {
+		return Record{}, err
+	}
 	top, err := m.newLayer(ctx, snap.BaseDisk, snap.Disk[0], m.diskBytes(snap.DiskGiB))
 	if err != nil {
-		return Record{}, err
+		return Record{}, m.storageFault(err)
 	}
 	r.MemoryMiB, r.VCPUs, r.DiskGiB = snap.MemoryMiB, snap.VCPUs, snap.DiskGiB
 	r.From = &From{Sandbox: srcID, Snapshot: snapID}

@@ -64,6 +64,18 @@ type Sandbox struct {
 	// unresponsive (RFC 3339).
 	UnresponsiveSince string       `json:"unresponsive_since,omitempty"`
 	From              *SandboxFrom `json:"from,omitempty"`
+	// LastError is an operation answered 202 that then failed (a pause
+	// whose memory could not be saved: the sandbox runs on).
+	LastError *FailedOperation `json:"last_error,omitempty"`
+}
+
+// FailedOperation is an operation on a sandbox that failed after it was
+// answered.
+type FailedOperation struct {
+	Operation string `json:"operation"`
+	Code      string `json:"code,omitempty"`
+	Message   string `json:"message"`
+	At        string `json:"at"`
 }
 
 // SandboxList is the data of GET /v1/sandboxes: one page of records,

@@ -1,0 +1,204 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"strata/internal/fault"
+)
+
+// Admission of host resources: an operation that would take the host's
+// store or memory past what it may is refused before anything changes.
+//
+// Storage: the free space of the store's filesystem (statfs, blocks
+// available to others) must hold what the operation writes plus
+// StoreReserveBytes: a memory snapshot or a pause its guest's whole RAM,
+// a fork of a memory snapshot with no template yet the template's RAM,
+// and every new disk layer layerBytes of metadata. Snapshots of one
+// sandbox are capped in bytes too (SnapshotQuotaBytes).
+//
+// Memory: every sandbox that has a QEMU (running, booting, paused with
+// its QEMU) counts with its whole memory_mib plus QEMUOverheadMiB, and
+// the sum may not pass (MemTotal − ReserveMiB) × Overcommit; the host's
+// available memory must also hold a new guest and ReserveMiB beyond the
+// boots under way (their guests do not show in it yet).
+
+// layerBytes is what a new, empty qcow2 layer takes at most: its header,
+// tables and refcounts (a 64 GiB one takes 256 KiB).
+const layerBytes = 1 << 20
+
+// QEMUOverheadMiB is what one QEMU takes beyond its guest's memory
+// (its own code and heap, TCG's translation cache in use, device
+// buffers), as memory admission counts it.
+const QEMUOverheadMiB = 64
+
+// The defaults of the admission settings.
+const (
+	DefaultStoreReserveBytes = 1 << 30
+	// DefaultSnapshotQuotaFactor × a sandbox's memory and disk is its
+	// snapshots' quota unless SnapshotQuotaBytes says otherwise.
+	DefaultSnapshotQuotaFactor = 8
+)
+
+var (
+	ErrInsufficientStorage = fault.New(fault.InsufficientStorage, "insufficient_storage", "not enough free space on the host's store to proceed safely; delete snapshots or sandboxes")
+	ErrSnapshotQuota       = fault.New(fault.Conflict, "snapshot_quota_exceeded", "the sandbox's snapshots take as many bytes as it may have; delete some first")
+)
+
+// admitStorage is the storage rule: need bytes written, free available,
+// reserve kept.
+func admitStorage(need, free, reserve int64) error {
+	if need+reserve > free {
+		return ErrInsufficientStorage.With("needed_bytes", need).With("reserve_bytes", reserve).With("free_bytes", free)
+	}
+	return nil
+}
+
+// checkStorage refuses an operation that writes need bytes into the store
+// when its filesystem cannot hold them and the reserve.
+func (m *Manager) checkStorage(need int64) error {
+	free, err := m.storeFree()
+	if err != nil {
+		return err
+	}
+	return admitStorage(need, free, m.cfg.StoreReserveBytes)
+}
+
+// storeFree is the space the store's filesystem has for others.
+func (m *Manager) storeFree() (int64, error) {
+	var st unix.Statfs_t
+	err := unix.Statfs(m.storeDir(), &st)
+	if errors.Is(err, unix.ENOENT) {
+		err = unix.Statfs(m.cfg.Dir, &st)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("statfs of the store: %w", err)
+	}
+	return int64(st.Bavail) * st.Bsize, nil
+}
+
+// storageFault turns a write that ran out of space after its admission
+// (another writer took the room) into insufficient_storage.
+func (m *Manager) storageFault(err error) error {
+	if err == nil || fault.As(err) != nil || !errors.Is(err, syscall.ENOSPC) {
+		return err
+	}
+	free, _ := m.storeFree()
+	return ErrInsufficientStorage.With("free_bytes", free).Wrap(err)
+}
+
+// snapshotQuota is the bytes r's snapshots may take.
+func (m *Manager) snapshotQuota(r Record) int64 {
+	if m.cfg.SnapshotQuotaBytes > 0 {
+		return m.cfg.SnapshotQuotaBytes
+	}
+	return DefaultSnapshotQuotaFactor * (int64(r.MemoryMiB)<<20 + m.diskBytes(r.DiskGiB))
+}
+
+// admitQuota is the quota rule: the snapshots' bytes (used) and the new
+// one's (need) within quota.
+func admitQuota(used, need, quota int64) error {
+	if used+need > quota {
+		return ErrSnapshotQuota.With("quota_bytes", quota).With("used_bytes", used).With("needed_bytes", need)
+	}
+	return nil
+}
+
+// snapshotBytes is what r's snapshots take, as their records say.
+func snapshotBytes(r Record) int64 {
+	var n int64
+	for _, s := range r.Snapshots {
+		n += s.SizeBytes
+	}
+	return n
+}
+
+// memoryLoad is what memory admission weighs, in MiB.
+type memoryLoad struct {
+	Total, Available, Reserve int
+	Overcommit                float64
+	// Committed is the memory, with overhead, of every other sandbox
+	// that has a QEMU or a boot under way; Booting that of the boots
+	// under way alone (their guests are not in Available yet).
+	Committed, Booting int
+}
+
+// admitMemory tells whether a guest of want MiB fits, and the room left
+// (MiB) for the error when it does not.
+func admitMemory(l memoryLoad, want int) (bool, int) {
+	limit := int(float64(l.Total-l.Reserve) * l.Overcommit)
+	room := min(limit-l.Committed-QEMUOverheadMiB, l.Available-l.Booting-l.Reserve)
+	return want <= room, max(room, 0)
+}
+
+// memTotal reads the host's MemTotal in MiB.
+func memTotal() (int, error) { return meminfo("MemTotal:") }
+
+func memAvailable() (int, error) { return meminfo("MemAvailable:") }
+
+func meminfo(key string) (int, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, key); ok {
+			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			if err != nil {
+				return 0, err
+			}
+			return kb / 1024, nil
+		}
+	}
+	return 0, fmt.Errorf("/proc/meminfo: no %s", key)
+}
+
+// reserve refuses a boot the host has no memory for (admitMemory);
+// otherwise it reserves memoryMiB for id until its boot ends (unreserve).
+func (m *Manager) reserve(ctx context.Context, id string, memoryMiB int) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	avail, err := m.cfg.MemAvailable()
+	if err != nil {
+		return err
+	}
+	total, err := m.cfg.MemTotal()
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l := memoryLoad{Total: total, Available: avail, Reserve: m.cfg.ReserveMiB, Overcommit: m.cfg.Overcommit}
+	counted := map[string]bool{id: true}
+	for other, mib := range m.reserved {
+		if other != id {
+			l.Booting += mib
+			l.Committed += mib + QEMUOverheadMiB
+			counted[other] = true
+		}
+	}
+	for other, mc := range m.live {
+		if !counted[other] {
+			l.Committed += mc.memoryMiB + QEMUOverheadMiB
+		}
+	}
+	if ok, room := admitMemory(l, memoryMiB); !ok {
+		return ErrHostCapacity.With("memory_mib", memoryMiB).With("available_mib", room).With("committed_mib", l.Committed)
+	}
+	m.reserved[id] = memoryMiB
+	return nil
+}
+
+func (m *Manager) unreserve(id string) {
+	m.mu.Lock()
+	delete(m.reserved, id)
+	m.mu.Unlock()
+}

@@ -1,0 +1,247 @@
+package sandbox_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"strata/internal/fault"
+	"strata/sandbox"
+)
+
+// TestMemoryAdmissionCountsRunningSandboxes: a sandbox that runs counts
+// with its whole memory (and a QEMU's overhead) against the host's total
+// less the reserve, however much memory the host shows available: the
+// second 700 MiB guest on a 1800 MiB host is refused, and admitted with
+// an overcommit of 2.
+func TestMemoryAdmissionCountsRunningSandboxes(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		overcommit float64
+		code       string
+	}{{"no_overcommit", 0, "host_capacity"}, {"overcommit_2", 2, ""}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			m := h.manager(func(c *sandbox.Config) {
+				c.MemTotal = func() (int, error) { return 1800, nil }
+				c.Overcommit = tc.overcommit
+			})
+			for i, id := range []string{"sb-a", "sb-b"} {
+				r := record(id)
+				r.MemoryMiB = 700
+				_, err := m.Create(context.Background(), r)
+				if i == 0 || tc.code == "" {
+					if err != nil {
+						t.Fatalf("Create %s: %v", id, err)
+					}
+					h.waitState(id, sandbox.Running)
+					continue
+				}
+				wantFault(t, "Create beside a running sandbox", err, tc.code, "")
+			}
+		})
+	}
+}
+
+// TestSnapshotQuota: a sandbox's snapshots are capped in bytes: snapshots
+// whose disks grow are taken until the next would pass the quota, which
+// answers 409 snapshot_quota_exceeded and records nothing; a delete makes
+// room again.
+func TestSnapshotQuota(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	m := h.manager(func(c *sandbox.Config) { c.QEMUVersion, c.SnapshotQuotaBytes = qemuVersion, 10<<20 })
+	h.running(m, "sb-1")
+	var err error
+	taken := 0
+	for taken < 10 {
+		// The guest writes 3 MiB into its disk's top.
+		top := h.get("sb-1").Machine.Disk[0]
+		f, oerr := os.OpenFile(h.layerPath(top), os.O_WRONLY|os.O_APPEND, 0)
+		if oerr != nil {
+			t.Fatal(oerr)
+		}
+		_, werr := f.Write(make([]byte, 3<<20))
+		f.Close()
+		if werr != nil {
+			t.Fatal(werr)
+		}
+		if _, err = m.Snapshot(ctx, "sb-1", sandbox.SnapshotRequest{}); err != nil {
+			break
+		}
+		taken++
+	}
+	wantFault(t, "Snapshot past the quota", err, "snapshot_quota_exceeded", "")
+	if taken != 3 {
+		t.Errorf("%d snapshots of about 3 MiB taken under a 10 MiB quota, want 3", taken)
+	}
+	r := h.get("sb-1")
+	if len(r.Snapshots) != taken || r.SnapshotSeq != taken {
+		t.Errorf("snapshots %v (seq %d) after the refusal, want %d", snapshotIDs(r), r.SnapshotSeq, taken)
+	}
+	if err := m.DeleteSnapshot(ctx, "sb-1", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	checkStore(t, m)
+}
+
+// TestPauseThatCannotSaveSaysSo: a pause admitted (answered pausing) whose
+// save then runs out of space ends running, with the record's last_error
+// saying so (insufficient_storage), never a silent return; the next pause
+// that succeeds clears it.
+func TestPauseThatCannotSaveSaysSo(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	m := h.manager(nil)
+	h.drv.setPlan(plan{saveENOSPC: true})
+	h.running(m, "sb-1")
+	if _, err := m.Pause(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	r := h.waitState("sb-1", sandbox.Running)
+	// Written in the transaction that says running again.
+	if r.LastError == nil {
+		t.Fatalf("running again with no last_error: %+v", r)
+	}
+	if e := r.LastError; e.Operation != "pause" || e.Code != "insufficient_storage" || e.At.IsZero() {
+		t.Errorf("last_error %+v", e)
+	}
+	checkStore(t, m)
+	h.drv.last("sb-1").plan.saveENOSPC = false
+	if _, err := m.Pause(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.waitState("sb-1", sandbox.Paused); r.LastError != nil {
+		t.Errorf("last_error %+v after a pause that worked", r.LastError)
+	}
+}
+
+// TestFullStore puts the sandboxes' directory on a small filesystem of its
+// own (a loop-mounted ext4 image) and fills it: a memory snapshot, a
+// disk-only one, a pause, a fork, a create and a restore each answer 507
+// insufficient_storage, with needed and free bytes, before changing
+// anything: the sandbox runs on, no snapshot is left processing, and once
+// there is room again the snapshots taken before restore and fork.
+func TestFullStore(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	mountSmallFS(t, h.dir, 1<<30)
+	const reserve = 64 << 20
+	m := h.manager(func(c *sandbox.Config) { c.QEMUVersion, c.StoreReserveBytes = qemuVersion, reserve })
+	h.running(m, "sb-1")
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	before := recordJSON(t, h, "sb-1")
+	want507 := func(what string, err error) {
+		t.Helper()
+		fe := fault.As(err)
+		if fe == nil || fe.Code != "insufficient_storage" || fe.Kind != fault.InsufficientStorage || fe.Fields["free_bytes"] == nil || fe.Fields["needed_bytes"] == nil {
+			t.Errorf("%s on a full store: %v (%#v), want insufficient_storage with needed and free bytes", what, err, fe)
+		}
+	}
+	// Room for a layer, not for the guest's 256 MiB of memory.
+	filler := fillTo(t, h.dir, reserve+100<<20)
+	_, err := m.Snapshot(ctx, "sb-1", sandbox.SnapshotRequest{Memory: true})
+	want507("a memory snapshot", err)
+	_, err = m.Pause(ctx, "sb-1")
+	want507("a pause", err)
+	_, err = m.Fork(ctx, "sb-1", "v1", sandbox.Record{ID: "sb-2", Account: "acct"})
+	want507("a fork of a memory snapshot", err)
+	_, err = m.Restore(ctx, "sb-1", "v2", false)
+	want507("a restore (its automatic snapshot keeps the memory)", err)
+	// No room even for a layer.
+	fillTo(t, h.dir, reserve+512<<10)
+	_, err = m.Snapshot(ctx, "sb-1", sandbox.SnapshotRequest{})
+	want507("a disk-only snapshot", err)
+	_, err = m.Create(ctx, record("sb-3"))
+	want507("a create", err)
+	_, err = m.Fork(ctx, "sb-1", "v2", sandbox.Record{ID: "sb-4", Account: "acct"})
+	want507("a fork of a disk-only snapshot", err)
+	if after := recordJSON(t, h, "sb-1"); after != before {
+		t.Errorf("the record changed on a full store:\n%s\n%s", before, after)
+	}
+	for _, id := range []string{"sb-2", "sb-3", "sb-4"} {
+		if _, err := h.recs.Get(ctx, id); fault.CodeOf(err) != "sandbox_not_found" {
+			t.Errorf("%s recorded on a full store: %v", id, err)
+		}
+	}
+	checkStore(t, m)
+	// Room again: what was there is whole.
+	for _, f := range []string{filler, filler + ".2"} {
+		os.Remove(f)
+	}
+	restore(t, m, "sb-1", "v1", false)
+	if _, err := m.Fork(ctx, "sb-1", "v1", sandbox.Record{ID: "sb-2", Account: "acct"}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-2", sandbox.Running)
+	restore(t, m, "sb-1", "v2", false)
+	checkStore(t, m)
+}
+
+// mountSmallFS mounts a fresh ext4 filesystem of size bytes (a sparse
+// image beside dir) on dir, traversable by others, until the test ends
+// (after the Managers it starts later have closed).
+func mountSmallFS(t *testing.T, dir string, size int64) {
+	t.Helper()
+	img := dir + ".img"
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.Truncate(size)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fillTo takes the free space of dir's filesystem down to about free
+// bytes with a file of its own (allocated, not sparse); a second call adds
+// a second file. It returns the first file's path.
+func fillTo(t *testing.T, dir string, free int64) string {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	have := int64(st.Bavail) * st.Bsize
+	if have <= free {
+		t.Fatalf("%s has %d bytes free, already under %d", dir, have, free)
+	}
+	path := filepath.Join(dir, "filler")
+	if _, err := os.Stat(path); err == nil {
+		path += ".2"
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, have-free); err != nil {
+		t.Fatalf("fallocate %d bytes: %v", have-free, err)
+	}
+	return filepath.Join(dir, "filler")
+}
