@@ -2,6 +2,7 @@ package hostproxy
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http/httptest"
 	"path"
@@ -14,6 +15,7 @@ import (
 	"strata/internal/api"
 	"strata/internal/fault"
 	"strata/pathpolicy"
+	"strata/sandbox"
 )
 
 // FuzzCreateBody checks the edge's create validation on any body: it
@@ -217,5 +219,40 @@ func TestExampleConfig(t *testing.T) {
 	}
 	if len(s.keys) != 2 || len(s.sandboxes) != 3 {
 		t.Errorf("resolved %+v", s)
+	}
+}
+
+// TestVMsConfigAdmissionKeys: the vms keys of identities and admission
+// parse into their fields (unknown ones are still refused).
+func TestVMsConfigAdmissionKeys(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"vms": {"dir": "/v", "image": "/i", "uid_base": 600000, "id_claims": "/run/ids.json",
+	  "store_reserve_mib": 2048, "snapshot_quota_gib": 20, "memory_reserve_mib": 1024, "memory_overcommit": 1.5}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := VMsConfig{Dir: "/v", Image: "/i", UIDBase: 600000, IDClaims: "/run/ids.json", StoreReserveMiB: 2048, SnapshotQuotaGiB: 20, MemoryReserveMiB: 1024, MemoryOvercommit: 1.5}
+	if c.VMs == nil || *c.VMs != want {
+		t.Errorf("parsed %+v, want %+v", c.VMs, want)
+	}
+	if _, err := ParseConfig([]byte(`{"vms": {"dir": "/v", "store_reserve": 1}}`)); err == nil {
+		t.Error("an unknown vms key was accepted")
+	}
+}
+
+// TestSandboxViewLastError: a record's last_error (a pause whose save
+// failed after its 202) is shown by GET, with its time as created_at is.
+func TestSandboxViewLastError(t *testing.T) {
+	at := time.Date(2026, 12, 2, 13, 44, 22, 0, time.UTC)
+	v := sandboxView(Sandbox{ID: "sb-1", State: "running", LastError: &sandbox.OpError{Operation: "pause", Code: "insufficient_storage", Message: "not enough free space", At: at}})
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `"last_error":{"operation":"pause","code":"insufficient_storage","message":"not enough free space","at":"` + api.FormatTime(at) + `"}`
+	if !strings.Contains(string(b), want) {
+		t.Errorf("view %s, want %s in it", b, want)
+	}
+	if b, _ := json.Marshal(sandboxView(Sandbox{ID: "sb-1"})); strings.Contains(string(b), "last_error") {
+		t.Errorf("view %s shows a last_error it has not", b)
 	}
 }
