@@ -189,6 +189,10 @@ func (w *waitFlags) wait(ctx context.Context, c *Client, id, target string, dela
 				reason = "no reason given"
 			}
 			return sb, raw, &callError{fmt.Errorf("sandbox %s went to state error: %s", id, reason)}
+		case !api.SandboxTransient(sb.State) && sb.LastError != nil:
+			// Answered 202, then failed on the host: the record says why.
+			e := sb.LastError
+			return sb, raw, &callError{fmt.Errorf("sandbox %s is %s, not %s: its %s failed: %s: %s", id, sb.State, target, e.Operation, e.Code, e.Message)}
 		case !api.SandboxTransient(sb.State):
 			return sb, raw, &callError{fmt.Errorf("sandbox %s is %s, not %s", id, sb.State, target)}
 		}
@@ -349,6 +353,9 @@ func (a *app) sandboxGetCommand() *cobra.Command {
 			}
 			if sb.Error != "" {
 				fmt.Fprintf(a.stdout, "error: %s\n", sb.Error)
+			}
+			if e := sb.LastError; e != nil {
+				fmt.Fprintf(a.stdout, "last error: %s at %s: %s: %s\n", e.Operation, e.At, e.Code, e.Message)
 			}
 			return nil
 		},

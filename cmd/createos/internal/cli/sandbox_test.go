@@ -32,6 +32,9 @@ const fakeKey = "sk_fake_api_key_0123456789abcdef"
 type pending struct {
 	target, reason string
 	polls          int
+	// failed, when set, is the last_error the sandbox gets as it
+	// reaches target (an operation that failed after its 202).
+	failed *api.FailedOperation
 }
 
 // fakeAPI is the sandbox routes of the public API as API.md states them,
@@ -206,6 +209,9 @@ func (f *fakeAPI) route(r *http.Request, body []byte) (any, int, error) {
 				p.polls--
 			} else {
 				sb.State, sb.Error = p.target, ""
+				if p.failed != nil {
+					sb.LastError = p.failed
+				}
 				if p.reason != "" {
 					sb.State, sb.Error = api.SandboxError, p.reason
 				}
@@ -218,6 +224,11 @@ func (f *fakeAPI) route(r *http.Request, body []byte) (any, int, error) {
 		return map[string]string{"id": sb.ID, "state": api.SandboxDestroyed}, 0, nil
 	case op == "pause" && sb.State == api.SandboxPaused, op == "resume" && sb.State == api.SandboxRunning:
 		return state(), 0, nil
+	case op == "pause" && sb.State == api.SandboxRunning && strings.HasPrefix(sb.Name, "full"):
+		// The host's store fills up during the save: back to running.
+		ret, status, err := move(api.SandboxPausing, api.SandboxRunning)
+		f.pending[sb.ID].failed = &api.FailedOperation{Operation: "pause", Code: "insufficient_storage", Message: "not enough free space on the host's store to proceed safely; delete snapshots or sandboxes", At: "2026-11-05T10:01:00.000Z"}
+		return ret, status, err
 	case op == "pause" && sb.State == api.SandboxRunning:
 		return move(api.SandboxPausing, api.SandboxPaused)
 	case op == "resume" && sb.State == api.SandboxPaused:
@@ -632,5 +643,22 @@ func TestAge(t *testing.T) {
 		if got := age(created); got != want {
 			t.Errorf("age(%q) = %q, want %q", created, got, want)
 		}
+	}
+}
+
+// TestSandboxPauseThatFailsSaysWhy: a pause answered 202 whose save then
+// failed on the host (the sandbox runs on) fails the command with the
+// record's last_error, and get shows it.
+func TestSandboxPauseThatFailsSaysWhy(t *testing.T) {
+	f := startFakeAPI(t)
+	f.polls = 1
+	f.add(api.Sandbox{ID: "sb-a1", Name: "full-disk", State: "running", MemoryMiB: 512, VCPUs: 1, DiskGiB: 4, CreatedAt: "2026-11-05T10:00:00.000Z"})
+	_, errOut, code := runFake(t, f, "sandbox", "pause", "sb-a1")
+	if code != 1 || !strings.Contains(errOut, "sandbox sb-a1 is running, not paused: its pause failed: insufficient_storage: not enough free space") {
+		t.Errorf("exit %d: %s", code, errOut)
+	}
+	get := okFake(t, f, "sandbox", "get", "sb-a1")
+	if !strings.Contains(get, "last error: pause at 2026-11-05T10:01:00.000Z: insufficient_storage: not enough free space") {
+		t.Errorf("get:\n%s", get)
 	}
 }
