@@ -239,6 +239,18 @@ func TestVMsConfigAdmissionKeys(t *testing.T) {
 	}
 }
 
+// TestVMsConfigUnresponsiveLimit: vms.unresponsive_limit parses into
+// the limit the manager is given.
+func TestVMsConfigUnresponsiveLimit(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"vms": {"dir": "/v", "image": "/i", "unresponsive_limit": "90s"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.VMs == nil || time.Duration(c.VMs.UnresponsiveLimit) != 90*time.Second {
+		t.Errorf("parsed %+v", c.VMs)
+	}
+}
+
 // TestSandboxViewLastError: a record's last_error (a pause whose save
 // failed after its 202) is shown by GET, with its time as created_at is.
 func TestSandboxViewLastError(t *testing.T) {

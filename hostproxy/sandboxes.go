@@ -58,6 +58,10 @@ type VMsConfig struct {
 	// to the host's that admission allows (default 1: none).
 	MemoryReserveMiB int     `json:"memory_reserve_mib,omitempty"`
 	MemoryOvercommit float64 `json:"memory_overcommit,omitempty"`
+	// UnresponsiveLimit is how long a sandbox whose guest stopped
+	// answering stays unresponsive before its QEMU is stopped and it is
+	// put in error (default 3m).
+	UnresponsiveLimit Duration `json:"unresponsive_limit,omitempty"`
 }
 
 var (
@@ -99,9 +103,10 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 	m, err := sandbox.New(sandbox.Config{
 		QEMUVersion: version,
 		Dir:         mc.Dir, Image: img, Accel: probe, Records: s.reg, Log: s.log,
-		Driver:      driver,
-		BootTimeout: time.Duration(mc.BootTimeout),
-		UIDBase:     mc.UIDBase, IDClaims: mc.IDClaims,
+		Driver:            driver,
+		BootTimeout:       time.Duration(mc.BootTimeout),
+		UnresponsiveLimit: time.Duration(mc.UnresponsiveLimit),
+		UIDBase:           mc.UIDBase, IDClaims: mc.IDClaims,
 		StoreReserveBytes:  mc.StoreReserveMiB << 20,
 		SnapshotQuotaBytes: mc.SnapshotQuotaGiB << 30,
 		ReserveMiB:         mc.MemoryReserveMiB,
