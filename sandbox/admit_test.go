@@ -245,3 +245,34 @@ func fillTo(t *testing.T, dir string, free int64) string {
 	}
 	return filepath.Join(dir, "filler")
 }
+
+// TestTemplateQEMUAdmitted: the QEMU that makes a snapshot's template at
+// its first fork holds the snapshot's whole memory, and is admitted as a
+// boot is: on a host with room for the fork but not for the template
+// QEMU beside it, the fork runs from the snapshot's whole state, with no
+// template; with room, from the template.
+func TestTemplateQEMUAdmitted(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		total    int
+		template bool
+	}{{"no_room", 1400, false}, {"room", 4096, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			h := newHarness(t)
+			m := h.manager(func(c *sandbox.Config) {
+				c.QEMUVersion = qemuVersion
+				c.MemTotal = func() (int, error) { return tc.total, nil }
+			})
+			h.running(m, "sb-1")
+			takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+			if _, err := m.Fork(ctx, "sb-1", "v1", sandbox.Record{ID: "sb-2", Account: "acct"}); err != nil {
+				t.Fatal(err)
+			}
+			r := h.waitState("sb-2", sandbox.Running)
+			if got := r.Machine.RAM != ""; got != tc.template {
+				t.Errorf("fork maps a template: %v, want %v", got, tc.template)
+			}
+		})
+	}
+}

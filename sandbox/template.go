@@ -102,6 +102,14 @@ func (m *Manager) template(ctx context.Context, r Record, from From) (Template, 
 	if snap.Template != nil && !snap.Template.Building {
 		return *snap.Template, nil
 	}
+	// The template QEMU holds the snapshot's whole memory while it fills
+	// the RAM file: admitted as a boot is (refused, the fork loads the
+	// whole state itself instead).
+	key := "template:" + from.Sandbox + "/" + from.Snapshot
+	if err := m.reserve(ctx, key, snap.MemoryMiB); err != nil {
+		return Template{}, err
+	}
+	defer m.unreserve(key)
 	t0 := time.Now()
 	tpl, ram, dev, err := m.newTemplate(ctx, from, *snap)
 	if err != nil {
