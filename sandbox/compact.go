@@ -37,8 +37,8 @@ import (
 //   - merge: a pinned layer A of a snapshot's chain with the run of
 //     unpinned layers right under it becomes one new layer A' (a copy of
 //     A, rebased with qemu-img in safe mode onto what is under the run,
-//     which copies the run's data into it), and every chain of the sandbox's snapshots
-//     that reads A names A' instead. Only when every chain that reads A
+//     which copies the run's data into it), and every chain of the
+//     sandbox's snapshots that reads A names A' instead. Only when every chain that reads A
 //     or the run is such a snapshot chain or the sandbox's live chain (no
 //     other sandbox's, saved state's or template's, no snapshot not yet
 //     ready): the move must free them.
@@ -53,15 +53,16 @@ import (
 // Bound (docs/design.md): each layer has one layer under it in every
 // chain that reads it, so a sandbox's chains form a tree whose leaves
 // are chain tops. Once compaction has run, every layer of a chain below
-// its top is pinned (merges leave no unpinned layer under a snapshot's
-// top, a stream none under the live top): a top or a fork of the tree.
-// A tree with C marked leaves has at most C-1 forks, so with C chains (S
-// snapshots, the live disk, and the layers of a saved state's disk,
-// which no move rewrites until the resume) no chain holds more than
-// 2C-1 layers over the base image; a linear history (no restore to an
-// older snapshot, no fork in the tree) has no fork and holds at most
-// 1+S. Layers shared with another sandbox (a fork's chains read its
-// source's snapshot) are never rewritten and add their own depth.
+// its top is pinned (merges leave no unpinned layer under a pinned one
+// in a snapshot's chain, a stream none under the live top): a top or a
+// branch point of the tree. A tree with C leaves has at most C-1 branch
+// points, so with C chains (S snapshots, the live disk, and the layers
+// of a saved state's disk, which no move rewrites until the resume) no
+// chain holds more than 2C-1 layers over the base image; a linear
+// history (no restore to an older snapshot) has no branch point and
+// holds at most 1+S. Layers shared with another sandbox (a fork's chains
+// read its source's snapshot) are never rewritten and add their own
+// depth.
 //
 // Races: compaction holds the sandbox like an operation (no lifecycle
 // operation begins while it runs; one that wants to waits a bounded time,
