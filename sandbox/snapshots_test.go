@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -1478,6 +1479,9 @@ func TestPauseHoldsNoStoreLock(t *testing.T) {
 	h, m := snapshotHarness(t)
 	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
 	gate := make(chan struct{})
+	var release sync.Once
+	open := func() { release.Do(func() { close(gate) }) }
+	t.Cleanup(open) // before the Manager's Close, which waits for the pause
 	h.drv.setPlan(plan{saveGate: gate})
 	h.running(m, "sb-2")
 	fm := h.drv.last("sb-2")
@@ -1498,7 +1502,7 @@ func TestPauseHoldsNoStoreLock(t *testing.T) {
 		t.Fatal("a delete's collection waited for another sandbox's pause")
 	}
 	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
-	close(gate)
+	open()
 	h.waitState("sb-2", sandbox.Paused)
 	if _, err := m.Resume(ctx, "sb-2"); err != nil {
 		t.Fatal(err)
