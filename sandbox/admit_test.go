@@ -123,7 +123,7 @@ func TestPauseThatCannotSaveSaysSo(t *testing.T) {
 
 // TestFullStore puts the sandboxes' directory on a small filesystem of its
 // own (a loop-mounted ext4 image) and fills it: a memory snapshot, a
-// disk-only one, a pause, a fork, a create and a restore each answer 507
+// disk-only one, a pause, a fork, a create, a restore and a resume each answer 507
 // insufficient_storage, with needed and free bytes, before changing
 // anything: the sandbox runs on, no snapshot is left processing, and once
 // there is room again the snapshots taken before restore and fork.
@@ -136,7 +136,12 @@ func TestFullStore(t *testing.T) {
 	h.running(m, "sb-1")
 	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
 	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
-	before := recordJSON(t, h, "sb-1")
+	h.running(m, "sb-5")
+	if _, err := m.Pause(ctx, "sb-5"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-5", sandbox.Paused)
+	before, paused := recordJSON(t, h, "sb-1"), recordJSON(t, h, "sb-5")
 	want507 := func(what string, err error) {
 		t.Helper()
 		fe := fault.As(err)
@@ -162,8 +167,13 @@ func TestFullStore(t *testing.T) {
 	want507("a create", err)
 	_, err = m.Fork(ctx, "sb-1", "v2", sandbox.Record{ID: "sb-4", Account: "acct"})
 	want507("a fork of a disk-only snapshot", err)
+	_, err = m.Resume(ctx, "sb-5")
+	want507("a resume of a paused sandbox (its load runs on a new top)", err)
 	if after := recordJSON(t, h, "sb-1"); after != before {
 		t.Errorf("the record changed on a full store:\n%s\n%s", before, after)
+	}
+	if after := recordJSON(t, h, "sb-5"); after != paused {
+		t.Errorf("the paused sandbox's record changed on a full store:\n%s\n%s", paused, after)
 	}
 	for _, id := range []string{"sb-2", "sb-3", "sb-4"} {
 		if _, err := h.recs.Get(ctx, id); fault.CodeOf(err) != "sandbox_not_found" {
@@ -181,6 +191,10 @@ func TestFullStore(t *testing.T) {
 	}
 	h.waitState("sb-2", sandbox.Running)
 	restore(t, m, "sb-1", "v2", false)
+	if _, err := m.Resume(ctx, "sb-5"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-5", sandbox.Running)
 	checkStore(t, m)
 }
 

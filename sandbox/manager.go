@@ -947,6 +947,10 @@ func (m *Manager) Resume(ctx context.Context, id string) (Record, error) {
 	if r.Machine == nil || r.Machine.Saved == "" || r.State != Paused {
 		return m.transition(ctx, id, Paused, Resuming, Running, func(ctx context.Context, mc *machine) error { return mc.vm.Resume(ctx) })
 	}
+	// The load runs on a new top (loadTop).
+	if err := m.checkStorage(layerBytes); err != nil {
+		return Record{}, err
+	}
 	done, err := m.begin(id)
 	if err != nil {
 		return Record{}, err
