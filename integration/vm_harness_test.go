@@ -67,6 +67,12 @@ func (s *syncBuffer) String() string {
 // Every sandbox left at the end is deleted, and any QEMU of the machines
 // directory killed.
 func startVMStack(t *testing.T, guestRequest string) *vmStack {
+	return startVMStackWith(t, guestRequest, nil)
+}
+
+// startVMStackWith is startVMStack with more keys of the configuration's
+// "vms" section.
+func startVMStackWith(t *testing.T, guestRequest string, vms map[string]any) *vmStack {
 	image := testenv.RequiresImage(t)
 	base := t.TempDir()
 	// QEMU runs unprivileged below the machines directory.
@@ -94,6 +100,9 @@ func startVMStack(t *testing.T, guestRequest string) *vmStack {
 		"rate_limit": map[string]any{"per_second": 1000, "burst": 1000},
 		"timeouts":   map[string]any{"guest_request": guestRequest},
 		"vms":        map[string]any{"dir": s.machines, "image": image, "boot_timeout": "180s"},
+	}
+	for k, v := range vms {
+		cfg["vms"].(map[string]any)[k] = v
 	}
 	b, _ := json.Marshal(cfg)
 	if err := os.WriteFile(s.config, b, 0o600); err != nil {

@@ -49,6 +49,9 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 	if *vmSnapOnly {
 		return b.snapshotRows()
 	}
+	if *vmHostileOnly {
+		return b.hostileRows()
+	}
 
 	// Boots one at a time, each measured from create to running (guestd
 	// answered through the channel) and to the first exec answered.
@@ -137,7 +140,12 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(rows, snap...), nil
+	rows = append(rows, snap...)
+	hostile, err := b.hostileRows()
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, hostile...), nil
 }
 
 func (b *vmBench) start(bin string) error {
@@ -243,8 +251,13 @@ func (b *vmBench) call(method, path, body string) (map[string]any, error) {
 
 // create makes a sandbox and times it to running and to a first exec.
 func (b *vmBench) create() (id string, boot, toExec time.Duration, err error) {
+	return b.createWith("{}")
+}
+
+// createWith is create with a body.
+func (b *vmBench) createWith(body string) (id string, boot, toExec time.Duration, err error) {
 	t0 := time.Now()
-	data, err := b.call("POST", "/v1/sandboxes", "{}")
+	data, err := b.call("POST", "/v1/sandboxes", body)
 	if err != nil {
 		return "", 0, 0, err
 	}
