@@ -314,13 +314,6 @@ func (c Config) machine() string {
 	return m
 }
 
-func onOff(b bool) string {
-	if b {
-		return "on"
-	}
-	return "off"
-}
-
 // blockdev is the -blockdev JSON of the disk: the whole chain spelled out,
 // each layer's file a descriptor set (/dev/fdset/N), so that QEMU never
 // follows the backing names recorded in the files.
