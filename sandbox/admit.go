@@ -94,6 +94,29 @@ func (m *Manager) storageFault(err error) error {
 	return ErrInsufficientStorage.With("free_bytes", free).Wrap(err)
 }
 
+// saveFault is storageFault for a failed save of need bytes: QEMU may
+// report a full disk in words that vmm did not recognise, or fail in
+// another way because the store filled under it, so after any failed
+// save the store's free space is checked again, and a store left under
+// its reserve answers insufficient_storage.
+func (m *Manager) saveFault(err error, need int64) error {
+	if err == nil || fault.As(err) != nil {
+		return err
+	}
+	if errors.Is(err, syscall.ENOSPC) {
+		return m.storageFault(err)
+	}
+	free, ferr := m.storeFree()
+	if ferr != nil || !shortAfterSave(free, m.cfg.StoreReserveBytes) {
+		return err
+	}
+	return ErrInsufficientStorage.With("needed_bytes", need).With("reserve_bytes", m.cfg.StoreReserveBytes).With("free_bytes", free).Wrap(err)
+}
+
+// shortAfterSave is the rule saveFault applies: a store whose free space
+// is under its reserve is why a save failed.
+func shortAfterSave(free, reserve int64) bool { return free < reserve }
+
 // snapshotQuota is the bytes r's snapshots may take.
 func (m *Manager) snapshotQuota(r Record) int64 {
 	if m.cfg.SnapshotQuotaBytes > 0 {

@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -289,4 +291,62 @@ func TestTemplateQEMUAdmitted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSaveFailedInQEMUWords: a pause and a memory snapshot whose saves
+// QEMU fails with text and no errno (its monitor's "No space left on
+// device"), after the store filled under them past its reserve, answer
+// insufficient_storage (the pause in its last_error), not 500 or an
+// empty code: any failed save checks the store's free space again.
+//
+// Regression: only errors.Is(err, ENOSPC) made a 507.
+func TestSaveFailedInQEMUWords(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	mountSmallFS(t, h.dir, 1<<30)
+	const reserve = 64 << 20
+	m := h.manager(func(c *sandbox.Config) { c.QEMUVersion, c.StoreReserveBytes = qemuVersion, reserve })
+	h.running(m, "sb-1")
+	gate := make(chan struct{})
+	var release sync.Once
+	open := func() { release.Do(func() { close(gate) }) }
+	t.Cleanup(open) // before the Manager's Close, which waits for the save
+	h.drv.last("sb-1").plan = plan{saveGate: gate, saveFails: "qemu of sb-1: saving its state failed: Unable to write to file: No space left on device"}
+	fm := h.drv.last("sb-1")
+
+	// A memory snapshot.
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Snapshot(ctx, "sb-1", sandbox.SnapshotRequest{Memory: true})
+		done <- err
+	}()
+	for fm.saves.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	filler := fillTo(t, h.dir, reserve/2)
+	open()
+	if err := <-done; fault.CodeOf(err) != "insufficient_storage" || fault.As(err).Fields["free_bytes"] == nil {
+		t.Errorf("a memory snapshot whose save QEMU failed on a full store: %v, want insufficient_storage with free bytes", err)
+	}
+	os.Remove(filler)
+
+	// A pause: admitted, then the store fills while it saves.
+	gate = make(chan struct{})
+	release = sync.Once{}
+	fm.plan.saveGate = gate
+	saves := fm.saves.Load()
+	if _, err := m.Pause(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	for fm.saves.Load() == saves {
+		time.Sleep(time.Millisecond)
+	}
+	filler = fillTo(t, h.dir, reserve/2)
+	open()
+	r := h.waitState("sb-1", sandbox.Running)
+	if e := r.LastError; e == nil || e.Operation != "pause" || e.Code != "insufficient_storage" {
+		t.Errorf("last_error %+v after a pause whose save QEMU failed on a full store", e)
+	}
+	os.Remove(filler)
+	checkStore(t, m)
 }

@@ -39,6 +39,10 @@ type plan struct {
 	streamGate <-chan struct{}
 	// saveENOSPC fails every Save as a full disk would.
 	saveENOSPC bool
+	// saveFails, when not empty, fails every Save (after saveGate) with
+	// this text and no errno, as QEMU's monitor reports a failed
+	// migration.
+	saveFails string
 }
 
 // fakeDriver is a TEST DOUBLE of vmm.QEMU. Start plays QEMU: it serves
@@ -412,6 +416,9 @@ func (m *fakeMachine) Save(ctx context.Context, f *os.File, opts vmm.SaveOptions
 		case <-m.done:
 			return st, errors.New("fake qemu: exited")
 		}
+	}
+	if m.plan.saveFails != "" {
+		return st, errors.New(m.plan.saveFails)
 	}
 	if !opts.Live && !opts.Resume {
 		m.paused.Store(true)

@@ -924,7 +924,7 @@ func (m *Manager) saveAndQuit(ctx context.Context, mc *machine) error {
 		// The save stopped the guest; it runs on as if never paused.
 		mc.vm.Resume(context.WithoutCancel(ctx))
 		os.Remove(m.statePath(sid))
-		return m.storageFault(err)
+		return m.saveFault(err, int64(mc.memoryMiB)<<20)
 	}
 	m.log.Debug("sandbox memory saved", "sandbox", mc.id, "took", st.Total.Round(time.Millisecond), "bytes", allocated(m.statePath(sid)))
 	mc.expectExit()

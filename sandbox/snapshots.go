@@ -284,6 +284,9 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 		return Snapshot{}, uerr
 	}
 	if err != nil {
+		if req.Memory {
+			err = m.saveFault(err, int64(r.MemoryMiB)<<20)
+		}
 		return snap, fmt.Errorf("snapshot %s of %s: %w", snap.ID, id, m.storageFault(err))
 	}
 	m.syncLater(id, snap)

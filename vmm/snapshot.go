@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -117,7 +118,7 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 			m.dropLayer(q, added)
 		}
 		st.Total = time.Since(t0)
-		return st, err
+		return st, noSpace(err)
 	}
 	if !opts.Live {
 		stopped = time.Now()
@@ -178,7 +179,7 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 			st.Total = time.Since(t0)
 			return st, nil
 		case migFailed, migCancelled:
-			return fail(fmt.Errorf("qemu of %s: saving its state %s%s", m.cfg.Name, status, migrationError(ctx, q)))
+			return fail(noSpace(fmt.Errorf("qemu of %s: saving its state %s%s", m.cfg.Name, status, migrationError(ctx, q))))
 		}
 		select {
 		case <-ctx.Done():
@@ -247,7 +248,7 @@ func (m *qemuMachine) Load(ctx context.Context, state *os.File) error {
 		case migCompleted:
 			return nil
 		case migFailed, migCancelled:
-			return fmt.Errorf("qemu of %s: loading its state %s%s", m.cfg.Name, status, migrationError(ctx, q))
+			return noSpace(fmt.Errorf("qemu of %s: loading its state %s%s", m.cfg.Name, status, migrationError(ctx, q)))
 		}
 		select {
 		case <-ctx.Done():
@@ -465,6 +466,27 @@ func fdinfoFlags(b []byte) (int, bool) {
 	}
 	return 0, false
 }
+
+// noSpace makes an error that QEMU reported as text (a migration's
+// error-desc, a monitor's answer) and that says the disk was full match
+// errors.Is(err, syscall.ENOSPC), as a failed write of our own would:
+// QEMU gives no errno, only strerror's words.
+func noSpace(err error) error {
+	if err == nil || errors.Is(err, syscall.ENOSPC) {
+		return err
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "No space left on device") && !strings.Contains(msg, "ENOSPC") {
+		return err
+	}
+	return spaceError{err}
+}
+
+// spaceError is a QEMU error that said its disk was full.
+type spaceError struct{ err error }
+
+func (e spaceError) Error() string   { return e.err.Error() }
+func (e spaceError) Unwrap() []error { return []error{e.err, syscall.ENOSPC} }
 
 func migrationStatus(ctx context.Context, q *QMP) (string, error) {
 	ret, err := q.Execute(ctx, "query-migrate", nil)
