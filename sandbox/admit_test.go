@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -349,4 +350,19 @@ func TestSaveFailedInQEMUWords(t *testing.T) {
 	}
 	os.Remove(filler)
 	checkStore(t, m)
+}
+
+// TestNewRefusesADirOthersCanWrite: a Dir below a directory that others
+// may write (not sticky) is refused at New, saying which and why.
+func TestNewRefusesADirOthersCanWrite(t *testing.T) {
+	h := newHarness(t)
+	parent := filepath.Dir(h.dir)
+	if err := os.Chmod(parent, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Chmod(parent, 0o711)
+	_, err := h.newManager(nil)
+	if err == nil || !strings.Contains(err.Error(), parent+" is writable by its group or others") {
+		t.Errorf("New below a directory writable by all: %v", err)
+	}
 }

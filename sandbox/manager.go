@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -29,7 +30,9 @@ import (
 // required.
 type Config struct {
 	// Dir holds one directory per sandbox (its disk and run files). It
-	// and its parents must be traversable by the sandboxes' uids.
+	// and its parents must be traversable by the sandboxes' uids, owned by
+	// root (or this process's uid) and not writable by group or others
+	// (sticky parents excepted): New checks both (checkOwnership).
 	Dir     string
 	Image   Image
 	Driver  vmm.Driver
@@ -220,6 +223,9 @@ func New(cfg Config) (*Manager, error) {
 	if err := checkTraversable(cfg.Dir); err != nil {
 		return nil, err
 	}
+	if err := checkRootOwned(cfg.Dir); err != nil {
+		return nil, err
+	}
 	cfg.Dir = filepath.Clean(cfg.Dir)
 	lock, err := lockDir(cfg.Dir)
 	if err != nil {
@@ -255,6 +261,67 @@ func checkTraversable(dir string) error {
 			return nil
 		}
 	}
+}
+
+// dirInfo is what checkOwnership weighs of one directory.
+type dirInfo struct {
+	Path string
+	Uid  uint32
+	Mode os.FileMode
+}
+
+// checkRootOwned fails when another uid than root or hostproxy's own could
+// swap an entry on the way to dir or in it: hostproxy trusts
+// <dir>/<id>/ctl to be its own. Links on the way are resolved first, so
+// the directories checked are the ones really walked.
+func checkRootOwned(dir string) error {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return err
+	}
+	real, err = filepath.Abs(real)
+	if err != nil {
+		return err
+	}
+	var chain []dirInfo
+	for d := real; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("sandbox: no owner for %s", d)
+		}
+		chain = append(chain, dirInfo{Path: d, Uid: st.Uid, Mode: fi.Mode()})
+		if d == "/" {
+			break
+		}
+	}
+	return checkOwnership(chain, uint32(os.Geteuid()))
+}
+
+// checkOwnership is the rule checkRootOwned applies to the directories
+// from dir (chain[0]) up to /, for a hostproxy running as uid self (root
+// in production): every one is owned by root or self and writable by
+// neither its group nor others, except that a parent (never dir itself)
+// may be writable by all when it is sticky (as /tmp is: only an entry's
+// owner, and the directory's, may rename or remove it; the entry below
+// is root's or self's by the same rule, and so is the sticky directory).
+func checkOwnership(chain []dirInfo, self uint32) error {
+	for i, d := range chain {
+		if d.Uid != 0 && d.Uid != self {
+			return fmt.Errorf("sandbox: %s is owned by uid %d, neither root nor hostproxy's: whoever owns it could swap a sandbox's directories below it; chown root %s", d.Path, d.Uid, d.Path)
+		}
+		if d.Mode.Perm()&0o022 == 0 {
+			continue
+		}
+		if i > 0 && d.Mode&os.ModeSticky != 0 {
+			continue
+		}
+		return fmt.Errorf("sandbox: %s is writable by its group or others (mode %v): they could swap a sandbox's directories below it; chmod go-w %s", d.Path, d.Mode, d.Path)
+	}
+	return nil
 }
 
 // Close stops watching the machines and drops their channels. QEMUs keep
