@@ -13,7 +13,9 @@ import (
 // write let that uid swap <dir>/<id>/ctl.
 func TestCheckOwnership(t *testing.T) {
 	const self = 1000
-	d := func(path string, uid uint32, mode os.FileMode) dirInfo { return dirInfo{Path: path, Uid: uid, Mode: mode} }
+	d := func(path string, uid uint32, mode os.FileMode) dirInfo {
+		return dirInfo{Path: path, Uid: uid, Mode: mode}
+	}
 	root := d("/", 0, os.ModeDir|0o755)
 	tmp := d("/tmp", 0, os.ModeDir|os.ModeSticky|0o777)
 	for _, c := range []struct {
