@@ -161,7 +161,7 @@ func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
 	}
 	closeAll(socks) // QEMU's now
 	socks = nil
-	m := newMachine(cfg)
+	m := newMachine(cfg, d.log())
 	m.proc.Pid = cmd.Process.Pid
 	go func() {
 		err := cmd.Wait()
@@ -213,7 +213,7 @@ func (d *QEMU) Attach(ctx context.Context, cfg Config, p Process) (Machine, erro
 	} else {
 		ctl.Close()
 	}
-	m := newMachine(cfg)
+	m := newMachine(cfg, d.log())
 	m.proc, m.pidfd = p, pidfd
 	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	if err != nil {
@@ -284,10 +284,12 @@ type qemuMachine struct {
 	done    chan struct{}
 	gone    chan struct{} // closed at QEMU's exit, before done
 	exitErr error
+
+	log *slog.Logger
 }
 
-func newMachine(cfg Config) *qemuMachine {
-	return &qemuMachine{cfg: cfg, done: make(chan struct{}), gone: make(chan struct{}), pidfd: -1, wake: -1, stop: make(chan struct{}), drained: make(chan struct{})}
+func newMachine(cfg Config, log *slog.Logger) *qemuMachine {
+	return &qemuMachine{cfg: cfg, log: log, done: make(chan struct{}), gone: make(chan struct{}), pidfd: -1, wake: -1, stop: make(chan struct{}), drained: make(chan struct{})}
 }
 
 // drain copies the guest's console into its capped log in the

@@ -383,6 +383,11 @@ func (m *qemuMachine) switchTop(ctx context.Context, q *QMP, layer Layer) (switc
 // reopened it through the read-only one, and the read-write one only
 // waits in its set. Which file a descriptor is, and how it was opened,
 // is read from the host's side (/proc/PID/fd, fdinfo).
+//
+// Then every descriptor QEMU holds is checked (frozenWritable): the block
+// layer's own descriptor of a frozen layer goes only through QEMU's
+// reopen, whose failure QEMU ignores, so a writable one left fails the
+// operation.
 func (m *qemuMachine) dropWritable(ctx context.Context, q *QMP, top Layer) error {
 	topInfo, err := os.Stat(top.Path)
 	if err != nil {
@@ -396,10 +401,24 @@ func (m *qemuMachine) dropWritable(ctx context.Context, q *QMP, top Layer) error
 	if err != nil {
 		return err
 	}
+	// The frozen layers: every file QEMU was given but the top, and the
+	// layers it started with (by device and inode, not by name).
+	frozen := map[fileID]string{}
+	for _, l := range m.cfg.Disk {
+		if fi, err := os.Stat(l.Path); err == nil && !os.SameFile(fi, topInfo) {
+			frozen[idOf(fi)] = l.Path
+		}
+	}
 	for _, set := range sets {
 		for _, fd := range set.FDs {
-			if fi, err := os.Stat(fmt.Sprintf("/proc/%d/fd/%d", m.proc.Pid, fd)); err == nil && os.SameFile(fi, topInfo) {
+			fi, err := os.Stat(fmt.Sprintf("/proc/%d/fd/%d", m.proc.Pid, fd))
+			if err == nil && os.SameFile(fi, topInfo) {
 				continue
+			}
+			if err == nil {
+				if _, ok := frozen[idOf(fi)]; !ok {
+					frozen[idOf(fi)] = fmt.Sprintf("fdset %d", set.ID)
+				}
 			}
 			if !writable(m.proc.Pid, fd) {
 				continue
@@ -409,7 +428,77 @@ func (m *qemuMachine) dropWritable(ctx context.Context, q *QMP, top Layer) error
 			}
 		}
 	}
+	fds, err := openFiles(m.proc.Pid)
+	if err != nil {
+		return fmt.Errorf("qemu of %s: checking its descriptors of frozen layers: %w", m.cfg.Name, err)
+	}
+	if left := frozenWritable(fds, frozen); len(left) > 0 {
+		err := fmt.Errorf("qemu of %s (pid %d) still holds descriptor %d of frozen layer %s open for writing (flags %#o) after its descriptor sets were emptied: its reopen read-only failed", m.cfg.Name, m.proc.Pid, left[0].FD, frozen[left[0].ID], left[0].Flags)
+		m.log.Error("a frozen layer is writable by its QEMU", "machine", m.cfg.Name, "pid", m.proc.Pid, "fd", left[0].FD, "layer", frozen[left[0].ID], "descriptors", len(left))
+		return err
+	}
 	return nil
+}
+
+// fileID is a file by device and inode.
+type fileID struct{ Dev, Ino uint64 }
+
+func idOf(fi os.FileInfo) fileID {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}
+	}
+	return fileID{Dev: uint64(st.Dev), Ino: st.Ino}
+}
+
+// openFile is one descriptor of a process: the file it names and the
+// flags it was opened with.
+type openFile struct {
+	FD    int
+	ID    fileID
+	Flags int
+}
+
+// frozenWritable is the descriptors of fds that name a frozen file and
+// were opened for writing.
+func frozenWritable(fds []openFile, frozen map[fileID]string) []openFile {
+	var left []openFile
+	for _, f := range fds {
+		if _, ok := frozen[f.ID]; ok && f.Flags&unix.O_ACCMODE != unix.O_RDONLY {
+			left = append(left, f)
+		}
+	}
+	return left
+}
+
+// openFiles reads every descriptor of process pid (/proc/PID/fd and
+// fdinfo); one that closes meanwhile is left out, one whose flags cannot
+// be read counts as writable.
+func openFiles(pid int) ([]openFile, error) {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var fds []openFile
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		fi, err := os.Stat(dir + "/" + e.Name())
+		if err != nil {
+			continue
+		}
+		f := openFile{FD: fd, ID: idOf(fi), Flags: unix.O_RDWR}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%d", pid, fd)); err == nil {
+			if flags, ok := fdinfoFlags(b); ok {
+				f.Flags = flags
+			}
+		}
+		fds = append(fds, f)
+	}
+	return fds, nil
 }
 
 // fdset is one of QEMU's descriptor sets (query-fdsets).
