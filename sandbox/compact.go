@@ -281,6 +281,7 @@ type compactRun struct {
 	active bool // holds the sandbox: no operation begins
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the active spell ends
+	ended  chan struct{} // closed when the run leaves m.compacts
 }
 
 // compactLater compacts a sandbox's chains in the background, once no
@@ -292,13 +293,39 @@ func (m *Manager) compactLater(id string) {
 		m.mu.Unlock()
 		return
 	}
-	c := &compactRun{}
+	c := &compactRun{ended: make(chan struct{})}
 	m.compacts[id] = c
 	m.mu.Unlock()
 	if !m.goAfter(func() { m.runCompaction(id, c) }) {
 		m.mu.Lock()
-		delete(m.compacts, id)
+		m.endCompaction(id, c)
 		m.mu.Unlock()
+	}
+}
+
+// endCompaction takes a run out of m.compacts; m.mu is held.
+func (m *Manager) endCompaction(id string, c *compactRun) {
+	delete(m.compacts, id)
+	close(c.ended)
+}
+
+// Compacted waits until no compaction of any sandbox is asked for or
+// running: the chains are as short as the records let them be, until
+// the next boot, snapshot, delete or stop. (A compaction waits for an
+// operation that holds its sandbox, and so does Compacted.)
+func (m *Manager) Compacted() {
+	for {
+		m.mu.Lock()
+		var ended chan struct{}
+		for _, c := range m.compacts {
+			ended = c.ended
+			break
+		}
+		m.mu.Unlock()
+		if ended == nil {
+			return
+		}
+		<-ended
 	}
 }
 
@@ -316,7 +343,7 @@ func (m *Manager) runCompaction(id string, c *compactRun) {
 		for {
 			m.mu.Lock()
 			if m.closed || m.ctx.Err() != nil {
-				delete(m.compacts, id)
+				m.endCompaction(id, c)
 				m.mu.Unlock()
 				return
 			}
@@ -341,7 +368,7 @@ func (m *Manager) runCompaction(id string, c *compactRun) {
 		c.active = false
 		close(c.done)
 		if !c.again {
-			delete(m.compacts, id)
+			m.endCompaction(id, c)
 			m.mu.Unlock()
 			return
 		}
