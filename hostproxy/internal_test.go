@@ -226,11 +226,11 @@ func TestExampleConfig(t *testing.T) {
 // parse into their fields (unknown ones are still refused).
 func TestVMsConfigAdmissionKeys(t *testing.T) {
 	c, err := ParseConfig([]byte(`{"vms": {"dir": "/v", "image": "/i", "uid_base": 600000, "id_claims": "/run/ids.json",
-	  "store_reserve_mib": 2048, "snapshot_quota_gib": 20, "memory_reserve_mib": 1024, "memory_overcommit": 1.5}}`))
+	  "store_reserve_mib": 2048, "snapshot_quota_gib": 20, "memory_reserve_mib": 1024, "memory_overcommit": 1.5, "disk_overcommit": 2}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := VMsConfig{Dir: "/v", Image: "/i", UIDBase: 600000, IDClaims: "/run/ids.json", StoreReserveMiB: 2048, SnapshotQuotaGiB: 20, MemoryReserveMiB: 1024, MemoryOvercommit: 1.5}
+	want := VMsConfig{Dir: "/v", Image: "/i", UIDBase: 600000, IDClaims: "/run/ids.json", StoreReserveMiB: 2048, SnapshotQuotaGiB: 20, MemoryReserveMiB: 1024, MemoryOvercommit: 1.5, DiskOvercommit: 2}
 	if c.VMs == nil || *c.VMs != want {
 		t.Errorf("parsed %+v, want %+v", c.VMs, want)
 	}

@@ -58,6 +58,11 @@ type VMsConfig struct {
 	// to the host's that admission allows (default 1: none).
 	MemoryReserveMiB int     `json:"memory_reserve_mib,omitempty"`
 	MemoryOvercommit float64 `json:"memory_overcommit,omitempty"`
+	// DiskOvercommit is the ratio of what the disks of the sandboxes
+	// with a QEMU may still grow by to the store's free space less its
+	// reserve that a create, fork or start may reach (default 4; 1: the
+	// store can never fill): 507 insufficient_storage.
+	DiskOvercommit float64 `json:"disk_overcommit,omitempty"`
 	// UnresponsiveLimit is how long a sandbox whose guest stopped
 	// answering stays unresponsive before its QEMU is stopped and it is
 	// put in error (default 3m).
@@ -111,6 +116,7 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 		SnapshotQuotaBytes: mc.SnapshotQuotaGiB << 30,
 		ReserveMiB:         mc.MemoryReserveMiB,
 		Overcommit:         mc.MemoryOvercommit,
+		DiskOvercommit:     mc.DiskOvercommit,
 		Booted:             s.booted,
 		ServeGuest:         s.serveGuest,
 	})

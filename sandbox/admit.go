@@ -24,6 +24,13 @@ import (
 // and every new disk layer layerBytes of metadata. Snapshots of one
 // sandbox are capped in bytes too (SnapshotQuotaBytes).
 //
+// Disks: a guest's disk grows into the store as it writes, up to its
+// disk_gib; QEMU then stops every guest whose write finds the store full
+// (io-error). At create, fork and start, what the disks of the sandboxes
+// with a QEMU may still grow by (each disk_gib less its top's allocated
+// bytes, at least 0), the new one's included, may not pass the store's
+// free space less StoreReserveBytes, times DiskOvercommit.
+//
 // Memory: every sandbox that has a QEMU (running, booting, paused with
 // its QEMU) counts with its whole memory_mib plus QEMUOverheadMiB, and
 // the sum may not pass (MemTotal − ReserveMiB) × Overcommit; the host's
@@ -45,6 +52,11 @@ const (
 	// DefaultSnapshotQuotaFactor × a sandbox's memory and disk is its
 	// snapshots' quota unless SnapshotQuotaBytes says otherwise.
 	DefaultSnapshotQuotaFactor = 8
+	// DefaultDiskOvercommit lets the disks' growth be 4 × the store's
+	// free space: guests rarely fill their disks, and at 1 a store of
+	// 80 GB would hold only 19 sandboxes of 4 GiB however little they
+	// write. 1 makes a full store impossible.
+	DefaultDiskOvercommit = 4
 )
 
 var (
@@ -116,6 +128,66 @@ func (m *Manager) saveFault(err error, need int64) error {
 // shortAfterSave is the rule saveFault applies: a store whose free space
 // is under its reserve is why a save failed.
 func shortAfterSave(free, reserve int64) bool { return free < reserve }
+
+// diskGrowth is what a disk of diskBytes whose top has allocated bytes
+// may still take from the store.
+func diskGrowth(diskBytes, allocated int64) int64 { return max(diskBytes-allocated, 0) }
+
+// admitDisks is the disks' rule: others' growth and the new one's (want)
+// within (free − reserve) × overcommit.
+func admitDisks(others, want, free, reserve int64, overcommit float64) error {
+	limit := float64(max(free-reserve, 0)) * overcommit
+	if float64(others)+float64(want) > limit {
+		return ErrInsufficientStorage.With("needed_bytes", want).With("committed_bytes", others).With("free_bytes", free).With("reserve_bytes", reserve).With("disk_overcommit", overcommit)
+	}
+	return nil
+}
+
+// checkDisks refuses a boot of id (a disk of diskGiB, its top, if it has
+// one already, the store file top) when admitDisks does.
+func (m *Manager) checkDisks(ctx context.Context, id string, diskGiB int, top string) error {
+	free, err := m.storeFree()
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	withQEMU := map[string]bool{}
+	for other := range m.live {
+		withQEMU[other] = true
+	}
+	for other := range m.reserved {
+		withQEMU[other] = true
+	}
+	m.mu.Unlock()
+	records, err := m.cfg.Records.List(ctx)
+	if err != nil {
+		return err
+	}
+	var others int64
+	for _, r := range records {
+		if r.ID == id || !withQEMU[r.ID] {
+			continue
+		}
+		var have int64
+		if t := topOf(r); t != "" {
+			have = allocated(m.layerPath(t))
+		}
+		others += diskGrowth(m.diskBytes(r.DiskGiB), have)
+	}
+	var have int64
+	if top != "" {
+		have = allocated(m.layerPath(top))
+	}
+	return admitDisks(others, diskGrowth(m.diskBytes(diskGiB), have), free, m.cfg.StoreReserveBytes, m.cfg.DiskOvercommit)
+}
+
+// topOf is the store file of r's disk's top ("" before its first boot).
+func topOf(r Record) string {
+	if r.Machine == nil || len(r.Machine.Disk) == 0 {
+		return ""
+	}
+	return r.Machine.Disk[0]
+}
 
 // snapshotQuota is the bytes r's snapshots may take.
 func (m *Manager) snapshotQuota(r Record) int64 {

@@ -366,3 +366,64 @@ func TestNewRefusesADirOthersCanWrite(t *testing.T) {
 		t.Errorf("New below a directory writable by all: %v", err)
 	}
 }
+
+// TestDiskGrowthAdmitted: on a store whose free space less its reserve,
+// times DiskOvercommit, holds the growth of two 1 GiB disks but not of
+// three, a third create, a fork and the start of a stopped sandbox answer
+// insufficient_storage with the bytes needed, committed and free, and
+// nothing is recorded; a sandbox stopped makes room.
+//
+// Regression: a create reserved only a layer's metadata, so sandboxes
+// whose disks could grow to disk_gib filled the store together, and QEMU
+// stopped the other guests in io-error.
+func TestDiskGrowthAdmitted(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	mountSmallFS(t, h.dir, 1<<30)
+	const reserve = 64 << 20
+	var st unix.Statfs_t
+	if err := unix.Statfs(h.dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	ratio := float64(5<<29) / float64(free-reserve) // 2.5 GiB of growth
+	m := h.manager(func(c *sandbox.Config) {
+		c.QEMUVersion, c.StoreReserveBytes, c.DiskOvercommit = qemuVersion, reserve, ratio
+	})
+	h.running(m, "sb-1")
+	h.running(m, "sb-2")
+	want507 := func(what string, err error) {
+		t.Helper()
+		fe := fault.As(err)
+		if fe == nil {
+			t.Errorf("%s past the disks' growth: %v, want insufficient_storage", what, err)
+			return
+		}
+		// A disk's growth: its size less what its top has already.
+		needed, _ := fe.Fields["needed_bytes"].(int64)
+		if fe.Code != "insufficient_storage" || needed <= 1<<29 || needed > 1<<30 || fe.Fields["committed_bytes"] == nil || fe.Fields["free_bytes"] == nil {
+			t.Errorf("%s past the disks' growth: %v (%#v), want insufficient_storage with needed, committed and free bytes", what, err, fe)
+		}
+	}
+	_, err := m.Create(ctx, record("sb-3"))
+	want507("a create", err)
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	_, err = m.Fork(ctx, "sb-1", "v1", sandbox.Record{ID: "sb-4", Account: "acct"})
+	want507("a fork", err)
+	for _, id := range []string{"sb-3", "sb-4"} {
+		if _, err := h.recs.Get(ctx, id); fault.CodeOf(err) != "sandbox_not_found" {
+			t.Errorf("%s recorded past the disks' growth: %v", id, err)
+		}
+	}
+	if _, err := m.Stop(ctx, "sb-2"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-2", sandbox.Stopped)
+	h.running(m, "sb-3")
+	_, err = m.Start(ctx, "sb-2")
+	want507("a start", err)
+	if r := h.get("sb-2"); r.State != sandbox.Stopped {
+		t.Errorf("sb-2 %s after a refused start", r.State)
+	}
+	checkStore(t, m)
+}

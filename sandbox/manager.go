@@ -74,6 +74,12 @@ type Config struct {
 	// (DefaultStoreReserveBytes when zero): an operation that would cut
 	// into it answers insufficient_storage.
 	StoreReserveBytes int64
+	// DiskOvercommit is the ratio of what the disks of the sandboxes with
+	// a QEMU may still grow by (each its disk_gib less its top's
+	// allocated bytes) to the store's free space less StoreReserveBytes
+	// that admission allows at create, fork and start
+	// (DefaultDiskOvercommit when zero).
+	DiskOvercommit float64
 	// SnapshotQuotaBytes caps the bytes of one sandbox's snapshots
 	// (DefaultSnapshotQuotaFactor × its memory and disk when zero).
 	SnapshotQuotaBytes int64
@@ -208,8 +214,11 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Overcommit == 0 {
 		cfg.Overcommit = 1
 	}
-	if cfg.Overcommit < 0 || cfg.StoreReserveBytes < 0 || cfg.SnapshotQuotaBytes < 0 {
-		return nil, errors.New("sandbox: Overcommit, StoreReserveBytes and SnapshotQuotaBytes must not be negative")
+	if cfg.DiskOvercommit == 0 {
+		cfg.DiskOvercommit = DefaultDiskOvercommit
+	}
+	if cfg.Overcommit < 0 || cfg.DiskOvercommit < 0 || cfg.StoreReserveBytes < 0 || cfg.SnapshotQuotaBytes < 0 {
+		return nil, errors.New("sandbox: Overcommit, DiskOvercommit, StoreReserveBytes and SnapshotQuotaBytes must not be negative")
 	}
 	if cfg.StoreReserveBytes == 0 {
 		cfg.StoreReserveBytes = DefaultStoreReserveBytes
@@ -483,6 +492,9 @@ func (m *Manager) Create(ctx context.Context, r Record) (Record, error) {
 	if err := m.checkStorage(layerBytes); err != nil {
 		return Record{}, err
 	}
+	if err := m.checkDisks(ctx, r.ID, r.DiskGiB, ""); err != nil {
+		return Record{}, err
+	}
 	return m.create(ctx, r, Machine{BaseDisk: m.cfg.Image.Disk, Image: m.cfg.Image.Key})
 }
 
@@ -519,6 +531,11 @@ func (m *Manager) create(ctx context.Context, r Record, mach Machine) (Record, e
 // Start boots a stopped sandbox, or one in error, from its disk: a cold
 // boot. A sandbox already creating or running is returned as it is.
 func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
+	if r, err := m.cfg.Records.Get(ctx, id); err == nil && r.Machine != nil && m.machineOf(id) == nil && (r.State == Stopped || r.State == Error) {
+		if err := m.checkDisks(ctx, id, r.DiskGiB, topOf(r)); err != nil {
+			return Record{}, err
+		}
+	}
 	done, err := m.begin(id)
 	if err != nil {
 		return Record{}, err

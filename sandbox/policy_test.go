@@ -249,3 +249,65 @@ func FuzzAdmitMemory(f *testing.F) {
 		}
 	})
 }
+
+// TestAdmitDisks: the disks' growth, the new one's with the others',
+// within (free − reserve) × overcommit.
+func TestAdmitDisks(t *testing.T) {
+	const gib = 1 << 30
+	cases := []struct {
+		name                       string
+		others, want, free, reserv int64
+		overcommit                 float64
+		ok                         bool
+	}{
+		{"room", 2 * gib, 1 * gib, 5 * gib, 1 * gib, 1, true},
+		{"exactly", 3 * gib, 1 * gib, 5 * gib, 1 * gib, 1, true},
+		{"one_byte_over", 3*gib + 1, 1 * gib, 5 * gib, 1 * gib, 1, false},
+		{"overcommitted", 12 * gib, 4 * gib, 5 * gib, 1 * gib, 4, true},
+		{"past_overcommit", 13 * gib, 4 * gib, 5 * gib, 1 * gib, 4, false},
+		{"under_the_reserve", 0, 1, 1 * gib, 2 * gib, 4, false},
+		{"a_full_disk_grows_no_more", 0, 0, 1 * gib, 1 * gib, 1, true},
+		{"first_on_a_small_store", 0, 4 * gib, 1 * gib, 0, 4, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := admitDisks(tc.others, tc.want, tc.free, tc.reserv, tc.overcommit)
+			if (err == nil) != tc.ok {
+				t.Fatalf("got %v, want ok=%v", err, tc.ok)
+			}
+			if err != nil {
+				fe := fault.As(err)
+				if fe == nil || fe.Code != "insufficient_storage" || fe.Kind != fault.InsufficientStorage || fe.Fields["needed_bytes"] != tc.want || fe.Fields["free_bytes"] != tc.free || fe.Fields["committed_bytes"] != tc.others {
+					t.Errorf("error %#v", fe)
+				}
+			}
+		})
+	}
+	for _, c := range []struct{ disk, allocated, want int64 }{{4 * gib, 0, 4 * gib}, {4 * gib, gib, 3 * gib}, {gib, 2 * gib, 0}} {
+		if got := diskGrowth(c.disk, c.allocated); got != c.want {
+			t.Errorf("diskGrowth(%d, %d) = %d, want %d", c.disk, c.allocated, got, c.want)
+		}
+	}
+}
+
+// FuzzAdmitDisks: an admitted growth fits the limit; more free space or
+// a higher ratio never refuses what was admitted, and less growth never
+// refuses either.
+func FuzzAdmitDisks(f *testing.F) {
+	f.Add(int64(2<<30), int64(1<<30), int64(5<<30), int64(1<<30), 4.0)
+	f.Add(int64(0), int64(0), int64(0), int64(0), 1.0)
+	f.Fuzz(func(t *testing.T, others, want, free, reserve int64, overcommit float64) {
+		if others < 0 || want < 0 || free < 0 || reserve < 0 || !(overcommit >= 0) || overcommit > 1e6 || others > 1<<50 || want > 1<<50 || free > 1<<50 || reserve > 1<<50 {
+			return
+		}
+		if admitDisks(others, want, free, reserve, overcommit) != nil {
+			return
+		}
+		if float64(others+want) > float64(max(free-reserve, 0))*overcommit {
+			t.Fatalf("admitted %d + %d over (%d − %d) × %v", others, want, free, reserve, overcommit)
+		}
+		if admitDisks(others, want, free+1<<20, reserve, overcommit) != nil || admitDisks(others, want, free, reserve, overcommit*2) != nil || admitDisks(others/2, want/2, free, reserve, overcommit) != nil {
+			t.Fatalf("admitted %d + %d at (%d − %d) × %v, refused with more room or less growth", others, want, free, reserve, overcommit)
+		}
+	})
+}

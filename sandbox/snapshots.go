@@ -580,6 +580,9 @@ func (m *Manager) Fork(ctx context.Context, srcID, snapID string, r Record) (Rec
 	if err := m.checkStorage(need); err != nil {
 		return Record{}, err
 	}
+	if err := m.checkDisks(ctx, r.ID, snap.DiskGiB, ""); err != nil {
+		return Record{}, err
+	}
 	top, err := m.newLayer(ctx, snap.BaseDisk, snap.Disk[0], m.diskBytes(snap.DiskGiB))
 	if err != nil {
 		return Record{}, m.storageFault(err)
