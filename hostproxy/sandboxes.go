@@ -190,6 +190,7 @@ func sandboxView(sb Sandbox) api.Sandbox {
 	}
 	if sb.State == sandbox.Unresponsive && !sb.UnresponsiveSince.IsZero() {
 		v.UnresponsiveSince = api.FormatTime(sb.UnresponsiveSince)
+		v.UnresponsiveReason = sb.UnresponsiveReason
 	}
 	if sb.From != nil {
 		v.From = &api.SandboxFrom{Sandbox: sb.From.Sandbox, Snapshot: sb.From.Snapshot}

@@ -427,3 +427,30 @@ func TestDiskGrowthAdmitted(t *testing.T) {
 	}
 	checkStore(t, m)
 }
+
+// TestIOErrorIsUnresponsive: a guest that QEMU stopped on a failed disk
+// write (io-error, the store full) no longer answers and nobody will
+// resume it: the heartbeat counts it as not answering, and the sandbox is
+// unresponsive saying why, then in error past its limit, saying why too.
+//
+// Regression: the heartbeat took any guest whose CPUs did not run for a
+// paused one, so a guest in io-error showed running while every call
+// timed out.
+func TestIOErrorIsUnresponsive(t *testing.T) {
+	h := newHarness(t)
+	m := h.manager(func(c *sandbox.Config) {
+		c.Heartbeat, c.PingTimeout, c.UnresponsiveLimit = 20*time.Millisecond, 150*time.Millisecond, 2*time.Second
+	})
+	h.running(m, "sb-1")
+	fm := waitMachine(t, h.drv, "sb-1")
+	fm.ioError.Store(true)
+	fm.killGuestd(h.drv.log, false) // its CPUs stopped: nothing answers
+	r := h.waitState("sb-1", sandbox.Unresponsive)
+	if !strings.Contains(r.UnresponsiveReason, "io-error") || r.UnresponsiveSince.IsZero() {
+		t.Errorf("unresponsive since %v, reason %q; want one naming io-error", r.UnresponsiveSince, r.UnresponsiveReason)
+	}
+	r = h.waitState("sb-1", sandbox.Error)
+	if !strings.Contains(r.Error, "io-error") || r.UnresponsiveReason != "" {
+		t.Errorf("error %q, reason %q", r.Error, r.UnresponsiveReason)
+	}
+}

@@ -167,6 +167,7 @@ type fakeMachine struct {
 	srv   *http.Server
 
 	paused    atomic.Bool
+	ioError   atomic.Bool  // State says io-error
 	loaded    atomic.Value // string: the machine whose state Load read
 	loadedTop atomic.Value // string: the disk top that state was saved over
 	saves     atomic.Int32 // Save calls begun
@@ -370,10 +371,22 @@ func (m *fakeMachine) Resume(ctx context.Context) error {
 }
 
 func (m *fakeMachine) Running(ctx context.Context) (bool, error) {
-	if m.exited() {
-		return false, errors.New("fake qemu: exited")
+	st, err := m.State(ctx)
+	return st.Running, err
+}
+
+// State is running or paused, or io-error once ioError is set (as QEMU
+// stops a guest whose disk write found the store full).
+func (m *fakeMachine) State(ctx context.Context) (vmm.RunState, error) {
+	switch {
+	case m.exited():
+		return vmm.RunState{}, errors.New("fake qemu: exited")
+	case m.ioError.Load():
+		return vmm.RunState{Status: "io-error"}, nil
+	case m.paused.Load():
+		return vmm.RunState{Status: "paused"}, nil
 	}
-	return !m.paused.Load(), nil
+	return vmm.RunState{Running: true, Status: "running"}, nil
 }
 
 // Kill is a power cut: Done closes before Kill returns.

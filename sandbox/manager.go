@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -160,6 +161,9 @@ type machine struct {
 	healing, again bool
 	// memoryMiB is its guest's memory, as memory admission counts it.
 	memoryMiB int
+	// stuck is QEMU's run state when the heartbeat last found it
+	// stopped on a fault (io-error), "" otherwise.
+	stuck atomic.Value
 	// expected is set before an exit that someone asked for (stop,
 	// delete), so that the watcher does not call it a failure.
 	mu       sync.Mutex
@@ -834,9 +838,20 @@ func (m *Manager) adopt(id string, vm vmm.Machine, cfg vmm.Config, handshake boo
 		PingTimeout: m.cfg.PingTimeout,
 		Stalled: func(ctx context.Context) bool {
 			// A guest whose CPUs are stopped (paused, or being saved)
-			// cannot answer; one whose CPUs run should have.
-			running, err := vm.Running(ctx)
-			return err == nil && running
+			// cannot answer; one whose CPUs run should have. One that
+			// QEMU stopped on a fault (io-error: its disk found the
+			// store full) will not answer either, and nobody will
+			// resume it: it counts as not answering, and says why.
+			st, err := vm.State(ctx)
+			if err != nil {
+				return false
+			}
+			if st.Stuck() {
+				mc.stuck.Store(st.Status)
+				return true
+			}
+			mc.stuck.Store("")
+			return st.Running
 		},
 		Answering: func(n uint64, up bool) { m.answering(mc, n, up) },
 	})

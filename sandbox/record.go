@@ -60,6 +60,9 @@ type Record struct {
 	// UnresponsiveSince is when the guest stopped answering, in state
 	// unresponsive.
 	UnresponsiveSince time.Time `json:"unresponsive_since,omitzero"`
+	// UnresponsiveReason says why the guest cannot answer when the host
+	// knows (QEMU stopped it on a fault), in state unresponsive.
+	UnresponsiveReason string `json:"unresponsive_reason,omitempty"`
 	// LastError is the last operation that failed after it was answered
 	// (a pause whose save failed: the sandbox runs on), until the same
 	// operation succeeds.

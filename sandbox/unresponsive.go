@@ -34,7 +34,7 @@ func (m *Manager) answering(mc *machine, n uint64, up bool) {
 		since := time.Now().UTC().Truncate(time.Second)
 		r, err := m.cfg.Records.Update(m.ctx, mc.id, func(r *Record) error {
 			if r.State == Running {
-				r.State, r.UnresponsiveSince = Unresponsive, since
+				r.State, r.UnresponsiveSince, r.UnresponsiveReason = Unresponsive, since, stuckReason(mc)
 			}
 			return nil
 		})
@@ -96,7 +96,7 @@ func (m *Manager) healOnce(mc *machine) {
 	}
 	r, err = m.cfg.Records.Update(ctx, mc.id, func(r *Record) error {
 		if r.State == Unresponsive {
-			r.State, r.UnresponsiveSince = Running, time.Time{}
+			r.State, r.UnresponsiveSince, r.UnresponsiveReason = Running, time.Time{}, ""
 		}
 		return nil
 	})
@@ -145,10 +145,27 @@ func (m *Manager) expireUnresponsive(mc *machine, since time.Time) {
 	m.cfg.Records.Update(context.Background(), mc.id, func(r *Record) error {
 		if r.State == Unresponsive {
 			r.State, r.Error, r.UnresponsiveSince = Error, fmt.Sprintf(errUnresponsive, m.cfg.UnresponsiveLimit), time.Time{}
+			if r.UnresponsiveReason != "" {
+				r.Error += " (" + r.UnresponsiveReason + ")"
+			}
+			r.UnresponsiveReason = ""
 			if r.Machine != nil {
 				r.Machine.Process = nil
 			}
 		}
 		return nil
 	})
+}
+
+// stuckReason says why mc's guest cannot answer when its QEMU stopped it
+// on a fault (the heartbeat's last look), "" otherwise.
+func stuckReason(mc *machine) string {
+	status, _ := mc.stuck.Load().(string)
+	switch status {
+	case "":
+		return ""
+	case "io-error":
+		return "QEMU stopped the guest on a failed disk write (io-error): the host's store is full"
+	}
+	return "QEMU stopped the guest (" + status + ")"
 }

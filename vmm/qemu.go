@@ -39,6 +39,8 @@ type Machine interface {
 	Resume(ctx context.Context) error
 	// Running tells whether the guest's CPUs run (false when paused).
 	Running(ctx context.Context) (bool, error)
+	// State is QEMU's run state: whether the CPUs run, and why not.
+	State(ctx context.Context) (RunState, error)
 	// Kill ends QEMU at once (a power cut for the guest).
 	Kill() error
 	// Done is closed once QEMU has exited.
@@ -398,17 +400,49 @@ func (m *qemuMachine) Resume(ctx context.Context) error {
 }
 
 func (m *qemuMachine) Running(ctx context.Context) (bool, error) {
+	st, err := m.State(ctx)
+	return st.Running, err
+}
+
+func (m *qemuMachine) State(ctx context.Context) (RunState, error) {
 	ret, err := m.execute(ctx, "query-status")
 	if err != nil {
-		return false, err
+		return RunState{}, err
 	}
+	return parseRunState(ret)
+}
+
+// RunState is QEMU's run state (query-status).
+type RunState struct {
+	// Running tells whether the guest's CPUs run.
+	Running bool
+	// Status is QEMU's word for the state: "running", "paused" (a stop),
+	// "postmigrate" (after a save), "io-error" (a disk write failed:
+	// QEMU stops the guest on ENOSPC, werror=enospc, its default),
+	// "internal-error", "guest-panicked", ...
+	Status string
+}
+
+// Stuck tells whether QEMU stopped the guest for a fault that nothing
+// lifts by itself: its guest cannot answer, and is not paused by anyone
+// who will resume it.
+func (s RunState) Stuck() bool {
+	switch s.Status {
+	case "io-error", "internal-error", "guest-panicked":
+		return true
+	}
+	return false
+}
+
+func parseRunState(ret json.RawMessage) (RunState, error) {
 	var st struct {
-		Running bool `json:"running"`
+		Running bool   `json:"running"`
+		Status  string `json:"status"`
 	}
 	if err := json.Unmarshal(ret, &st); err != nil {
-		return false, fmt.Errorf("query-status: %w", err)
+		return RunState{}, fmt.Errorf("query-status: %w", err)
 	}
-	return st.Running, nil
+	return RunState{Running: st.Running, Status: st.Status}, nil
 }
 
 // Kill sends SIGKILL: through the pidfd for an adopted QEMU (a reused pid

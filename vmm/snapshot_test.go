@@ -99,3 +99,30 @@ func TestOpenFiles(t *testing.T) {
 		t.Errorf("writable descriptors of %s: %+v, want only %d", path, left, f.Fd())
 	}
 }
+
+// TestParseRunState: query-status's answer gives whether the CPUs run
+// and QEMU's word for why not; a guest QEMU stopped on a failed disk
+// write (io-error) is stuck, a paused or saved one is not.
+func TestParseRunState(t *testing.T) {
+	for _, c := range []struct {
+		ret   string
+		want  RunState
+		stuck bool
+	}{
+		{`{"running":true,"status":"running"}`, RunState{Running: true, Status: "running"}, false},
+		{`{"running":false,"status":"paused"}`, RunState{Status: "paused"}, false},
+		{`{"running":false,"status":"postmigrate"}`, RunState{Status: "postmigrate"}, false},
+		{`{"running":false,"status":"io-error"}`, RunState{Status: "io-error"}, true},
+		{`{"running":false,"status":"internal-error"}`, RunState{Status: "internal-error"}, true},
+		{`{"running":false,"status":"guest-panicked"}`, RunState{Status: "guest-panicked"}, true},
+		{`{"running":false,"singlestep":false,"status":"inmigrate"}`, RunState{Status: "inmigrate"}, false},
+	} {
+		got, err := parseRunState([]byte(c.ret))
+		if err != nil || got != c.want || got.Stuck() != c.stuck {
+			t.Errorf("parseRunState(%s) = %+v (stuck %v), %v; want %+v (stuck %v)", c.ret, got, got.Stuck(), err, c.want, c.stuck)
+		}
+	}
+	if _, err := parseRunState([]byte(`[`)); err == nil {
+		t.Error("a broken answer parsed")
+	}
+}

@@ -62,8 +62,10 @@ type Sandbox struct {
 	Error     string `json:"error,omitempty"`
 	// UnresponsiveSince is when the guest stopped answering, in state
 	// unresponsive (RFC 3339).
-	UnresponsiveSince string       `json:"unresponsive_since,omitempty"`
-	From              *SandboxFrom `json:"from,omitempty"`
+	UnresponsiveSince string `json:"unresponsive_since,omitempty"`
+	// UnresponsiveReason says why, when the host knows.
+	UnresponsiveReason string       `json:"unresponsive_reason,omitempty"`
+	From               *SandboxFrom `json:"from,omitempty"`
 	// LastError is an operation answered 202 that then failed (a pause
 	// whose memory could not be saved: the sandbox runs on).
 	LastError *FailedOperation `json:"last_error,omitempty"`
