@@ -307,12 +307,12 @@ func TestSaveFailedInQEMUWords(t *testing.T) {
 	mountSmallFS(t, h.dir, 1<<30)
 	const reserve = 64 << 20
 	m := h.manager(func(c *sandbox.Config) { c.QEMUVersion, c.StoreReserveBytes = qemuVersion, reserve })
-	h.running(m, "sb-1")
 	gate := make(chan struct{})
 	var release sync.Once
 	open := func() { release.Do(func() { close(gate) }) }
 	t.Cleanup(open) // before the Manager's Close, which waits for the save
-	h.drv.last("sb-1").plan = plan{saveGate: gate, saveFails: "qemu of sb-1: saving its state failed: Unable to write to file: No space left on device"}
+	h.drv.setPlan(plan{saveGate: gate, saveFails: "qemu of sb-1: saving its state failed: Unable to write to file: No space left on device"})
+	h.running(m, "sb-1")
 	fm := h.drv.last("sb-1")
 
 	// A memory snapshot.
