@@ -103,14 +103,15 @@ func (b *vmBench) hostileRows() ([]row, error) {
 		if err != nil {
 			return nil, err
 		}
-		old := strings.TrimSpace(fmt.Sprint(d["stdout"]))
-		if _, err := b.exec(a, "sh", "-c", "setsid sh -c 'sleep 1; kill -9 "+old+"' >/dev/null 2>&1 </dev/null &"); err != nil {
+		// pidof may also name the child guestd forks for the exec itself.
+		old := strings.Fields(fmt.Sprint(d["stdout"]))
+		if _, err := b.exec(a, "sh", "-c", "setsid sh -c 'sleep 1; kill -9 "+strings.Join(old, " ")+"' >/dev/null 2>&1 </dev/null &"); err != nil {
 			return nil, err
 		}
 		killed := time.Now().Add(time.Second)
 		for {
 			d, err := b.exec(a, "pidof", "guestd")
-			if err == nil && strings.TrimSpace(fmt.Sprint(d["stdout"])) != old {
+			if err == nil && !slices.ContainsFunc(strings.Fields(fmt.Sprint(d["stdout"])), func(p string) bool { return slices.Contains(old, p) }) {
 				break
 			}
 			if time.Since(killed) > 90*time.Second {
