@@ -528,7 +528,7 @@ and stderr base64-encoded.`,
 			}
 			switch {
 			case res.TimedOut:
-				fmt.Fprintf(a.stderr, "createos: the command timed out after %d s; its process group was killed\n", int(wait/time.Second))
+				fmt.Fprintf(a.stderr, "createos: the command timed out after %d s; every process it started was killed\n", int(wait/time.Second))
 				return &exitStatus{124}
 			case res.ExitCode == 0:
 				return nil

@@ -519,7 +519,7 @@ func TestSandboxExec(t *testing.T) {
 		{name: "binary output", args: []string{"sb-a1", "--", "binary"}, stdout: string(binary), stderr: "\xff"},
 		{name: "killed by a signal", args: []string{"sb-a1", "--", "killed"}, code: 137},
 		{name: "timed out", args: []string{"sb-a1", "--timeout", "5", "--", "slow"}, code: 124, stdout: "partial",
-			stderr: "createos: the command timed out after 5 s; its process group was killed\n"},
+			stderr: "createos: the command timed out after 5 s; every process it started was killed\n"},
 		{name: "truncated", args: []string{"sb-a1", "--", "big"}, stdout: "x", stderr: "createos: the output was cut at 1048576 bytes per stream (truncated)\n"},
 		{name: "exec_failed", args: []string{"sb-a1", "--", "nope"}, code: 1,
 			stderr: "createos: exec_failed: program nope is not found in PATH (/usr/bin)\n  program: nope\n"},
