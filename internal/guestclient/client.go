@@ -217,17 +217,19 @@ func (c *Client) read(ctx context.Context, a *Answer, resp *http.Response, limit
 			return err
 		}
 		p := make([]byte, chunk)
-		n, err := io.ReadFull(resp.Body, p)
+		n, err := fill(resp.Body, p)
 		pieces = append(pieces, p[:n])
 		total += int64(n)
 		if total > limit {
 			return fmt.Errorf("%w: over %d bytes", ErrAnswerTooLarge, limit)
 		}
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		// Only io.EOF ends a body whole: a chunked body cut off ends in
+		// io.ErrUnexpectedEOF, and is not an answer.
+		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return err
+			return fmt.Errorf("guest answer cut off after %d bytes: %w", total, err)
 		}
 	}
 	a.Body = bytes.Join(pieces, nil)
@@ -237,6 +239,21 @@ func (c *Client) read(ctx context.Context, a *Answer, resp *http.Response, limit
 		a.held -= extra
 	}
 	return nil
+}
+
+// fill reads into p until it is full or r fails; unlike io.ReadFull it
+// returns r's error as it is, so that io.EOF (the body's end) stays apart
+// from io.ErrUnexpectedEOF (a body cut off).
+func fill(r io.Reader, p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		m, err := r.Read(p[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 func (c *Client) hold(ctx context.Context, a *Answer, n int64) error {

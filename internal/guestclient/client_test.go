@@ -84,6 +84,12 @@ func TestHostileAnswers(t *testing.T) {
 		{"endless body without a length", func(w io.Writer) { io.WriteString(w, "HTTP/1.1 200 OK\r\n\r\n"); endless(w, "x") }, "too large"},
 		{"endless 1xx", func(w io.Writer) { endless(w, "HTTP/1.1 102 Processing\r\n\r\n") }, "exceeded"},
 		{"silence", func(w io.Writer) { time.Sleep(1500 * time.Millisecond) }, "deadline"},
+		{"chunked body cut off mid-chunk", func(w io.Writer) {
+			io.WriteString(w, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n{}")
+		}, "unexpected EOF"},
+		{"chunked body cut off before its last chunk", func(w io.Writer) {
+			io.WriteString(w, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n")
+		}, "unexpected EOF"},
 		{"body that stops", func(w io.Writer) {
 			io.WriteString(w, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}")
 			time.Sleep(1500 * time.Millisecond)
