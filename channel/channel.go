@@ -217,8 +217,10 @@ type HostConfig struct {
 	// Answering is told whether the guest answers: true for the first
 	// answered ping of each session (n counts the sessions from 1), false
 	// when a session is reset for a ping unanswered, or ended otherwise
-	// and no next one started within PingTimeout. It must be safe for
-	// concurrent use and must not block for long.
+	// and no next one started within PingTimeout. Each session's words
+	// are told in order, and a session's after every word of the ones
+	// before it. It must be safe for concurrent use and must not block
+	// for long.
 	Answering func(n uint64, answering bool)
 }
 
@@ -229,6 +231,12 @@ type Host struct {
 	cfg    HostConfig
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// tell orders a lost session's word (answering false, told by a
+	// timer) before the next session's start: the word of session
+	// newest only, told whole before newest grows.
+	tell   sync.Mutex
+	newest uint64
 }
 
 // DialHost keeps a session to the guest through the unix socket at path
@@ -299,11 +307,14 @@ func (h *Host) run(ctx context.Context) {
 			g.Close()
 			continue
 		}
+		h.tell.Lock()
 		if lost != nil {
 			lost.Stop()
 			lost = nil
 		}
 		n++
+		h.newest = n
+		h.tell.Unlock()
 		s := &session{ys, g}
 		stop := context.AfterFunc(ctx, func() { s.Close() })
 		beat := make(chan bool, 1)
@@ -322,8 +333,17 @@ func (h *Host) run(ctx context.Context) {
 			// Ended otherwise (the guest's frames were not yamux's, or
 			// its port closed): a guest that does not start another
 			// session within PingTimeout is not answering either.
+			// The timer may fire as the next session starts: the word
+			// is told under tell, and only if no session followed, so
+			// that it never lands after the next session's answer.
 			ended := n
-			lost = time.AfterFunc(h.cfg.PingTimeout+resetPause, func() { h.cfg.Answering(ended, false) })
+			lost = time.AfterFunc(h.cfg.PingTimeout+resetPause, func() {
+				h.tell.Lock()
+				defer h.tell.Unlock()
+				if h.newest == ended {
+					h.cfg.Answering(ended, false)
+				}
+			})
 		}
 		h.log.Debug("channel session ended", "socket", h.path)
 		select {

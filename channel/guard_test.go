@@ -374,3 +374,63 @@ func TestLostSessionIsTold(t *testing.T) {
 	case <-time.After(500 * time.Millisecond):
 	}
 }
+
+// TestLostIsToldBeforeTheNextSession pins a race of issue 17's heal: the
+// timer that tells a lost session (answering false) could fire just as
+// the next session started, and its word land after that session's
+// first answer (true), which heals the sandbox and is told once: the
+// sandbox stayed unresponsive, and was stopped at its limit while its
+// guest answered. A lost session's word is told whole before the next
+// session starts, or not at all.
+func TestLostIsToldBeforeTheNextSession(t *testing.T) {
+	port, path := newFakePort(t)
+	type event struct {
+		n  uint64
+		up bool
+	}
+	events := make(chan event, 16)
+	lostTold := make(chan struct{})
+	proceed := make(chan struct{})
+	h := Dial(path, HostConfig{
+		Heartbeat: 20 * time.Millisecond, PingTimeout: 100 * time.Millisecond,
+		Answering: func(n uint64, up bool) {
+			if !up && n == 1 {
+				// The manager's record write, slow.
+				close(lostTold)
+				<-proceed
+			}
+			events <- event{n, up}
+		},
+	})
+	defer h.Close()
+	guest := rawGuest(t, port)
+	guest.Write(bytes.Repeat([]byte{0xff}, 64))
+	io.Copy(io.Discard, guest)
+	select {
+	case <-lostTold:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a session lost for good was never told")
+	}
+	// The next session comes up while the lost one is being told.
+	g := ListenGuest(port.open, nil)
+	defer g.Close()
+	for !g.Up() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case e := <-events:
+		t.Fatalf("%+v told while session 1's loss was being told", e)
+	case <-time.After(10 * 20 * time.Millisecond): // ten heartbeats
+	}
+	close(proceed)
+	for _, want := range []event{{1, false}, {2, true}} {
+		select {
+		case e := <-events:
+			if e != want {
+				t.Fatalf("event %+v, want %+v", e, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("event %+v never told", want)
+		}
+	}
+}

@@ -159,6 +159,9 @@ type machine struct {
 	guest *guestclient.Client
 	// healing is set while a heal runs (heal); again asks for another.
 	healing, again bool
+	// session is the newest channel session that told whether its
+	// guest answers (answering): an older one's word is stale.
+	session uint64
 	// memoryMiB is its guest's memory, as memory admission counts it.
 	memoryMiB int
 	// stuck is QEMU's run state when the heartbeat last found it

@@ -21,19 +21,24 @@ import (
 // These writes change only running ↔ unresponsive (and unresponsive →
 // error), never the busy mark of an operation under way: a pause or a
 // snapshot that stops the CPUs is not a stalled guest (Stalled asks QEMU).
-// Races: an answer and a failure of two sessions may cross; each write
-// checks the state it changes, and a heal runs one at a time per machine
-// (again: once more after it).
+// Races: an answer and a failure of two sessions may cross. The word of
+// a session older than the newest one that told is ignored, and a
+// failure is written only if its session is still the newest when the
+// record changes: an old session's failure never lands after the next
+// session's answer healed the sandbox (each session tells its answer
+// once, so nothing would heal it again). Each write checks the state it
+// changes, and a heal runs one at a time per machine (again: once more
+// after it).
 
 // answering is the channel's word on mc's guest: n counts its sessions.
 func (m *Manager) answering(mc *machine, n uint64, up bool) {
-	if m.ctx.Err() != nil {
+	if m.ctx.Err() != nil || !mc.tells(n) {
 		return
 	}
 	if !up {
 		since := time.Now().UTC().Truncate(time.Second)
 		r, err := m.cfg.Records.Update(m.ctx, mc.id, func(r *Record) error {
-			if r.State == Running {
+			if r.State == Running && mc.newest(n) {
 				r.State, r.UnresponsiveSince, r.UnresponsiveReason = Unresponsive, since, stuckReason(mc)
 			}
 			return nil
@@ -60,6 +65,25 @@ func (m *Manager) answering(mc *machine, n uint64, up bool) {
 	mc.healing = true
 	mc.mu.Unlock()
 	m.goAfter(func() { m.heal(mc) })
+}
+
+// tells records that session n told, and reports false when a newer
+// session already did (n's word is stale).
+func (mc *machine) tells(n uint64) bool {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	if n < mc.session {
+		return false
+	}
+	mc.session = n
+	return true
+}
+
+// newest reports whether no session after n told.
+func (mc *machine) newest(n uint64) bool {
+	mc.mu.Lock()
+	defer mc.mu.Unlock()
+	return mc.session == n
 }
 
 // heal gives a guest that answers again what its new guestd lacks, and
