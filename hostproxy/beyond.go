@@ -50,7 +50,7 @@ func (s *Server) checkpointChanges(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.guestCall(c, "changes", func() (json.RawMessage, error) {
+	return s.guestCall(c, "changes", func() (*GuestData, error) {
 		return s.guests.Changes(c.Request().Context(), sb.Guest, id, against)
 	})
 }
@@ -68,7 +68,7 @@ func (s *Server) checkpointFile(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.guestCall(c, "files", func() (json.RawMessage, error) {
+	return s.guestCall(c, "files", func() (*GuestData, error) {
 		return s.guests.ReadEntry(c.Request().Context(), sb.Guest, id, rel)
 	})
 }
@@ -103,7 +103,7 @@ func (s *Server) restorePaths(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.guestCall(c, "restore_paths", func() (json.RawMessage, error) {
+	return s.guestCall(c, "restore_paths", func() (*GuestData, error) {
 		return s.guests.RestorePaths(c.Request().Context(), sb.Guest, id, req)
 	})
 }
@@ -138,7 +138,7 @@ func (s *Server) cloneCheckpoint(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.guestCall(c, "clone", func() (json.RawMessage, error) {
+	return s.guestCall(c, "clone", func() (*GuestData, error) {
 		return s.guests.Clone(c.Request().Context(), sb.Guest, id, path)
 	})
 }
@@ -152,14 +152,14 @@ func (s *Server) releaseDirectory(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.guestCall(c, "release", func() (json.RawMessage, error) {
+	return s.guestCall(c, "release", func() (*GuestData, error) {
 		return s.guests.Release(c.Request().Context(), sb.Guest, path)
 	})
 }
 
 // Changes asks what checkpoint id changed: against its parent (""), the
 // live directory (api.AgainstLive) or another checkpoint.
-func (g *GuestClient) Changes(ctx context.Context, guest, id, against string) (json.RawMessage, error) {
+func (g *GuestClient) Changes(ctx context.Context, guest, id, against string) (*GuestData, error) {
 	p := "/v1/checkpoints/" + url.PathEscape(id) + "/changes"
 	if against != "" {
 		p += "?" + url.Values{"against": {against}}.Encode()
@@ -169,7 +169,7 @@ func (g *GuestClient) Changes(ctx context.Context, guest, id, against string) (j
 
 // ReadEntry reads the entry at rel (relative, already checked; "" is the
 // root) as it is in checkpoint id.
-func (g *GuestClient) ReadEntry(ctx context.Context, guest, id, rel string) (json.RawMessage, error) {
+func (g *GuestClient) ReadEntry(ctx context.Context, guest, id, rel string) (*GuestData, error) {
 	segs := strings.Split(rel, "/")
 	for i, s := range segs {
 		segs[i] = url.PathEscape(s)
@@ -178,7 +178,7 @@ func (g *GuestClient) ReadEntry(ctx context.Context, guest, id, rel string) (jso
 }
 
 // RestorePaths restores the named paths of checkpoint id's directory.
-func (g *GuestClient) RestorePaths(ctx context.Context, guest, id string, req api.RestorePathsRequest) (json.RawMessage, error) {
+func (g *GuestClient) RestorePaths(ctx context.Context, guest, id string, req api.RestorePathsRequest) (*GuestData, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
@@ -187,7 +187,7 @@ func (g *GuestClient) RestorePaths(ctx context.Context, guest, id string, req ap
 }
 
 // Clone makes path a new managed directory from checkpoint id.
-func (g *GuestClient) Clone(ctx context.Context, guest, id, path string) (json.RawMessage, error) {
+func (g *GuestClient) Clone(ctx context.Context, guest, id, path string) (*GuestData, error) {
 	body, err := json.Marshal(api.PathRequest{Path: &path})
 	if err != nil {
 		return nil, err
@@ -196,7 +196,7 @@ func (g *GuestClient) Clone(ctx context.Context, guest, id, path string) (json.R
 }
 
 // Release turns the managed directory at path back into a plain one.
-func (g *GuestClient) Release(ctx context.Context, guest, path string) (json.RawMessage, error) {
+func (g *GuestClient) Release(ctx context.Context, guest, path string) (*GuestData, error) {
 	body, err := json.Marshal(api.PathRequest{Path: &path})
 	if err != nil {
 		return nil, err

@@ -121,7 +121,7 @@ type CreateRequest struct {
 // CreateCheckpoint captures a directory; it returns guestd's data
 // unchanged. A non-empty idempotencyKey is sent as the Idempotency-Key
 // header, for guestd to answer a retry with the first answer.
-func (g *GuestClient) CreateCheckpoint(ctx context.Context, guest string, req CreateRequest, idempotencyKey string) (json.RawMessage, error) {
+func (g *GuestClient) CreateCheckpoint(ctx context.Context, guest string, req CreateRequest, idempotencyKey string) (*GuestData, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
@@ -130,13 +130,13 @@ func (g *GuestClient) CreateCheckpoint(ctx context.Context, guest string, req Cr
 }
 
 // ListCheckpoints lists every checkpoint of the sandbox, oldest first.
-func (g *GuestClient) ListCheckpoints(ctx context.Context, guest string) (json.RawMessage, error) {
+func (g *GuestClient) ListCheckpoints(ctx context.Context, guest string) (*GuestData, error) {
 	return g.call(ctx, guest, http.MethodGet, "/v1/checkpoints", nil, "")
 }
 
 // ListDirectories lists the managed directories and where each stands
 // (extension).
-func (g *GuestClient) ListDirectories(ctx context.Context, guest string) (json.RawMessage, error) {
+func (g *GuestClient) ListDirectories(ctx context.Context, guest string) (*GuestData, error) {
 	return g.call(ctx, guest, http.MethodGet, "/v1/directories", nil, "")
 }
 
@@ -148,29 +148,30 @@ func (g *GuestClient) PutCredentials(ctx context.Context, guest string, c api.Cr
 	if err != nil {
 		return err
 	}
-	_, err = g.call(ctx, guest, http.MethodPut, "/v1/credentials", body, "")
+	d, err := g.call(ctx, guest, http.MethodPut, "/v1/credentials", body, "")
+	d.Release()
 	return err
 }
 
 // RestoreCheckpoint restores a checkpoint at its original path; a
 // non-empty idempotencyKey is sent as the Idempotency-Key header.
-func (g *GuestClient) RestoreCheckpoint(ctx context.Context, guest, checkpointID, idempotencyKey string) (json.RawMessage, error) {
+func (g *GuestClient) RestoreCheckpoint(ctx context.Context, guest, checkpointID, idempotencyKey string) (*GuestData, error) {
 	return g.call(ctx, guest, http.MethodPost, "/v1/checkpoints/"+url.PathEscape(checkpointID)+"/restore", nil, idempotencyKey)
 }
 
 // DeleteCheckpoint removes a checkpoint record.
-func (g *GuestClient) DeleteCheckpoint(ctx context.Context, guest, checkpointID string) (json.RawMessage, error) {
+func (g *GuestClient) DeleteCheckpoint(ctx context.Context, guest, checkpointID string) (*GuestData, error) {
 	return g.call(ctx, guest, http.MethodDelete, "/v1/checkpoints/"+url.PathEscape(checkpointID), nil, "")
 }
 
 // Health asks the guest daemon whether it is up.
-func (g *GuestClient) Health(ctx context.Context, guest string) (json.RawMessage, error) {
+func (g *GuestClient) Health(ctx context.Context, guest string) (*GuestData, error) {
 	return g.call(ctx, guest, http.MethodGet, "/v1/health", nil, "")
 }
 
 // Exec runs a command in the guest (POST /v1/exec with body, already
 // checked); the call may last timeout.
-func (g *GuestClient) Exec(ctx context.Context, guest string, body []byte, timeout time.Duration) (json.RawMessage, error) {
+func (g *GuestClient) Exec(ctx context.Context, guest string, body []byte, timeout time.Duration) (*GuestData, error) {
 	return g.send(ctx, poolExec, timeout, guest, http.MethodPost, "/v1/exec", body, "")
 }
 
@@ -247,14 +248,14 @@ func withRequestID(ctx context.Context, id string) context.Context {
 // guest or a timeout become errors without the guest's text. A non-empty
 // idempotencyKey goes out as the Idempotency-Key header, as the client
 // sent it (checked by api.IdempotencyKey).
-func (g *GuestClient) call(ctx context.Context, guest, method, p string, body []byte, idempotencyKey string) (json.RawMessage, error) {
+func (g *GuestClient) call(ctx context.Context, guest, method, p string, body []byte, idempotencyKey string) (*GuestData, error) {
 	return g.send(ctx, poolCalls, g.requestTimeout, guest, method, p, body, idempotencyKey)
 }
 
 // send is call through one pool, with a timeout of its own. A call that
 // reads (GET), puts (PUT) or carries an Idempotency-Key may be sent again
 // once when its stream died before any answer (a channel session reset).
-func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, guest, method, p string, body []byte, idempotencyKey string) (json.RawMessage, error) {
+func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, guest, method, p string, body []byte, idempotencyKey string) (*GuestData, error) {
 	c, err := g.client(guest, pl)
 	if err != nil {
 		return nil, fmt.Errorf("guest %s: %w", guest, err)
@@ -279,15 +280,20 @@ func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, 
 	if err != nil {
 		return nil, g.transportError(ctx, guest, err)
 	}
-	defer resp.Release()
 	reply := resp.Body
 	switch {
 	case resp.Status == http.StatusOK:
 		data, err := jsend.ParseSuccess(reply)
 		if err != nil {
+			resp.Release()
 			return nil, fmt.Errorf("guest %s: %w", guest, err)
 		}
-		return data, nil
+		// data is a slice of the answer: it stays held until the
+		// handler wrote it.
+		return &GuestData{Data: data, answer: resp}, nil
+	}
+	defer resp.Release()
+	switch {
 	case resp.Status >= 400 && resp.Status < 500:
 		fe, err := jsend.ParseFail(resp.Status, reply)
 		if err != nil {
@@ -303,6 +309,26 @@ func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, 
 	default:
 		return nil, fmt.Errorf("guest %s: unexpected status %d", guest, resp.Status)
 	}
+}
+
+// GuestData is the data of a guest's answer, held within the guest's
+// budget of answers (maxGuestHeld) until Release: a handler releases it
+// once it has written it, so that answers a slow client reads count
+// against the budget, not beside it.
+type GuestData struct {
+	// Data is a slice of the held answer: not to be used after Release.
+	Data   json.RawMessage
+	answer *guestclient.Answer
+}
+
+// Release gives the answer's bytes back to the guest's budget. It may be
+// called on nil and more than once.
+func (d *GuestData) Release() {
+	if d == nil {
+		return
+	}
+	d.answer.Release()
+	d.Data = nil
 }
 
 // transportError classifies a failed exchange: the client's own

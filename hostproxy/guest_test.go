@@ -1,10 +1,13 @@
 package hostproxy
 
 import (
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -105,4 +108,74 @@ func TestGuestPoolsApart(t *testing.T) {
 	if t2, _ := g.client("unix:///a.sock", poolExec); t2 == exec {
 		t.Error("Forget kept the exec pool")
 	}
+}
+
+// TestGuestDataHeldUntilReleased pins issue 17's answers held beside
+// the budget: the data of a valid answer was copied out of the budgeted
+// buffer, which was given back at once, so that answers a slow client
+// had yet to read (16 MiB each, 32 calls in flight) held up to 512 MiB
+// for one guest. The data is now a slice of the held answer: answers
+// not yet written never hold more than maxGuestHeld; a call finding no
+// room waits for it (and fails at its deadline); a release makes room.
+func TestGuestDataHeldUntilReleased(t *testing.T) {
+	dir, err := os.MkdirTemp("", "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "guestd.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", maxGuestHeld/4-64)
+	answer := `{"status":"success","data":"` + big + `"}`
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
+		io.WriteString(w, answer)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+
+	g := NewGuestClient(DefaultDialers(), time.Second, time.Second)
+	t.Cleanup(g.Close)
+	guest := "unix://" + sock
+	var mu sync.Mutex
+	var held []*GuestData
+	failed := 0
+	var wg sync.WaitGroup
+	for range 2 * maxGuestCalls {
+		wg.Go(func() {
+			d, err := g.ListCheckpoints(t.Context(), guest)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed++
+				return
+			}
+			held = append(held, d) // not written yet: a slow client
+		})
+	}
+	wg.Wait()
+	total := 0
+	for _, d := range held {
+		if string(d.Data) != `"`+big+`"` {
+			t.Fatalf("data of %d bytes, want the answer's", len(d.Data))
+		}
+		total += len(d.Data)
+	}
+	if total > maxGuestHeld || len(held) == 0 {
+		t.Fatalf("%d answers of %d bytes held at once: %d bytes, budget %d", len(held), len(big), total, maxGuestHeld)
+	}
+	if failed == 0 {
+		t.Fatal("every call found room in the budget")
+	}
+	for _, d := range held {
+		d.Release()
+	}
+	d, err := g.ListCheckpoints(t.Context(), guest)
+	if err != nil {
+		t.Fatalf("after the answers were released: %v", err)
+	}
+	d.Release()
 }

@@ -1,7 +1,6 @@
 package hostproxy
 
 import (
-	"encoding/json"
 	"net/http"
 	"time"
 
@@ -88,7 +87,7 @@ func (s *Server) createCheckpoint(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.guestCall(c, "create", func() (json.RawMessage, error) {
+	return s.guestCall(c, "create", func() (*GuestData, error) {
 		return s.guests.CreateCheckpoint(c.Request().Context(), sb.Guest, req, key)
 	})
 }
@@ -100,7 +99,7 @@ func (s *Server) listDirectories(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.guestCall(c, "directories", func() (json.RawMessage, error) {
+	return s.guestCall(c, "directories", func() (*GuestData, error) {
 		return s.guests.ListDirectories(c.Request().Context(), sb.Guest)
 	})
 }
@@ -110,7 +109,7 @@ func (s *Server) listCheckpoints(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.guestCall(c, "list", func() (json.RawMessage, error) {
+	return s.guestCall(c, "list", func() (*GuestData, error) {
 		return s.guests.ListCheckpoints(c.Request().Context(), sb.Guest)
 	})
 }
@@ -131,7 +130,7 @@ func (s *Server) restoreCheckpoint(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.guestCall(c, "restore", func() (json.RawMessage, error) {
+	return s.guestCall(c, "restore", func() (*GuestData, error) {
 		return s.guests.RestoreCheckpoint(c.Request().Context(), sb.Guest, id, key)
 	})
 }
@@ -145,7 +144,7 @@ func (s *Server) deleteCheckpoint(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.guestCall(c, "delete", func() (json.RawMessage, error) {
+	return s.guestCall(c, "delete", func() (*GuestData, error) {
 		return s.guests.DeleteCheckpoint(c.Request().Context(), sb.Guest, id)
 	})
 }
@@ -161,8 +160,9 @@ func checkpointID(c echo.Context) (string, error) {
 	return id, nil
 }
 
-// guestCall times one guest call for the metrics.
-func (s *Server) guestCall(c echo.Context, op string, call func() (json.RawMessage, error)) (any, error) {
+// guestCall times one guest call for the metrics. Its data is held until
+// written (Server.data releases it).
+func (s *Server) guestCall(c echo.Context, op string, call func() (*GuestData, error)) (any, error) {
 	start := time.Now()
 	data, err := call()
 	outcome := "ok"

@@ -473,7 +473,7 @@ func (s *Server) execInSandbox(c echo.Context) (any, error) {
 	}
 	timeout := time.Duration(req.TimeoutS)*time.Second + 30*time.Second
 	http.NewResponseController(c.Response().Writer).SetWriteDeadline(time.Now().Add(timeout + 10*time.Second))
-	return s.guestCall(c, "exec", func() (json.RawMessage, error) {
+	return s.guestCall(c, "exec", func() (*GuestData, error) {
 		return s.guests.Exec(r.Context(), sb.Guest, body, timeout)
 	})
 }

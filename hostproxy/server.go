@@ -275,6 +275,13 @@ func (s *Server) data(h func(c echo.Context) (any, error)) echo.HandlerFunc {
 		if err != nil {
 			return err
 		}
+		if d, ok := v.(*GuestData); ok {
+			// A guest's answer, held until written, and written
+			// without a copy.
+			defer d.Release()
+			jsend.SuccessRaw(c.Response(), d.Data)
+			return nil
+		}
 		jsend.Success(c.Response(), v)
 		return nil
 	}

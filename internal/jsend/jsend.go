@@ -2,6 +2,7 @@ package jsend
 
 import (
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net/http"
 
@@ -55,6 +56,16 @@ type Envelope struct {
 // Success writes 200 with data.
 func Success(w http.ResponseWriter, data any) {
 	write(w, http.StatusOK, map[string]any{"status": "success", "data": data})
+}
+
+// SuccessRaw writes data, valid JSON (ParseSuccess's), as the data of a
+// JSend success envelope, without copying it.
+func SuccessRaw(w http.ResponseWriter, data json.RawMessage) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.WriteString(w, `{"status":"success","data":`)
+	_, _ = w.Write(data)
+	_, _ = io.WriteString(w, "}\n")
 }
 
 // Error writes err as a JSend fail (4xx) or error (5xx) envelope. Causes

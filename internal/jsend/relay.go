@@ -58,11 +58,13 @@ func ParseFail(status int, body []byte) (*fault.Error, error) {
 	return fe, nil
 }
 
-// ParseSuccess returns the data of a JSend success envelope, unchanged.
+// ParseSuccess returns the data of a JSend success envelope, unchanged:
+// a slice of body, not a copy, so that whoever holds body's bytes (a
+// budget of answers held) holds data's.
 func ParseSuccess(body []byte) (json.RawMessage, error) {
 	var env struct {
-		Status string          `json:"status"`
-		Data   json.RawMessage `json:"data"`
+		Status string  `json:"status"`
+		Data   inPlace `json:"data"`
 	}
 	if err := json.Unmarshal(body, &env); err != nil {
 		return nil, fmt.Errorf("jsend: success body: %w", err)
@@ -70,5 +72,14 @@ func ParseSuccess(body []byte) (json.RawMessage, error) {
 	if env.Status != "success" || len(env.Data) == 0 {
 		return nil, fmt.Errorf("jsend: 200 with envelope status %q", env.Status)
 	}
-	return env.Data, nil
+	return json.RawMessage(env.Data), nil
+}
+
+// inPlace is JSON kept as the slice of the input that json.Unmarshal
+// hands it, where json.RawMessage copies it.
+type inPlace []byte
+
+func (p *inPlace) UnmarshalJSON(b []byte) error {
+	*p = b
+	return nil
 }
