@@ -212,8 +212,11 @@ type HostConfig struct {
 	// Stalled is asked when a ping goes unanswered for PingTimeout:
 	// true (the guest's CPUs run, so it should have answered) resets
 	// the session, and the host dials again; false (a paused guest)
-	// keeps it. Nil resets.
-	Stalled func(ctx context.Context) bool
+	// keeps it. An error, or an answer slower than PingTimeout/6 (a
+	// stopped QEMU answers once it runs again), is unsure: the guest
+	// gets more time, maxUnsure rounds in a row at most, then the
+	// session is reset. Nil resets.
+	Stalled func(ctx context.Context) (bool, error)
 	// Answering is told whether the guest answers: true for the first
 	// answered ping of each session (n counts the sessions from 1), false
 	// when a session is reset for a ping unanswered, or ended otherwise
@@ -390,13 +393,32 @@ func (h *Host) heartbeat(ctx context.Context, s *session, n uint64) bool {
 	}
 }
 
+// maxUnsure is how many rounds in a row a look at the CPUs (Stalled) may
+// be unsure (failed, or slow) and the guest get more time: a wedged
+// monitor or a host loaded for that long must not hide a dead guestd for
+// good.
+const maxUnsure = 3
+
 // await waits for the answer to one ping: a ping unanswered for
 // PingTimeout is a stalled guest's unless Stalled says its CPUs are
 // stopped (asked again each PingTimeout); once they were, the guest has
-// a PingTimeout from when they run again. ok false: the session ended
-// (reset: await ended it).
+// a PingTimeout from when they run again. A look that is unsure (lookCPUs)
+// counts as stopped, maxUnsure rounds in a row at most; then as running.
+// ok false: the session ended (reset: await ended it).
 func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) (ok, reset bool, err error) {
 	grace := false
+	unsure := 0
+	// stopped reports whether a look says the CPUs are (or may be)
+	// stopped, counting unsure looks.
+	stopped := func() bool {
+		running, sure := h.lookCPUs(ctx)
+		if !sure {
+			unsure++
+			return unsure <= maxUnsure
+		}
+		unsure = 0
+		return !running
+	}
 	for {
 		select {
 		case err := <-res:
@@ -406,13 +428,7 @@ func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) 
 			return false, false, nil
 		case <-time.After(h.cfg.PingTimeout):
 		}
-		asked := time.Now()
-		sctx, cancel := context.WithTimeout(ctx, h.cfg.PingTimeout)
-		stalled := h.cfg.Stalled == nil || h.cfg.Stalled(sctx)
-		cancel()
-		// A QEMU that was stopped (SIGSTOP, a host under load) answers
-		// late, and only once it runs again: a slow answer is a stop's.
-		if !stalled || time.Since(asked) > h.cfg.PingTimeout/6 {
+		if stopped() {
 			grace = true
 			continue
 		}
@@ -434,14 +450,11 @@ func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) 
 			return false, false, nil
 		case <-time.After(h.cfg.PingTimeout / 3):
 		}
-		sctx, cancel = context.WithTimeout(ctx, h.cfg.PingTimeout)
-		stalled = h.cfg.Stalled == nil || h.cfg.Stalled(sctx)
-		cancel()
-		if !stalled {
+		if stopped() {
 			grace = true
 			continue
 		}
-		h.log.Warn("channel: the guest did not answer a ping; the session is reset", "socket", h.path, "timeout", h.cfg.PingTimeout)
+		h.log.Warn("channel: the guest did not answer a ping; the session is reset", "socket", h.path, "timeout", h.cfg.PingTimeout, "unsure_looks", unsure)
 		if h.cfg.Answering != nil {
 			h.cfg.Answering(n, false)
 		}
@@ -449,6 +462,23 @@ func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) 
 		<-res
 		return false, true, nil
 	}
+}
+
+// lookCPUs asks Stalled whether the guest's CPUs run. It is unsure (sure
+// false) when Stalled fails or answers later than PingTimeout/6: a
+// stopped QEMU answers late, and only once it runs again.
+func (h *Host) lookCPUs(ctx context.Context) (running, sure bool) {
+	if h.cfg.Stalled == nil {
+		return true, true
+	}
+	asked := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, h.cfg.PingTimeout)
+	defer cancel()
+	running, err := h.cfg.Stalled(sctx)
+	if err != nil || time.Since(asked) > h.cfg.PingTimeout/6 {
+		return false, false
+	}
+	return running, true
 }
 
 // Reset ends the current session, if any; the host dials again.

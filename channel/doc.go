@@ -23,7 +23,8 @@
 // yamux's keep-alives are off: a paused guest must not have its session
 // closed under it. The host's own heartbeat (HostConfig.Heartbeat) pings
 // the guest one ping at a time; a ping unanswered while the guest's CPUs
-// run (HostConfig.Stalled asks) resets the session, for a guestd that was
+// run (HostConfig.Stalled asks; a look that fails or is slow counts as
+// stopped a few rounds in a row at most) resets the session, for a guestd that was
 // killed and started again waits for a handshake that a live session
 // never sends. A dead QEMU is seen by its process ending.
 //

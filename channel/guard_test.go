@@ -300,10 +300,10 @@ func TestHeartbeatResetsADeadPeer(t *testing.T) {
 	paused <- true
 	h := Dial(path, HostConfig{
 		Heartbeat: 20 * time.Millisecond, PingTimeout: 100 * time.Millisecond,
-		Stalled: func(context.Context) bool {
+		Stalled: func(context.Context) (bool, error) {
 			p := <-paused
 			paused <- false
-			return !p // first asked: paused; then running
+			return !p, nil // first asked: paused; then running
 		},
 		Answering: func(n uint64, up bool) { events <- event{n, up} },
 	})
@@ -432,5 +432,56 @@ func TestLostIsToldBeforeTheNextSession(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("event %+v never told", want)
 		}
+	}
+}
+
+// TestStalledUnsureHasALimit pins issue 17's endless grace: a look at the
+// CPUs that failed or took longer than PingTimeout/6 was taken for a
+// stopped guest's, which gets more time, without limit: on a loaded host
+// or with a wedged monitor a dead guestd was never noticed. A few such
+// rounds in a row (maxUnsure) now reset the session; CPUs known stopped
+// keep it.
+func TestStalledUnsureHasALimit(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		stalled func(ctx context.Context) (bool, error)
+		reset   bool
+	}{
+		{"the monitor fails", func(context.Context) (bool, error) { return false, errors.New("monitor gone") }, true},
+		{"the monitor is wedged", func(ctx context.Context) (bool, error) { <-ctx.Done(); return false, ctx.Err() }, true},
+		{"the monitor answers slowly", func(context.Context) (bool, error) { time.Sleep(40 * time.Millisecond); return true, nil }, true},
+		{"the CPUs run", func(context.Context) (bool, error) { return true, nil }, true},
+		{"the CPUs are stopped", func(context.Context) (bool, error) { return false, nil }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port, path := newFakePort(t)
+			told := make(chan uint64, 4)
+			h := Dial(path, HostConfig{
+				Heartbeat: 20 * time.Millisecond, PingTimeout: 100 * time.Millisecond,
+				Stalled: tc.stalled,
+				Answering: func(n uint64, up bool) {
+					if !up {
+						told <- n
+					}
+				},
+			})
+			defer h.Close()
+			dead := rawGuest(t, port) // reads nothing, answers nothing
+			defer dead.Close()
+			wait := time.After(10 * time.Second)
+			if !tc.reset {
+				wait = time.After(4 * (maxUnsure + 2) * 100 * time.Millisecond)
+			}
+			select {
+			case n := <-told:
+				if !tc.reset {
+					t.Fatalf("session %d of a guest whose CPUs are stopped was reset", n)
+				}
+			case <-wait:
+				if tc.reset {
+					t.Fatal("a dead peer was never noticed")
+				}
+			}
+		})
 	}
 }

@@ -839,22 +839,23 @@ func (m *Manager) adopt(id string, vm vmm.Machine, cfg vmm.Config, handshake boo
 		Plain:       !handshake,
 		Heartbeat:   m.cfg.Heartbeat,
 		PingTimeout: m.cfg.PingTimeout,
-		Stalled: func(ctx context.Context) bool {
+		Stalled: func(ctx context.Context) (bool, error) {
 			// A guest whose CPUs are stopped (paused, or being saved)
 			// cannot answer; one whose CPUs run should have. One that
 			// QEMU stopped on a fault (io-error: its disk found the
 			// store full) will not answer either, and nobody will
-			// resume it: it counts as not answering, and says why.
+			// resume it: it counts as not answering, and says why. A
+			// failed look is the channel's to count (maxUnsure).
 			st, err := vm.State(ctx)
 			if err != nil {
-				return false
+				return false, err
 			}
 			if st.Stuck() {
 				mc.stuck.Store(st.Status)
-				return true
+				return true, nil
 			}
 			mc.stuck.Store("")
-			return st.Running
+			return st.Running, nil
 		},
 		Answering: func(n uint64, up bool) { m.answering(mc, n, up) },
 	})
