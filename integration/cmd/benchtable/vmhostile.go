@@ -65,6 +65,9 @@ func (b *vmBench) hostileRows() ([]row, error) {
 	baseRSS := rssOf(pid)
 	var peak int64
 	for _, mode := range []string{"headers", "body"} {
+		if _, err := b.waitExec(a, 90*time.Second); err != nil {
+			return nil, err
+		}
 		if _, err := b.exec(a, "sh", "-c", "setsid /root/hostile "+mode+" 12 >/dev/null 2>&1 </dev/null &"); err != nil {
 			return nil, err
 		}
@@ -99,6 +102,11 @@ func (b *vmBench) hostileRows() ([]row, error) {
 	// guestd that init started again.
 	var back []time.Duration
 	for range 5 {
+		// A's guestd may still be coming back from the attacks: its own
+		// calls are waited for.
+		if _, err := b.waitExec(a, 90*time.Second); err != nil {
+			return nil, err
+		}
 		d, err := b.exec(a, "pidof", "guestd")
 		if err != nil {
 			return nil, err
