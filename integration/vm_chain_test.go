@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"strata/hostproxy"
 	"strata/sandbox"
 )
 
@@ -88,19 +86,9 @@ func (s *vmStack) waitChainBound(id string, bound int) int {
 }
 
 // records stops hostproxy and reads its registry (then starts it again).
-func (s *vmStack) records() []sandbox.Record {
+func (s *vmStack) records() (recs []sandbox.Record) {
 	s.t.Helper()
-	s.stop()
-	defer s.start()
-	reg, err := hostproxy.OpenRegistry(context.Background(), s.data)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	defer reg.Close()
-	recs, err := reg.List(context.Background())
-	if err != nil {
-		s.t.Fatal(err)
-	}
+	s.whileStopped(func(r []sandbox.Record) { recs = r })
 	return recs
 }
 

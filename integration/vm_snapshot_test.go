@@ -67,6 +67,22 @@ func (s *vmStack) counting(id string) int {
 // processing), and starts it again.
 func (s *vmStack) checkStore() {
 	s.t.Helper()
+	s.whileStopped(func(recs []sandbox.Record) {
+		rep, err := sandbox.CheckStore(sandbox.StoreDir(s.machines), recs)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		if !rep.Clean() {
+			s.t.Fatalf("the host's store does not match the records: %+v", rep)
+		}
+		s.t.Logf("store: %d files, clean", rep.Files)
+	})
+}
+
+// whileStopped stops hostproxy, calls fn with the records its registry
+// keeps, and starts it again.
+func (s *vmStack) whileStopped(fn func([]sandbox.Record)) {
+	s.t.Helper()
 	s.stop()
 	defer s.start()
 	reg, err := hostproxy.OpenRegistry(context.Background(), s.data)
@@ -78,14 +94,7 @@ func (s *vmStack) checkStore() {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	rep, err := sandbox.CheckStore(sandbox.StoreDir(s.machines), recs)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if !rep.Clean() {
-		s.t.Fatalf("the host's store does not match the records: %+v", rep)
-	}
-	s.t.Logf("store: %d files, clean", rep.Files)
+	fn(recs)
 }
 
 // TestVMSnapshots drives VM snapshots through the public API: a memory
