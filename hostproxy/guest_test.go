@@ -22,16 +22,7 @@ import (
 // connection when both shared one pool), one more exec waits for a free
 // connection (the cap holds), and Forget drops both pools.
 func TestExecHasItsOwnPool(t *testing.T) {
-	dir, err := os.MkdirTemp("", "guest") // a socket path must be short
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "guestd.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sock, ln := listenGuest(t)
 	release := make(chan struct{})
 	started := make(chan struct{}, 2*maxGuestCalls)
 	var execs atomic.Int32
@@ -118,16 +109,7 @@ func TestGuestPoolsApart(t *testing.T) {
 // not yet written never hold more than maxGuestHeld; a call finding no
 // room waits for it (and fails at its deadline); a release makes room.
 func TestGuestDataHeldUntilReleased(t *testing.T) {
-	dir, err := os.MkdirTemp("", "guest")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "guestd.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sock, ln := listenGuest(t)
 	big := strings.Repeat("x", maxGuestHeld/4-64)
 	answer := `{"status":"success","data":"` + big + `"}`
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -178,4 +160,21 @@ func TestGuestDataHeldUntilReleased(t *testing.T) {
 		t.Fatalf("after the answers were released: %v", err)
 	}
 	d.Release()
+}
+
+// listenGuest listens on a unix socket in a short temporary directory (a
+// socket path must be short), removed at the end of the test.
+func listenGuest(t *testing.T) (string, net.Listener) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "guest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "guestd.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sock, ln
 }
