@@ -323,7 +323,17 @@ type execResult struct {
 // must succeed.
 func (s *vmStack) exec(id string, cmd ...string) execResult {
 	s.t.Helper()
-	b, _ := json.Marshal(map[string]any{"cmd": cmd})
+	return s.execFor(id, 0, cmd...)
+}
+
+// execFor is exec with timeout_s (0: the API's default).
+func (s *vmStack) execFor(id string, timeoutS int, cmd ...string) execResult {
+	s.t.Helper()
+	req := map[string]any{"cmd": cmd}
+	if timeoutS > 0 {
+		req["timeout_s"] = timeoutS
+	}
+	b, _ := json.Marshal(req)
 	r := s.call(s.key, "POST", "/v1/sandboxes/"+id+"/exec", string(b))
 	if r.Status != http.StatusOK {
 		s.t.Fatalf("exec %q in %s: %d %s", cmd, id, r.Status, r.Raw)
