@@ -27,11 +27,19 @@ type SaveOptions struct {
 	// the guest runs again when Save returns. Without Live the guest is
 	// stopped first, and stays stopped unless Resume.
 	//
-	// Live is not safe under TCG with QEMU 7.2: live-copied states
-	// crashed or hung their guest once loaded (one restore in ten in a
-	// bench, the fourth of twelve in a stress run: a page written during
-	// the copy and never sent again). Callers use it under KVM only.
+	// Live was not safe under TCG with QEMU 7.2 (a live-copied state
+	// crashed its guest once loaded, one restore in ten); QEMU 10, which
+	// hostproxy requires, loaded 10 of 10 correctly (VMM.md), and the
+	// integration suite checks every page of a known pattern across
+	// live saves and loads.
 	Live bool
+	// Downtime is the pause a live save aims for (QEMU's downtime-limit;
+	// DefaultDowntime when zero). Converge bounds the copy while the
+	// guest runs (DefaultConverge when zero): a guest that dirties its
+	// memory faster than it is copied is then stopped for what is left,
+	// as a save without Live would be, and SaveStats.Converged says so.
+	Downtime time.Duration
+	Converge time.Duration
 	// Resume runs a guest that the save stopped again once its state is
 	// written (a snapshot of a running sandbox, not a pause).
 	Resume bool
@@ -58,7 +66,26 @@ type SaveStats struct {
 	// while the guest writes).
 	Transferred int64
 	Passes      int
+	// Format is how the state was written; DirectIO tells whether its
+	// pages bypassed the page cache (the filesystem took O_DIRECT).
+	Format   StateFormat
+	DirectIO bool
+	// Converged tells whether a live save ended within its downtime
+	// (false: Converge passed and the rest was copied stopped).
+	Converged bool
 }
+
+// The defaults of a live save: a pause a person at a terminal does not
+// notice, and a bound on the copy after which finishing stopped is
+// cheaper than copying again.
+const (
+	DefaultDowntime = 100 * time.Millisecond
+	DefaultConverge = 5 * time.Second
+)
+
+// maxDowntimeMs is QEMU's largest downtime-limit (2000 s): a live save
+// that did not converge ends at its next pass.
+const maxDowntimeMs = 2_000_000
 
 // The migration states QEMU reports.
 const (
@@ -87,13 +114,44 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 		// save at the caller's deadline instead.
 		{"capability": "auto-converge", "state": false},
 	}
-	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}); err != nil {
+	// A whole state is written mapped-ram (state.go); a template's
+	// devices alone (its RAM is a shared file) as a classic stream.
+	mapped := m.cfg.RAM == nil || !m.cfg.RAM.Shared
+	var files []*os.File
+	var direct bool
+	if mapped {
+		if err := state.Truncate(0); err != nil {
+			return st, fmt.Errorf("state: %w", err)
+		}
+		if _, err := state.WriteAt(stateHeader(), 0); err != nil {
+			return st, noSpace(fmt.Errorf("state: writing its header: %w", err))
+		}
+		if files, direct, err = stateFiles(state, true); err != nil {
+			return st, err
+		}
+		defer closeAll(files)
+		err = mappedRAM(ctx, q, caps, direct)
+	} else {
+		err = classic(ctx, q, caps)
+	}
+	if err != nil {
 		return st, err
+	}
+	st.Format, st.DirectIO = FormatStream, false
+	if mapped {
+		st.Format, st.DirectIO = FormatMappedRAM, direct
 	}
 	// QEMU's default bandwidth cap (128 MiB/s) is meant for networks; a
 	// local file takes whatever the host can write. The downtime limit
 	// is the pause a live save aims for.
-	if _, err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(64) << 30, "downtime-limit": 40}); err != nil {
+	downtime, converge := opts.Downtime, opts.Converge
+	if downtime <= 0 {
+		downtime = DefaultDowntime
+	}
+	if converge <= 0 {
+		converge = DefaultConverge
+	}
+	if _, err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(64) << 30, "downtime-limit": downtime.Milliseconds()}); err != nil {
 		return st, err
 	}
 	// A guest this save stops runs again if the save fails.
@@ -108,6 +166,13 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 		}
 	}
 	var stopped time.Time
+	var oldTop string
+	if opts.Live && opts.Overlay != nil {
+		if oldTop, err = m.top(ctx); err != nil {
+			m.dropLayer(q, added)
+			return st, err
+		}
+	}
 	// Whatever happens, the guest runs again if it ran before.
 	undo := func(err error) (SaveStats, error) {
 		q.cleanup("migrate_cancel", nil)
@@ -134,15 +199,38 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 			failpoint.Hit(FailpointSwitchover)
 		}
 	}
-	if _, err := q.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "snapshot"}, state); err != nil {
-		return undo(err)
-	}
-	if _, err := q.Execute(ctx, "migrate", map[string]any{"uri": "fd:snapshot"}); err != nil {
-		q.cleanup("closefd", map[string]any{"fdname": "snapshot"})
-		return undo(err)
+	if mapped {
+		set, err := addStateSet(ctx, q, files)
+		if err != nil {
+			return undo(err)
+		}
+		// QEMU has its own descriptors of the file once the migration
+		// has opened its channels; the set goes with the save.
+		defer q.cleanup("remove-fd", map[string]any{"fdset-id": set})
+		if _, err := q.Execute(ctx, "migrate", map[string]any{"uri": stateURI(set)}); err != nil {
+			return undo(err)
+		}
+	} else {
+		if _, err := q.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "snapshot"}, state); err != nil {
+			return undo(err)
+		}
+		if _, err := q.Execute(ctx, "migrate", map[string]any{"uri": "fd:snapshot"}); err != nil {
+			q.cleanup("closefd", map[string]any{"fdname": "snapshot"})
+			return undo(err)
+		}
 	}
 	fail := undo
+	started, lifted := time.Now(), false
 	for {
+		if opts.Live && stopped.IsZero() && !lifted && time.Since(started) > converge {
+			// The copy does not converge: the next pass ends it,
+			// whatever is left (QEMU stops the guest for it).
+			lifted = true
+			if _, err := q.Execute(ctx, "migrate-set-parameters", map[string]any{"downtime-limit": int64(maxDowntimeMs)}); err != nil {
+				return fail(err)
+			}
+			m.log.Info("live save did not converge; finishing it stopped", "machine", m.cfg.Name, "after", time.Since(started).Round(time.Millisecond))
+		}
 		status, err := migrationStatus(ctx, q)
 		if err != nil {
 			return fail(err)
@@ -154,13 +242,17 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 			}
 			// The guest has just stopped, for good: the disk's top
 			// changes now, before the device state is written.
+			// Only the switch itself is inside the pause: the old
+			// top's name was read before, and its writable
+			// descriptors leave QEMU once the guest runs again (QEMU
+			// reopened it read-only at the switch; the descriptors
+			// only wait in their set).
 			stopped = time.Now()
 			if opts.Overlay != nil {
-				switched, err := m.switchTop(ctx, q, *opts.Overlay)
-				st.Switched = switched
-				if err != nil {
+				if _, err := q.Execute(ctx, "blockdev-snapshot", map[string]any{"node": oldTop, "overlay": opts.Overlay.Node}); err != nil {
 					return fail(err)
 				}
+				st.Switched = true
 				failpoint.Hit(FailpointSwitchover)
 			}
 			if _, err := q.Execute(ctx, "migrate-continue", map[string]any{"state": migPreSwitchover}); err != nil {
@@ -168,6 +260,7 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 			}
 		case migCompleted:
 			st.Transferred, st.Passes = migrationTotals(ctx, q)
+			st.Converged = opts.Live && !lifted
 			if opts.Live || opts.Resume && wasRunning {
 				// After a completed migration the source is stopped
 				// with its images inactive; cont takes them back.
@@ -175,6 +268,11 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 					return fail(err)
 				}
 				st.Pause = time.Since(stopped)
+			}
+			if opts.Live && st.Switched {
+				if err := m.dropWritable(ctx, q, *opts.Overlay); err != nil {
+					return fail(err)
+				}
 			}
 			st.Total = time.Since(t0)
 			return st, nil
@@ -230,14 +328,37 @@ func (m *qemuMachine) Load(ctx context.Context, state *os.File) error {
 	// already: the stream carries its devices only. One that makes a
 	// template (shared) loads a whole state into the file.
 	caps := []map[string]any{{"capability": "x-ignore-shared", "state": m.cfg.RAM != nil && !m.cfg.RAM.Shared}}
-	if _, err := q.Execute(ctx, "migrate-set-capabilities", map[string]any{"capabilities": caps}); err != nil {
+	format, err := StateFormatOf(state)
+	if err != nil {
 		return err
 	}
-	if _, err := q.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "incoming"}, state); err != nil {
-		return err
-	}
-	if _, err := q.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:incoming"}); err != nil {
-		return err
+	if format == FormatMappedRAM {
+		files, direct, err := stateFiles(state, false)
+		if err != nil {
+			return err
+		}
+		defer closeAll(files)
+		if err := mappedRAM(ctx, q, caps, direct); err != nil {
+			return err
+		}
+		set, err := addStateSet(ctx, q, files)
+		if err != nil {
+			return err
+		}
+		defer q.cleanup("remove-fd", map[string]any{"fdset-id": set})
+		if _, err := q.Execute(ctx, "migrate-incoming", map[string]any{"uri": stateURI(set)}); err != nil {
+			return err
+		}
+	} else {
+		if err := classic(ctx, q, caps); err != nil {
+			return err
+		}
+		if _, err := q.ExecuteWithFile(ctx, "getfd", map[string]any{"fdname": "incoming"}, state); err != nil {
+			return err
+		}
+		if _, err := q.Execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:incoming"}); err != nil {
+			return err
+		}
 	}
 	for {
 		status, err := migrationStatus(ctx, q)
@@ -410,6 +531,9 @@ func (m *qemuMachine) dropWritable(ctx context.Context, q *QMP, top Layer) error
 		}
 	}
 	for _, set := range sets {
+		if set.Opaque == stateOpaque {
+			continue // a state being written, not a layer
+		}
 		for _, fd := range set.FDs {
 			fi, err := os.Stat(fmt.Sprintf("/proc/%d/fd/%d", m.proc.Pid, fd))
 			if err == nil && os.SameFile(fi, topInfo) {
@@ -503,15 +627,17 @@ func openFiles(pid int) ([]openFile, error) {
 
 // fdset is one of QEMU's descriptor sets (query-fdsets).
 type fdset struct {
-	ID  int
-	FDs []int
+	ID     int
+	FDs    []int
+	Opaque string // the first descriptor's
 }
 
 func parseFdsets(ret json.RawMessage) ([]fdset, error) {
 	var raw []struct {
 		ID  int `json:"fdset-id"`
 		FDs []struct {
-			FD int `json:"fd"`
+			FD     int    `json:"fd"`
+			Opaque string `json:"opaque"`
 		} `json:"fds"`
 	}
 	if err := json.Unmarshal(ret, &raw); err != nil {
@@ -520,8 +646,11 @@ func parseFdsets(ret json.RawMessage) ([]fdset, error) {
 	sets := make([]fdset, 0, len(raw))
 	for _, r := range raw {
 		s := fdset{ID: r.ID}
-		for _, f := range r.FDs {
+		for i, f := range r.FDs {
 			s.FDs = append(s.FDs, f.FD)
+			if i == 0 {
+				s.Opaque = f.Opaque
+			}
 		}
 		sets = append(sets, s)
 	}

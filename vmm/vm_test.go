@@ -181,7 +181,7 @@ func closeHeld(held []heldFile) {
 	}
 }
 
-// TestFrozenLayersReadOnly: after a disk-only switch and a memory
+// TestFrozenLayersReadOnly: after a disk-only switch and a live memory
 // snapshot (two layers frozen), the QEMU holds no descriptor of a frozen
 // layer (nor of the base) that can write it; its new top stays writable.
 func TestFrozenLayersReadOnly(t *testing.T) {
@@ -200,7 +200,7 @@ func TestFrozenLayersReadOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer state.Close()
-	st, err := m.Save(ctx, state, SaveOptions{Resume: true, Overlay: &l2})
+	st, err := m.Save(ctx, state, SaveOptions{Live: true, Overlay: &l2})
 	if err != nil || !st.Switched {
 		t.Fatalf("Save: %+v, %v", st, err)
 	}
