@@ -63,7 +63,7 @@ func snapshotView(sandboxID string, sn sandbox.Snapshot) api.Snapshot {
 	return api.Snapshot{
 		ID: sn.ID, Sandbox: sandboxID, Comment: sn.Comment, Memory: sn.Memory, Auto: sn.Auto,
 		Pinned: sn.Pinned, Status: string(sn.Status), SizeBytes: sn.SizeBytes,
-		CreatedAt: api.FormatTime(sn.CreatedAt),
+		CreatedAt: api.FormatTime(sn.CreatedAt), PauseMs: sn.PauseMs, Live: sn.Live,
 	}
 }
 

@@ -187,6 +187,11 @@ type Snapshot struct {
 	// Unsynced is the host's boot id while a ready snapshot's files are
 	// still being written to disk: after a reboot it may be torn.
 	Unsynced string `json:"unsynced,omitempty"`
+	// PauseMs is how long the guest was stopped for a memory snapshot,
+	// as the host measured it (under TCG the guest's clock stops with
+	// it); Live tells whether its memory was copied while it ran.
+	PauseMs float64 `json:"pause_ms,omitempty"`
+	Live    bool    `json:"live,omitempty"`
 	// MemoryMiB, VCPUs and DiskGiB are the sandbox's size when it was
 	// taken: a fork gets them.
 	MemoryMiB int `json:"memory_mib"`

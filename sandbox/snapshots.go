@@ -213,17 +213,19 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 	failpoint.Hit(FailpointSnapshotRecorded)
 	t0 := time.Now()
 	var pause time.Duration
+	var snapLive bool
 	layer := vmm.Layer{Node: "l" + top, Path: m.layerPath(top)}
 	switch {
 	case how == "qemu" && req.Memory:
 		var st vmm.SaveStats
-		// Live (the guest runs while its memory is copied) only under
-		// KVM: under TCG a live copy can miss pages (vmm.SaveOptions).
-		// A restore's automatic snapshot is of a machine about to end.
-		live := r.State == Running && !auto && m.cfg.Accel.Accel == vmm.KVM
+		// Live: the guest runs while its memory is copied and stops
+		// for the rest (QEMU 10: correct under TCG too, VMM.md). A
+		// restore's automatic snapshot is of a machine about to end.
+		live := r.State == Running && !auto
 		st, err = mc.vm.Save(ctx, sf, vmm.SaveOptions{Live: live, Resume: r.State == Running && !auto, Overlay: &layer})
 		pause = st.Pause
-		m.log.Debug("memory saved", "sandbox", id, "snapshot", snap.ID, "took", st.Total, "transferred", st.Transferred, "passes", st.Passes)
+		snapLive = live
+		m.log.Debug("memory saved", "sandbox", id, "snapshot", snap.ID, "took", st.Total, "pause", st.Pause, "live", live, "converged", st.Converged, "format", st.Format, "direct_io", st.DirectIO, "transferred", st.Transferred, "passes", st.Passes)
 		if err != nil && !st.Switched {
 			m.unswitch(id, top, frozen)
 		}
@@ -260,6 +262,9 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 			return nil
 		}
 		s.Status, s.SizeBytes = status, size
+		if req.Memory && pause > 0 {
+			s.PauseMs, s.Live = float64(pause.Microseconds())/1000, snapLive
+		}
 		defer pruneFailed(rec, time.Now())
 		if status == SnapshotReady {
 			s.Unsynced = boot

@@ -18,6 +18,11 @@ type Snapshot struct {
 	Status    string `json:"status"`
 	SizeBytes int64  `json:"size_bytes"`
 	CreatedAt string `json:"created_at"`
+	// PauseMs (memory snapshots of a running sandbox) is how long the
+	// guest was stopped, measured on the host; Live tells whether its
+	// memory was copied while it ran.
+	PauseMs float64 `json:"pause_ms,omitempty"`
+	Live    bool    `json:"live,omitempty"`
 }
 
 // SnapshotRestore is the answer of a snapshot restore.
