@@ -277,14 +277,21 @@ func TestVMHostileGuest(t *testing.T) {
 	}
 }
 
-// buildHostile builds the attacker for the guest (static, stripped).
+// buildHostile builds the attacker for the guest.
 func buildHostile(t *testing.T) string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "hostileguest")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "strata/integration/cmd/hostileguest")
+	return buildGuestProgram(t, "hostileguest")
+}
+
+// buildGuestProgram builds integration/cmd/<name> for a guest (static,
+// stripped) and returns the binary's path.
+func buildGuestProgram(t *testing.T, name string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), name)
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "strata/integration/cmd/"+name)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build the attacker: %v\n%s", err, b)
+		t.Fatalf("build %s for the guest: %v\n%s", name, err, b)
 	}
 	return out
 }
