@@ -438,4 +438,3 @@ func (s *vmStack) waitSettled(id string) string {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
-
