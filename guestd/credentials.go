@@ -1,6 +1,7 @@
 package guestd
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -69,14 +70,28 @@ func (s *Server) credentials(r *http.Request) (any, error) {
 		fmt.Fprintf(&b, "%s='%s'\n", envAPIKey, req.Token)
 	}
 	if s.credentialsCopy != "" {
-		if err := writeFileAtomic(s.credentialsCopy, []byte(b.String())); err != nil {
+		if err := writeFileIfChanged(s.credentialsCopy, []byte(b.String())); err != nil {
 			return nil, err
 		}
 	}
-	if err := writeFileAtomic(s.credentialsPath, []byte(b.String())); err != nil {
+	if err := writeFileIfChanged(s.credentialsPath, []byte(b.String())); err != nil {
 		return nil, err
 	}
 	return struct{}{}, nil
+}
+
+// writeFileIfChanged is writeFileAtomic unless path already holds data,
+// as a regular file of mode 0600: a guest restored from a snapshot of its
+// own sandbox has its credentials already, and a write of its durable
+// copy (a fresh disk layer on the host, synced) would cost its restore a
+// few hundred milliseconds under TCG.
+func writeFileIfChanged(path string, data []byte) error {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == 0o600 && fi.Size() == int64(len(data)) {
+		if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+			return nil
+		}
+	}
+	return writeFileAtomic(path, data)
 }
 
 // keptToken is the token guestd already has, from its credentials file or

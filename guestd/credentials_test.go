@@ -176,3 +176,54 @@ func sha(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
 }
+
+// TestWriteFileIfChanged: a file that already holds the data (regular,
+// 0600) is left as it is, the same inode; any other content, mode or
+// kind of file is replaced.
+func TestWriteFileIfChanged(t *testing.T) {
+	data := []byte("CREATEOS_SANDBOX_ID='sb-1'\n")
+	for _, tc := range []struct {
+		name    string
+		prepare func(path string) error
+		kept    bool
+	}{
+		{"same", func(p string) error { return os.WriteFile(p, data, 0o600) }, true},
+		{"other content", func(p string) error { return os.WriteFile(p, []byte("CREATEOS_SANDBOX_ID='sb-2'\n"), 0o600) }, false},
+		{"other mode", func(p string) error {
+			if err := os.WriteFile(p, data, 0o600); err != nil {
+				return err
+			}
+			return os.Chmod(p, 0o644)
+		}, false},
+		{"a link to the same", func(p string) error {
+			target := p + ".target"
+			if err := os.WriteFile(target, data, 0o600); err != nil {
+				return err
+			}
+			return os.Symlink(target, p)
+		}, false},
+		{"missing", func(string) error { return nil }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "credentials.env")
+			if err := tc.prepare(path); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := os.Lstat(path)
+			if err := writeFileIfChanged(path, data); err != nil {
+				t.Fatal(err)
+			}
+			after, err := os.Lstat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := os.ReadFile(path)
+			if string(got) != string(data) || !after.Mode().IsRegular() || after.Mode().Perm() != 0o600 {
+				t.Fatalf("after: %q, mode %v", got, after.Mode())
+			}
+			if kept := before != nil && os.SameFile(before, after); kept != tc.kept {
+				t.Fatalf("file kept: %v, want %v", kept, tc.kept)
+			}
+		})
+	}
+}
