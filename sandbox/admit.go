@@ -285,11 +285,41 @@ func (m *Manager) reserve(ctx context.Context, id string, memoryMiB int) error {
 			l.Committed += mc.memoryMiB + QEMUOverheadMiB
 		}
 	}
+	for _, mib := range m.saving {
+		l.Committed += mib + QEMUOverheadMiB
+	}
 	if ok, room := admitMemory(l, memoryMiB); !ok {
 		return ErrHostCapacity.With("memory_mib", memoryMiB).With("available_mib", room).With("committed_mib", l.Committed)
 	}
 	m.reserved[id] = memoryMiB
 	return nil
+}
+
+// admitLaterSave admits a restore whose old machine stays while the new
+// one loads (laterSave): the old one's memory is counted apart (under the
+// returned key, until endLaterSave), and memoryMiB is reserved for the
+// new one's boot as for any boot.
+func (m *Manager) admitLaterSave(ctx context.Context, id string, memoryMiB int) (string, error) {
+	mc := m.machineOf(id)
+	if mc == nil {
+		return "", ErrNotRunning
+	}
+	m.mu.Lock()
+	m.savingSeq++
+	key := fmt.Sprintf("%s#%d", id, m.savingSeq)
+	m.saving[key] = mc.memoryMiB
+	m.mu.Unlock()
+	if err := m.reserve(ctx, id, memoryMiB); err != nil {
+		m.endLaterSave(key)
+		return "", err
+	}
+	return key, nil
+}
+
+func (m *Manager) endLaterSave(key string) {
+	m.mu.Lock()
+	delete(m.saving, key)
+	m.mu.Unlock()
 }
 
 func (m *Manager) unreserve(id string) {

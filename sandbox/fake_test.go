@@ -122,6 +122,11 @@ func (d *fakeDriver) Start(ctx context.Context, cfg vmm.Config) (vmm.Machine, er
 	if err != nil {
 		return nil, fmt.Errorf("fake qemu: %w", err)
 	}
+	// QEMU is handed its socket as a descriptor and never unlinks it: a
+	// machine that ends while a newer one of the sandbox runs (a
+	// restore's automatic snapshot written in the background) leaves
+	// the newer one's socket in place.
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	d.mu.Lock()
 	d.pid++
 	m := &fakeMachine{
@@ -428,6 +433,10 @@ func (m *fakeMachine) Save(ctx context.Context, f *os.File, opts vmm.SaveOptions
 		case <-m.plan.saveGate:
 		case <-m.done:
 			return st, errors.New("fake qemu: exited")
+		case <-ctx.Done():
+			// QEMU's save ends at its caller's deadline too (the
+			// monitor's wait for it does).
+			return st, ctx.Err()
 		}
 	}
 	if m.plan.saveFails != "" {

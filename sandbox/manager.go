@@ -120,6 +120,14 @@ type Manager struct {
 	live map[string]*machine
 	// reserved is the memory of the boots under way, by sandbox.
 	reserved map[string]int
+	// saving is the memory of the machines a restore left to write
+	// their automatic snapshot (laterSave), by admitLaterSave's key.
+	saving     map[string]int
+	savingSeq  int
+	laterSaves sync.WaitGroup
+	// written are the background writes of automatic snapshots under
+	// way ("sandbox/snapshot"), closed when each ends.
+	written map[string]chan struct{}
 	// gids are template groups being given (allocGid) and not yet
 	// recorded.
 	gids map[uint32]bool
@@ -259,7 +267,7 @@ func New(cfg Config) (*Manager, error) {
 	cfg.UIDBase = ids.Base
 	cfg.Log.Info("sandbox ids", "dir", cfg.Dir, "range", ids.String(), "claims", cfg.IDClaims)
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -693,10 +701,20 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 		return
 	}
 	m.log.Debug("guestd answered", "sandbox", id, "after", time.Since(t0).Round(time.Millisecond))
+	// The credentials go to the guest beside the resync, not after it:
+	// two calls in flight on the channel cost one round trip, and the
+	// credentials use neither the guest's clock nor its RNG.
+	booted := make(chan error, 1)
+	if m.cfg.Booted != nil {
+		go func() { booted <- m.cfg.Booted(ctx, r) }()
+	} else {
+		booted <- nil
+	}
 	if cfg.Incoming {
 		// The memory is another moment's (or another sandbox's): the
-		// guest's clock and RNG are told so before anything else.
+		// guest's clock and RNG are told so before it is running.
 		if err := m.resync(ctx, mc, r); err != nil {
+			<-booted
 			// Forks of one snapshot must not run with one RNG state.
 			fail(errBootFailed, fmt.Errorf("the guest's clock and RNG were not resynced: %w", err))
 			return
@@ -705,6 +723,7 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 			r.Machine.Saved, r.Machine.LoadDisk = "", nil
 			return nil
 		}); err != nil {
+			<-booted
 			fail(errStartFailedOnHost, err)
 			return
 		}
@@ -712,14 +731,12 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 		// the way to running.
 		m.collectLater()
 	}
-	if m.cfg.Booted != nil {
-		if err := m.cfg.Booted(ctx, r); err != nil {
-			if ctx.Err() != nil {
-				fail(errBootFailed, err)
-				return
-			}
-			m.log.Warn("sandbox booted, but its guest did not take its credentials", "sandbox", id, "err", err)
+	if err := <-booted; err != nil {
+		if ctx.Err() != nil {
+			fail(errBootFailed, err)
+			return
 		}
+		m.log.Warn("sandbox booted, but its guest did not take its credentials", "sandbox", id, "err", err)
 	}
 	m.setState(id, Running, "", via)
 	m.compactLater(id)

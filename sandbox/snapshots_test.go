@@ -145,6 +145,8 @@ func restore(t *testing.T, m *sandbox.Manager, id, snapID string, diskOnly bool)
 	if err != nil {
 		t.Fatalf("Restore %s to %s: %v", id, snapID, err)
 	}
+	// A running guest's memory may still be written (saveLater).
+	m.AutoSaved()
 	return res
 }
 
@@ -379,6 +381,7 @@ func TestSnapshotIDs(t *testing.T) {
 	rest := func(id string) func() (string, error) {
 		return func() (string, error) {
 			res, err := m.Restore(ctx, "sb-1", id, false)
+			m.AutoSaved()
 			return res.AutoID, err
 		}
 	}
@@ -1270,20 +1273,25 @@ func TestDeleteSnapshotDuringItsRestore(t *testing.T) {
 	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
 	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
 	stopIt(t, h, m)
-	gate := make(chan struct{})
-	h.drv.setPlan(plan{saveGate: gate})
 	restore(t, m, "sb-1", "v1", false)
 	if err := m.DeleteSnapshot(ctx, "sb-1", "auto-1"); err != nil {
 		t.Fatal(err)
 	}
-	fm := h.drv.last("sb-1")
+	// The restore is held in its boot (its guestd waits for the gate):
+	// the old machine's memory is written in the background by then.
+	gate := make(chan struct{})
+	var release sync.Once
+	open := func() { release.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	h.drv.setPlan(plan{gate: gate})
+	starts := h.drv.starts("sb-1")
 	restored := make(chan error, 1)
 	go func() { _, err := m.Restore(ctx, "sb-1", "v2", false); restored <- err }()
-	for fm.saves.Load() == 0 {
+	for h.drv.starts("sb-1") == starts {
 		time.Sleep(time.Millisecond)
 	}
 	wantFault(t, "DeleteSnapshot during its restore", m.DeleteSnapshot(ctx, "sb-1", "v2"), "snapshot_in_use", "")
-	close(gate)
+	open()
 	if err := <-restored; err != nil {
 		t.Fatalf("Restore: %v", err)
 	}
@@ -1659,4 +1667,105 @@ func TestSnapshotWaitsForCompaction(t *testing.T) {
 	}
 	m.Synced()
 	checkStore(t, m)
+}
+
+// TestRestoreSavesAutoInBackground: a restore of a running sandbox
+// answers running while its old machine's memory is still being written
+// (auto-N processing, the old machine alive, its memory admitted beside
+// the new one's); once the write ends, auto-N is ready with its state
+// and the old machine has ended. A host without memory for both machines
+// writes auto-N first, as before.
+func TestRestoreSavesAutoInBackground(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		total      int // MemTotal, MiB
+		background bool
+	}{
+		{"room for both", 16 << 10, true},
+		{"room for one", 512 + 256 + 64 + 64 + 100, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			m := h.manager(func(c *sandbox.Config) {
+				c.QEMUVersion, c.ReserveMiB = qemuVersion, 512
+				c.MemTotal = func() (int, error) { return tc.total, nil }
+			})
+			h.running(m, "sb-1")
+			takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+			old := h.drv.last("sb-1")
+			gate := make(chan struct{})
+			var release sync.Once
+			open := func() { release.Do(func() { close(gate) }) }
+			t.Cleanup(open)
+			old.plan.saveGate = gate
+			saves := old.saves.Load()
+
+			done := make(chan sandbox.RestoreResult, 1)
+			go func() {
+				res, err := m.Restore(context.Background(), "sb-1", "v1", false)
+				if err != nil {
+					t.Errorf("Restore: %v", err)
+				}
+				done <- res
+			}()
+			if !tc.background {
+				// The restore waits for the write: nothing answers until
+				// the gate opens.
+				for old.saves.Load() == saves {
+					time.Sleep(time.Millisecond)
+				}
+				select {
+				case <-done:
+					t.Fatal("a restore that had no room for both machines answered before auto-1 was written")
+				case <-time.After(200 * time.Millisecond):
+				}
+				open()
+				<-done
+				r := h.get("sb-1")
+				if auto, _ := r.Snapshot("auto-1"); auto.Status != sandbox.SnapshotReady || !old.exited() {
+					t.Fatalf("auto-1 %+v, old machine exited %v: want ready, ended", auto, old.exited())
+				}
+				return
+			}
+			res := <-done
+			r := h.get("sb-1")
+			auto, _ := r.Snapshot("auto-1")
+			if res.State != sandbox.Running || res.AutoID != "auto-1" || auto.Status != sandbox.SnapshotProcessing || auto.State == "" || old.exited() {
+				t.Fatalf("restore answered %+v; auto-1 %+v, old machine exited %v: want running, auto-1 processing, the old machine writing it", res, auto, old.exited())
+			}
+			if fm := h.drv.last("sb-1"); fm == old || fm.exited() || r.Machine.Process == nil || *r.Machine.Process != fm.proc {
+				t.Fatalf("the record's machine %+v is not a new, running one", r.Machine.Process)
+			}
+			checkHealth(t, m, "sb-1")
+			// An undo at once waits for auto-1 to be written, and then
+			// restores it (not snapshot_not_ready).
+			undone := make(chan error, 1)
+			go func() {
+				_, err := m.Restore(context.Background(), "sb-1", "auto-1", false)
+				undone <- err
+			}()
+			select {
+			case err := <-undone:
+				t.Fatalf("the undo answered %v before auto-1 was written", err)
+			case <-time.After(200 * time.Millisecond):
+			}
+			open()
+			if err := <-undone; err != nil {
+				t.Fatalf("the undo: %v", err)
+			}
+			m.AutoSaved()
+			r = h.get("sb-1")
+			auto, _ = r.Snapshot("auto-1")
+			if auto.Status != sandbox.SnapshotReady || auto.State == "" || !old.exited() {
+				t.Fatalf("after the write: auto-1 %+v, old machine exited %v; want ready with its state, ended", auto, old.exited())
+			}
+			if _, err := os.Stat(h.statePath(auto.State)); err != nil {
+				t.Fatalf("auto-1's state: %v", err)
+			}
+			if fm := h.drv.last("sb-1"); !fm.cfg.Incoming || fm.loaded.Load() != "sb-1" {
+				t.Fatalf("the undo's machine did not load auto-1's memory: incoming %v", fm.cfg.Incoming)
+			}
+			checkStore(t, m)
+		})
+	}
 }
