@@ -347,7 +347,7 @@ func TestVMSnapshotFaults(t *testing.T) {
 	ops := []op{
 		{"memory snapshot", "POST", snaps, `{}`, []string{sandbox.FailpointSnapshotRecorded, vmm.FailpointSwitchover, sandbox.FailpointSnapshotSaved}},
 		{"disk-only snapshot", "POST", snaps, `{"memory":false}`, []string{sandbox.FailpointSnapshotRecorded, sandbox.FailpointSnapshotSaved}},
-		{"restore", "POST", snaps + "/v1/restore", "", []string{sandbox.FailpointRestoreAuto, sandbox.FailpointRestoreRecorded, sandbox.FailpointRestoreEnded, sandbox.FailpointBootLoaded}},
+		{"restore", "POST", snaps + "/v1/restore", "", []string{sandbox.FailpointRestoreAuto, sandbox.FailpointRestoreRecorded, sandbox.FailpointRestoreEnded, sandbox.FailpointBootLoaded, sandbox.FailpointRestoreAutoSaving}},
 		{"fork", "POST", "/v1/sandboxes", `{"from":{"sandbox":"` + id + `","snapshot":"v1"}}`, []string{sandbox.FailpointForkRecorded, sandbox.FailpointBootLoaded}},
 		{"pause", "POST", "/v1/sandboxes/" + id + "/pause", "", []string{sandbox.FailpointPauseSaved}},
 	}

@@ -201,17 +201,8 @@ func (b *vmBench) close() {
 	}
 	// Whatever the API could not delete (a failed run) is killed here:
 	// nothing the bench starts outlives it.
-	procs, _ := os.ReadDir("/proc")
-	dir := []byte(filepath.Join(b.base, "vms") + "/")
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if bytes.Contains(cmdline, []byte("qemu-system")) && bytes.Contains(cmdline, dir) {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
+	for _, pid := range b.qemus(nil) {
+		syscall.Kill(pid, syscall.SIGKILL)
 	}
 	// hostproxy's log outlives the run, for a look after a failure.
 	if log, err := os.ReadFile(filepath.Join(b.base, "hostproxy.log")); err == nil {
@@ -294,20 +285,37 @@ func (b *vmBench) exec(id string, cmd ...string) (map[string]any, error) {
 // qemuMemory sums RSS and PSS of the QEMU processes under the bench's
 // machines directory, in bytes.
 func (b *vmBench) qemuMemory() (rss, pss int64) {
-	procs, _ := os.ReadDir("/proc")
-	dir := []byte(filepath.Join(b.base, "vms") + "/")
-	for _, p := range procs {
-		if _, err := strconv.Atoi(p.Name()); err != nil {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		if !bytes.Contains(cmdline, []byte("qemu-system")) || !bytes.Contains(cmdline, dir) {
-			continue
-		}
-		r, s := smapsRollup(filepath.Join("/proc", p.Name(), "smaps_rollup"))
+	for _, pid := range b.qemus(nil) {
+		r, s := smapsRollup(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
 		rss, pss = rss+r, pss+s
 	}
 	return rss, pss
+}
+
+// qemus are the pids of the QEMUs of the bench's sandboxes (of ids, or
+// all when ids is nil). A QEMU is known by its working directory, its
+// sandbox's run directory: its command line names no path of the
+// machines directory (its sockets and disks are descriptors).
+func (b *vmBench) qemus(ids []string) []int {
+	procs, _ := os.ReadDir("/proc")
+	vms := filepath.Join(b.base, "vms") + "/"
+	var pids []int
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		exe, _ := os.Readlink(filepath.Join("/proc", p.Name(), "exe"))
+		cwd, _ := os.Readlink(filepath.Join("/proc", p.Name(), "cwd"))
+		if !strings.Contains(filepath.Base(exe), "qemu-system") || !strings.HasPrefix(cwd, vms) {
+			continue
+		}
+		id := strings.Split(strings.TrimPrefix(cwd, vms), "/")[0]
+		if ids == nil || slices.Contains(ids, id) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // smapsRollup reads a process's RSS and PSS in bytes.
