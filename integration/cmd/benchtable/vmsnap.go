@@ -249,19 +249,20 @@ func (b *vmBench) chainRows() ([]row, error) {
 // qemuLayers counts the store layers a sandbox's QEMU holds open.
 func (b *vmBench) qemuLayers(id string) int {
 	store := filepath.Join(b.base, "vms", "store") + "/"
-	for _, pid := range b.qemus([]string{id}) {
-		p := strconv.Itoa(pid)
-		fds, _ := os.ReadDir(filepath.Join("/proc", p, "fd"))
-		seen := map[string]bool{}
-		for _, fd := range fds {
-			target, err := os.Readlink(filepath.Join("/proc", p, "fd", fd.Name()))
-			if err == nil && strings.HasPrefix(target, store) && strings.HasSuffix(target, ".qcow2") {
-				seen[target] = true
-			}
-		}
-		return len(seen)
+	pids := b.qemus([]string{id})
+	if len(pids) != 1 {
+		return -1
 	}
-	return -1
+	p := strconv.Itoa(pids[0])
+	fds, _ := os.ReadDir(filepath.Join("/proc", p, "fd"))
+	seen := map[string]bool{}
+	for _, fd := range fds {
+		target, err := os.Readlink(filepath.Join("/proc", p, "fd", fd.Name()))
+		if err == nil && strings.HasPrefix(target, store) && strings.HasSuffix(target, ".qcow2") {
+			seen[target] = true
+		}
+	}
+	return len(seen)
 }
 
 // wait polls a sandbox until it reaches state.
