@@ -93,11 +93,20 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 	var boots, toExec []time.Duration
 	var ids []string
 	var inOne []row
+	var stages []bootStages
 	for i := range *vmIdle {
 		fmt.Fprintf(os.Stderr, "booting sandbox %d of %d…\n", i+1, *vmIdle)
+		t0 := time.Now()
 		id, boot, exec, err := b.create()
 		if err != nil {
 			return nil, err
+		}
+		if i < 5 {
+			st, err := b.measureBoot(id, t0, t0.Add(boot))
+			if err != nil {
+				return nil, err
+			}
+			stages = append(stages, st)
 		}
 		ids = append(ids, id)
 		boots, toExec = append(boots, boot), append(toExec, exec)
@@ -114,6 +123,7 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 		row{"create to running (guestd answers), one at a time", dur(median(alone)), dur(slices.Max(alone)), fmt.Sprintf("%d boots (p99 column: worst); TCG, 512 MiB, 1 vCPU", len(alone))},
 		row{"create to first exec answered", dur(median(toExec[:len(alone)])), dur(slices.Max(toExec[:len(alone)])), "the same boots"},
 	)
+	rows = append(rows, bootRows(stages)...)
 
 	// Idle cost, then one more boot beside all of them.
 	time.Sleep(5 * time.Second)
