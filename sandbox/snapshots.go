@@ -303,8 +303,9 @@ type laterSave struct {
 // saveLater takes the machine of a restore's automatic snapshot from the
 // sandbox (no request reaches it, no teardown or watcher ends it: its
 // guest is stopped, its channel closed) and writes its memory in the
-// background; its QEMU then ends, and the memory admission counted for
-// it is freed. A crash before the write ends leaves the snapshot
+// background once the restored sandbox's boot has ended; its QEMU then
+// ends, and the memory admission counted for it is freed. A shutdown of
+// the Manager waits for the write (Close). A crash before the write ends leaves the snapshot
 // processing, which the next start fails (failUnfinished), and the QEMU
 // no record claims, which it kills (killStrays); the restored sandbox is
 // not touched either way.
@@ -333,11 +334,12 @@ func (m *Manager) saveLater(id string, later *laterSave) {
 			m.mu.Unlock()
 			close(written)
 		}()
-		select {
-		case <-later.booted:
-		case <-m.ctx.Done():
-		}
-		later.run(m.ctx)
+		// Restore closes booted once its boot has returned, which a
+		// shutdown hastens. The write is not cut by a shutdown: a
+		// restart of the host service right after a restore would
+		// otherwise cost the restore's undo (SnapshotTimeout bounds it).
+		<-later.booted
+		later.run(context.WithoutCancel(m.ctx))
 		mc.vm.Kill()
 		<-mc.vm.Done()
 		mc.vm.Close()
@@ -616,10 +618,10 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 			return RestoreResult{}, err
 		}
 	}
-	// A running guest's memory is written in the background, while
-	// the snapshot's QEMU starts and loads (laterSave): its old QEMU
-	// stays until then, so the host must have the memory of both; when
-	// it has not, the memory is written first, as before a load of old.
+	// A running guest's memory is written in the background, once the
+	// snapshot's QEMU runs (laterSave): its old QEMU stays until then,
+	// so the host must have the memory of both; when it has not, the
+	// memory is written first, before the load.
 	var later *laterSave
 	if live && keepMemory && r.State == Running {
 		key, err := m.admitLaterSave(ctx, id, target.MemoryMiB)
