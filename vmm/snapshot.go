@@ -200,7 +200,7 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 		}
 	}
 	if mapped {
-		set, err := addStateSet(ctx, q, files)
+		set, err := addFDSet(ctx, q, stateOpaque, files)
 		if err != nil {
 			return undo(err)
 		}
@@ -341,7 +341,7 @@ func (m *qemuMachine) Load(ctx context.Context, state *os.File) error {
 		if err := mappedRAM(ctx, q, caps, direct); err != nil {
 			return err
 		}
-		set, err := addStateSet(ctx, q, files)
+		set, err := addFDSet(ctx, q, stateOpaque, files)
 		if err != nil {
 			return err
 		}
@@ -436,37 +436,20 @@ func (m *qemuMachine) addLayer(ctx context.Context, q *QMP, l Layer) (string, er
 		return "", err
 	}
 	defer closeAll(files)
-	var set *int
-	for _, f := range files {
-		args := map[string]any{"opaque": l.Node} // StreamDisk's key
-		if set != nil {
-			args["fdset-id"] = *set
-		}
-		ret, err := q.ExecuteWithFile(ctx, "add-fd", args, f)
-		if err != nil {
-			if set != nil {
-				q.cleanup("remove-fd", map[string]any{"fdset-id": *set})
-			}
-			return "", err
-		}
-		var info struct {
-			Set int `json:"fdset-id"`
-		}
-		if err := json.Unmarshal(ret, &info); err != nil {
-			return "", fmt.Errorf("add-fd: %w", err)
-		}
-		set = &info.Set
+	set, err := addFDSet(ctx, q, l.Node, files) // the node name: StreamDisk's key
+	if err != nil {
+		return "", err
 	}
 	_, err = q.Execute(ctx, "blockdev-add", map[string]any{
 		"driver": "qcow2", "node-name": l.Node,
-		"file":    fileNode(*set, false),
+		"file":    fileNode(set, false),
 		"backing": nil,
 	})
 	if err != nil {
-		q.cleanup("remove-fd", map[string]any{"fdset-id": *set})
+		q.cleanup("remove-fd", map[string]any{"fdset-id": set})
 		return "", err
 	}
-	return l.Node + "\x00" + fmt.Sprint(*set), nil
+	return l.Node + "\x00" + fmt.Sprint(set), nil
 }
 
 // dropLayer undoes an addLayer whose layer never became the top.

@@ -119,27 +119,30 @@ func stateFiles(state *os.File, write bool) (files []*os.File, direct bool, err 
 	return files, direct, nil
 }
 
-// addStateSet hands QEMU state's descriptors in one new descriptor set
-// and returns its id.
-func addStateSet(ctx context.Context, q *QMP, files []*os.File) (int, error) {
+// addFDSet hands QEMU files in one new descriptor set, each named opaque
+// (a disk layer's node name, or stateOpaque), and returns the set's id.
+// On an error no set is left.
+func addFDSet(ctx context.Context, q *QMP, opaque string, files []*os.File) (int, error) {
 	set := -1
 	for _, f := range files {
-		args := map[string]any{"opaque": stateOpaque}
+		args := map[string]any{"opaque": opaque}
 		if set >= 0 {
 			args["fdset-id"] = set
 		}
 		ret, err := q.ExecuteWithFile(ctx, "add-fd", args, f)
+		var info struct {
+			Set int `json:"fdset-id"`
+		}
+		if err == nil {
+			if uerr := json.Unmarshal(ret, &info); uerr != nil {
+				err = fmt.Errorf("add-fd: %w", uerr)
+			}
+		}
 		if err != nil {
 			if set >= 0 {
 				q.cleanup("remove-fd", map[string]any{"fdset-id": set})
 			}
 			return 0, err
-		}
-		var info struct {
-			Set int `json:"fdset-id"`
-		}
-		if err := json.Unmarshal(ret, &info); err != nil {
-			return 0, fmt.Errorf("add-fd: %w", err)
 		}
 		set = info.Set
 	}
