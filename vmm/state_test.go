@@ -58,10 +58,11 @@ func FuzzParseStateHeader(f *testing.F) {
 	})
 }
 
-// TestMappedRAMStates: a running guest saved live and saved stopped
-// leaves a mapped-ram state (strata's header, RAM-sized and sparse), and
-// each loads into a new machine that runs. The first one's QEMU holds
-// no descriptor of its state once the save is done.
+// TestMappedRAMStates: a running guest saved live, saved live with a
+// copy that may not converge (it is finished stopped, and says so), and
+// saved stopped leaves a mapped-ram state (strata's header, RAM-sized and
+// sparse), and each loads into a new machine that runs. The saving QEMU
+// holds no descriptor of its state once a save is done.
 func TestMappedRAMStates(t *testing.T) {
 	h := newVMHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -70,7 +71,7 @@ func TestMappedRAMStates(t *testing.T) {
 	m := h.start(cfg)
 	// The guest boots for a while: its kernel and init touch memory.
 	time.Sleep(3 * time.Second)
-	for i, opts := range []SaveOptions{{Live: true}, {Resume: true}} {
+	for i, opts := range []SaveOptions{{Live: true}, {Live: true, Converge: time.Nanosecond}, {Resume: true}} {
 		path := filepath.Join(h.dir, "state"+string(rune('a'+i)))
 		state, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
@@ -85,6 +86,9 @@ func TestMappedRAMStates(t *testing.T) {
 		}
 		if st.Format != FormatMappedRAM || st.Pause <= 0 || opts.Live && st.Passes < 1 {
 			t.Fatalf("save %+v: %+v", opts, st)
+		}
+		if opts.Converge == time.Nanosecond && st.Converged {
+			t.Fatalf("save %+v: converged, though its copy was to be finished stopped at once: %+v", opts, st)
 		}
 		if format, err := StateFormatOf(state); err != nil || format != FormatMappedRAM {
 			t.Fatalf("the state's format: %q, %v", format, err)
