@@ -32,8 +32,8 @@ const (
 )
 
 // DefaultPackages are installed on top of mmdebstrap's minbase: sh,
-// coreutils, git and python3 must run in a sandbox; xfsprogs is for
-// xfs_growfs at boot.
+// coreutils, git and python3 must run in a sandbox; xfsprogs gives a
+// user the XFS tools (the boot grows the root by ioctl, without them).
 var DefaultPackages = []string{
 	"ca-certificates", "coreutils", "curl", "git", "iproute2", "less",
 	"procps", "python3", "python3-minimal", "util-linux", "xfsprogs",

@@ -21,9 +21,10 @@
 // devpts, /dev/shm and cgroup2 (/tmp stays on the disk), links
 // /dev/virtio-ports/<name> to each virtio-serial port (there is no udev),
 // sets the hostname (strata.hostname=, default "sandbox"), brings up lo,
-// grows the root XFS to the whole disk when the disk is larger (xfs_growfs
-// from the userland), prints one self-check line ("strata-init: check root=xfs
-// reflink=1 …") and starts guestd (/run/strata/bin/guestd --vm, console
+// grows the root XFS to the whole disk when the disk is larger (the
+// kernel's XFS_IOC_FSGROWFSDATA, as xfs_growfs does, without running it),
+// prints one self-check line ("strata-init: check root=xfs reflink=1 …")
+// and starts guestd (/run/strata/bin/guestd --vm, console
 // output, a fixed PATH and HOME=/root) in its own session, printing
 // "strata-init: guestd started" the first time. A guestd that exits is
 // restarted after 1 s, each time logged on the console. Every child,

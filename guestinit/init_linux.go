@@ -1,8 +1,6 @@
 package guestinit
 
 import (
-	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -332,9 +330,9 @@ func loopbackUp() error {
 	return nil
 }
 
-// growRoot runs xfs_growfs / when the disk is larger than the filesystem
-// (a sandbox's disk is larger than the base image). It runs before the
-// reaper loop starts, so os/exec may wait for its own child.
+// growRoot grows the root XFS onto the whole disk when the disk is larger
+// than the filesystem (a sandbox's disk is larger than the base image):
+// once, at the disk's first boot.
 func (s *system) growRoot() {
 	var st unix.Statfs_t
 	if err := unix.Statfs("/", &st); err != nil {
@@ -356,11 +354,8 @@ func (s *system) growRoot() {
 		return
 	}
 	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "/usr/sbin/xfs_growfs", "/").CombinedOutput()
-	if err != nil {
-		s.logf("xfs_growfs /: %v: %s", err, bytes.TrimSpace(out))
+	if _, _, err := growXFS("/", sectors*512); err != nil {
+		s.logf("growing the root: %v", err)
 		return
 	}
 	if unix.Statfs("/", &st) == nil {
@@ -388,7 +383,7 @@ func (s *system) selfCheck() string {
 	if unix.Uname(&u) == nil {
 		fmt.Fprintf(&b, " kernel=%s hostname=%s", unix.ByteSliceToString(u.Release[:]), unix.ByteSliceToString(u.Nodename[:]))
 	}
-	for _, prog := range []string{"sh", "git", "python3", "xfs_growfs"} {
+	for _, prog := range []string{"sh", "git", "python3"} {
 		p, err := exec.LookPath(prog)
 		if err != nil {
 			p = "missing"

@@ -171,3 +171,13 @@ func human(n uint64) string {
 	}
 	return strconv.FormatFloat(float64(n)/float64(div), 'f', 1, 64) + string("KMGTPE"[exp]) + "iB"
 }
+
+// GrowBlocks is the data section's size in blocks of blocksize that fills
+// a device of diskBytes (what xfs_growfs -d asks for); 0 for a block size
+// of 0.
+func GrowBlocks(diskBytes uint64, blocksize uint32) uint64 {
+	if blocksize == 0 {
+		return 0
+	}
+	return diskBytes / uint64(blocksize)
+}

@@ -120,3 +120,21 @@ func TestHuman(t *testing.T) {
 		}
 	}
 }
+
+func TestGrowBlocks(t *testing.T) {
+	for _, tt := range []struct {
+		disk      uint64
+		blocksize uint32
+		want      uint64
+	}{
+		{4 << 30, 4096, 1 << 20},
+		{4<<30 + 1000, 4096, 1 << 20}, // a partial block is not the filesystem's
+		{8 << 30, 1024, 8 << 20},
+		{4 << 30, 0, 0},
+		{0, 4096, 0},
+	} {
+		if got := GrowBlocks(tt.disk, tt.blocksize); got != tt.want {
+			t.Errorf("GrowBlocks(%d, %d) = %d, want %d", tt.disk, tt.blocksize, got, tt.want)
+		}
+	}
+}
