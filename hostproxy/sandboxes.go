@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -396,15 +397,72 @@ func pagination(r *http.Request) (limit, offset int, err error) {
 	return limit, offset, nil
 }
 
+// maxWaitS bounds wait_s: a waiting read holds a request and a goroutine,
+// no more, and stays well inside the server's write timeout.
+const maxWaitS = 30
+
+// waitPoll is how often a waiting read looks at the record again.
+const waitPoll = 20 * time.Millisecond
+
+const errBadWait = "want a whole number of seconds from 1 to 30, and no other query parameter"
+
+// getSandbox is GET /v1/sandboxes/{id}. With ?wait_s=N a sandbox in a
+// state on its way to another (creating, pausing, …) is answered once it
+// has left it, or after N seconds as it is then: a client waiting for an
+// operation learns the end at once instead of at its next poll.
 func (s *Server) getSandbox(c echo.Context) (any, error) {
 	sb, err := s.sandboxRoute(c)
 	if err != nil {
 		return nil, err
 	}
-	if err := jsend.RejectQueryAndBody(c.Request()); err != nil {
+	r := c.Request()
+	wait, err := waitQuery(r)
+	if err != nil {
 		return nil, err
 	}
+	if err := jsend.RejectBody(r); err != nil {
+		return nil, err
+	}
+	if s.timeouts.write > 0 {
+		wait = min(wait, s.timeouts.write/2)
+	}
+	if wait > 0 && api.SandboxTransient(string(sb.State)) {
+		ctx, cancel := context.WithTimeout(r.Context(), wait)
+		defer cancel()
+		t := time.NewTicker(waitPoll)
+		defer t.Stop()
+		for api.SandboxTransient(string(sb.State)) {
+			select {
+			case <-ctx.Done():
+				if r.Context().Err() != nil {
+					return nil, r.Context().Err()
+				}
+				return sandboxView(sb), nil
+			case <-t.C:
+			}
+			if sb, err = s.sandboxRoute(c); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return sandboxView(sb), nil
+}
+
+// waitQuery reads GET /v1/sandboxes/{id}'s one query parameter, wait_s
+// (0 when there is none).
+func waitQuery(r *http.Request) (time.Duration, error) {
+	if r.URL.RawQuery == "" && !r.URL.ForceQuery {
+		return 0, nil
+	}
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil || len(q) != 1 || len(q["wait_s"]) != 1 {
+		return 0, jsend.InvalidField("wait_s", errBadWait)
+	}
+	n, err := strconv.Atoi(q["wait_s"][0])
+	if err != nil || n < 1 || n > maxWaitS {
+		return 0, jsend.InvalidField("wait_s", errBadWait)
+	}
+	return time.Duration(n) * time.Second, nil
 }
 
 func (s *Server) deleteSandbox(c echo.Context) (any, error) {

@@ -65,7 +65,7 @@ func (a *app) forkMany(ctx context.Context, from *api.SandboxFrom, req ForkReque
 	if err != nil {
 		return err
 	}
-	forks, raw, delay, err := c.ForkSnapshot(ctx, from.Sandbox, from.Snapshot, req)
+	forks, raw, _, err := c.ForkSnapshot(ctx, from.Sandbox, from.Snapshot, req)
 	if err != nil {
 		return wrap(err)
 	}
@@ -90,7 +90,7 @@ func (a *app) forkMany(ctx context.Context, from *api.SandboxFrom, req ForkReque
 			if sb.State == api.SandboxRunning || !api.SandboxTransient(sb.State) {
 				continue
 			}
-			got, graw, err := w.wait(wctx, c, sb.ID, api.SandboxRunning, delay)
+			got, graw, err := w.wait(wctx, c, sb.ID, api.SandboxRunning)
 			if got.ID != "" {
 				forks.Sandboxes[i], records[i] = got, graw
 			}
@@ -101,7 +101,6 @@ func (a *app) forkMany(ctx context.Context, from *api.SandboxFrom, req ForkReque
 			if err != nil {
 				failed = append(failed, forkFailure{i, err})
 			}
-			delay = minPoll // the others had the time of this one's wait
 		}
 	}
 	// A fork that settled in error, or was answered in it, failed too.

@@ -39,6 +39,8 @@ const (
 	minPoll     = 200 * time.Millisecond
 	maxPoll     = 30 * time.Second
 	defaultPoll = time.Second
+	// maxWait is the longest wait_s asked of the server (it takes 30).
+	maxWait = 20 * time.Second
 )
 
 // execCallMargin is how much longer than the command's timeout exec waits
@@ -76,6 +78,30 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (Sandbox, json.RawMe
 	var h http.Header
 	raw, err := c.exchange(ctx, http.MethodGet, sandboxPath(id), nil, nil, &sb, &h)
 	return sb, raw, pollAfter(h), err
+}
+
+// WaitSandbox is GetSandbox with wait_s: a sandbox on its way to a state
+// is answered once it has left it, or after wait (whole seconds, 1 to
+// maxWait).
+func (c *Client) WaitSandbox(ctx context.Context, id string, wait time.Duration) (Sandbox, json.RawMessage, error) {
+	var sb Sandbox
+	secs := min(max(int(wait/time.Second), 1), int(maxWait/time.Second))
+	var h http.Header
+	raw, err := c.exchange(ctx, http.MethodGet, sandboxPath(id)+"?wait_s="+strconv.Itoa(secs), nil, nil, &sb, &h)
+	return sb, raw, err
+}
+
+// longPoll is the wait_s of the next WaitSandbox: maxWait, less when the
+// HTTP client's timeout or ctx's deadline comes sooner.
+func (c *Client) longPoll(ctx context.Context) time.Duration {
+	d := maxWait
+	if c.HTTP != nil && c.HTTP.Timeout > 0 {
+		d = min(d, c.HTTP.Timeout/2)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl))
+	}
+	return d
 }
 
 // ListSandboxes returns one page of the account's sandboxes; limit and
@@ -157,22 +183,16 @@ func (w *waitFlags) add(cmd *cobra.Command, what string) {
 	cmd.Flags().DurationVar(&w.timeout, "wait-timeout", 5*time.Minute, "give up waiting after this long")
 }
 
-// wait polls the sandbox every X-Poll-After (at least minPoll) until it
-// is in state target. It fails when the sandbox goes to error (with the
+// wait asks for the sandbox with wait_s (the server answers once the
+// sandbox has left a state on its way to another, or after wait_s) until
+// it is in state target. It fails when the sandbox goes to error (with the
 // record's reason), settles in another state, or is not there in time.
-func (w *waitFlags) wait(ctx context.Context, c *Client, id, target string, delay time.Duration) (Sandbox, json.RawMessage, error) {
+func (w *waitFlags) wait(ctx context.Context, c *Client, id, target string) (Sandbox, json.RawMessage, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
 	last := "?"
 	for {
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return Sandbox{}, nil, w.late(ctx, id, last, target)
-		case <-t.C:
-		}
-		sb, raw, next, err := c.GetSandbox(ctx, id)
+		sb, raw, err := c.WaitSandbox(ctx, id, c.longPoll(ctx))
 		if err != nil {
 			if ctx.Err() != nil {
 				return Sandbox{}, nil, w.late(ctx, id, last, target)
@@ -196,7 +216,15 @@ func (w *waitFlags) wait(ctx context.Context, c *Client, id, target string, dela
 		case !api.SandboxTransient(sb.State):
 			return sb, raw, &callError{fmt.Errorf("sandbox %s is %s, not %s", id, sb.State, target)}
 		}
-		delay = next
+		// Still on its way (the server's wait ran out): ask again, after
+		// a breath in case the server answered early.
+		t := time.NewTimer(minPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Sandbox{}, nil, w.late(ctx, id, last, target)
+		case <-t.C:
+		}
 	}
 }
 
@@ -259,12 +287,12 @@ func (a *app) createSandbox(ctx context.Context, req api.SandboxCreateRequest, w
 	if err != nil {
 		return err
 	}
-	sb, raw, delay, err := c.CreateSandbox(ctx, req)
+	sb, raw, _, err := c.CreateSandbox(ctx, req)
 	if err != nil {
 		return wrap(err)
 	}
 	if !w.noWait && sb.State != api.SandboxRunning {
-		if sb, raw, err = w.wait(ctx, c, sb.ID, api.SandboxRunning, delay); err != nil {
+		if sb, raw, err = w.wait(ctx, c, sb.ID, api.SandboxRunning); err != nil {
 			return err
 		}
 	}
@@ -400,12 +428,12 @@ func (a *app) sandboxOpCommand(op, target, short string) *cobra.Command {
 				return err
 			}
 			id := args[0]
-			st, raw, delay, err := c.SandboxOp(cmd.Context(), op, id)
+			st, raw, _, err := c.SandboxOp(cmd.Context(), op, id)
 			if err != nil {
 				return wrap(err)
 			}
 			if !w.noWait && st.State != target && api.SandboxTransient(st.State) {
-				sb, sraw, err := w.wait(cmd.Context(), c, id, target, delay)
+				sb, sraw, err := w.wait(cmd.Context(), c, id, target)
 				if err != nil {
 					return err
 				}

@@ -292,8 +292,9 @@ func pinClock(t *testing.T, at string) {
 }
 
 // TestSandboxCreateWaits: create sends only the resources given, then
-// polls the record, never faster than every 200 ms even when X-Poll-After
-// says 0, until it runs, and prints the running record.
+// asks for the record with wait_s at once (the server waits), and again,
+// never faster than every 200 ms, while the server answers it still on
+// its way, until it runs; and prints the running record.
 func TestSandboxCreateWaits(t *testing.T) {
 	f := startFakeAPI(t)
 	start := time.Now()
@@ -306,12 +307,12 @@ func TestSandboxCreateWaits(t *testing.T) {
 	if sb.ID != "sb-1" || sb.Name != "web-1" || sb.State != "running" || sb.MemoryMiB != 1024 || sb.VCPUs != 1 || sb.DiskGiB != 4 {
 		t.Errorf("printed %+v", sb)
 	}
-	want := []string{"POST /v1/sandboxes", "GET /v1/sandboxes/sb-1", "GET /v1/sandboxes/sb-1", "GET /v1/sandboxes/sb-1"}
+	want := []string{"POST /v1/sandboxes", "GET /v1/sandboxes/sb-1?wait_s=20", "GET /v1/sandboxes/sb-1?wait_s=20", "GET /v1/sandboxes/sb-1?wait_s=20"}
 	if got := f.log(); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("requests\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if took < 3*minPoll {
-		t.Errorf("three polls in %v: faster than every %v", took, minPoll)
+	if took < 2*minPoll {
+		t.Errorf("three asks in %v: the second and third came sooner than %v after the one before", took, minPoll)
 	}
 	if body := f.lastBody("POST /v1/sandboxes"); body != `{"name":"web-1","memory_mib":1024}` {
 		t.Errorf("sent %s", body)
@@ -330,14 +331,16 @@ func TestSandboxCreateWaits(t *testing.T) {
 	}
 }
 
-// TestSandboxCreatePollAfter: the wait follows X-Poll-After.
-func TestSandboxCreatePollAfter(t *testing.T) {
+// TestSandboxCreateWaitFitsTheTimeout: the wait_s asked is at most half
+// of --timeout (the HTTP client's), so that the server's answer comes
+// before the client gives up on the call.
+func TestSandboxCreateWaitFitsTheTimeout(t *testing.T) {
 	f := startFakeAPI(t)
-	f.polls, f.pollAfter = 0, "1"
-	start := time.Now()
-	okFake(t, f, "sandbox", "create")
-	if took := time.Since(start); took < time.Second {
-		t.Errorf("polled after %v, want the 1 s of X-Poll-After", took)
+	f.polls, f.pollAfter = 0, "10"
+	okFake(t, f, "sandbox", "create", "--timeout", "9s")
+	want := []string{"POST /v1/sandboxes", "GET /v1/sandboxes/sb-1?wait_s=4"}
+	if got := f.log(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("requests\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 

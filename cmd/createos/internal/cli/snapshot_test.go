@@ -509,7 +509,7 @@ func TestSandboxFork(t *testing.T) {
 		stderr   string
 	}{
 		{name: "one, named", args: []string{"sb-a1", "v1", "web-2"},
-			requests: []string{"POST /v1/sandboxes", "GET /v1/sandboxes/sb-3"},
+			requests: []string{"POST /v1/sandboxes", "GET /v1/sandboxes/sb-3?wait_s=20"},
 			body:     `{"name":"web-2","from":{"sandbox":"sb-a1","snapshot":"v1"}}`,
 			stdout: "ID    NAME   STATE    MEMORY    VCPUS  DISK   AGE\n" +
 				"sb-3  web-2  running  1024 MiB  2      8 GiB  0s\n"},
@@ -522,14 +522,14 @@ func TestSandboxFork(t *testing.T) {
 			stdout: "{\n  \"id\": \"sb-3\",\n  \"name\": \"\",\n  \"state\": \"creating\",\n  \"memory_mib\": 1024,\n  \"vcpus\": 2,\n  \"disk_gib\": 8,\n" +
 				"  \"created_at\": \"2026-11-05T10:00:00.000Z\",\n  \"from\": {\n    \"sandbox\": \"sb-a1\",\n    \"snapshot\": \"v1\"\n  }\n}\n"},
 		{name: "one that fails to boot", args: []string{"sb-a1", "v1", "broken"},
-			requests: []string{"POST /v1/sandboxes", "GET /v1/sandboxes/sb-3"}, body: `{"name":"broken","from":{"sandbox":"sb-a1","snapshot":"v1"}}`, code: 1,
+			requests: []string{"POST /v1/sandboxes", "GET /v1/sandboxes/sb-3?wait_s=20"}, body: `{"name":"broken","from":{"sandbox":"sb-a1","snapshot":"v1"}}`, code: 1,
 			stderr: "createos: sandbox sb-3 went to state error: the guest did not answer within 120 s of boot\n"},
 		{name: "one of an unknown snapshot", args: []string{"sb-a1", "v9"},
 			requests: []string{"POST /v1/sandboxes"}, body: `{"from":{"sandbox":"sb-a1","snapshot":"v9"}}`, code: 1,
 			stderr: "createos: snapshot_not_found: no snapshot of this sandbox has this id\n  snapshot_id: v9\n"},
 
 		{name: "many", args: []string{"sb-a1", "v1", "w", "--count", "3"},
-			requests: []string{"POST /v1/sandboxes/sb-a1/snapshots/v1/fork", "GET /v1/sandboxes/sb-3", "GET /v1/sandboxes/sb-4", "GET /v1/sandboxes/sb-5"},
+			requests: []string{"POST /v1/sandboxes/sb-a1/snapshots/v1/fork", "GET /v1/sandboxes/sb-3?wait_s=20", "GET /v1/sandboxes/sb-4?wait_s=20", "GET /v1/sandboxes/sb-5?wait_s=20"},
 			body:     `{"count":3,"name_prefix":"w"}`,
 			stdout: "ID    NAME  STATE    MEMORY    VCPUS  DISK   AGE\n" +
 				"sb-3  w-1   running  1024 MiB  2      8 GiB  0s\n" +
@@ -539,7 +539,7 @@ func TestSandboxFork(t *testing.T) {
 			requests: []string{"POST /v1/sandboxes/sb-a1/snapshots/v2/fork"}, body: `{"count":1}`,
 			stdout: header + "sb-3  -     creating  1024 MiB  2      8 GiB  0s\n"},
 		{name: "many, -o json", args: []string{"sb-a1", "v1", "--count", "2", "-o", "json"},
-			requests: []string{"POST /v1/sandboxes/sb-a1/snapshots/v1/fork", "GET /v1/sandboxes/sb-3", "GET /v1/sandboxes/sb-4"},
+			requests: []string{"POST /v1/sandboxes/sb-a1/snapshots/v1/fork", "GET /v1/sandboxes/sb-3?wait_s=20", "GET /v1/sandboxes/sb-4?wait_s=20"},
 			body:     `{"count":2}`,
 			stdout: `{
   "sandboxes": [
@@ -578,7 +578,7 @@ func TestSandboxFork(t *testing.T) {
 				"      \"memory_mib\": 1024,\n      \"vcpus\": 2,\n      \"disk_gib\": 8,\n      \"created_at\": \"2026-11-05T10:00:00.000Z\",\n" +
 				"      \"from\": {\n        \"sandbox\": \"sb-a1\",\n        \"snapshot\": \"v2\"\n      }\n    }\n  ]\n}\n"},
 		{name: "many that fail", args: []string{"sb-a1", "v1", "broken", "--count", "2"},
-			requests: []string{"POST /v1/sandboxes/sb-a1/snapshots/v1/fork", "GET /v1/sandboxes/sb-3", "GET /v1/sandboxes/sb-4"},
+			requests: []string{"POST /v1/sandboxes/sb-a1/snapshots/v1/fork", "GET /v1/sandboxes/sb-3?wait_s=20", "GET /v1/sandboxes/sb-4?wait_s=20"},
 			body:     `{"count":2,"name_prefix":"broken"}`, code: 1,
 			stdout: "ID    NAME      STATE  MEMORY    VCPUS  DISK   AGE\n" +
 				"sb-3  broken-1  error  1024 MiB  2      8 GiB  0s\n" +
