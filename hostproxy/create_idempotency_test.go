@@ -68,3 +68,53 @@ func TestRequestHashIsTheRequestAsUnderstood(t *testing.T) {
 		t.Fatalf("hashes: {} %s, defaults %s, 1024 MiB %s, named %s", empty, explicit, bigger, named)
 	}
 }
+
+// TestTakeChecksWhatInsertChecks: a pooled sandbox given to an account
+// (Take) claims the create's Idempotency-Key in the same transaction (a
+// retry finds it, a reuse with another request is refused and leaves the
+// sandbox pooled), and its name must be free in the account.
+func TestTakeChecksWhatInsertChecks(t *testing.T) {
+	ctx := context.Background()
+	reg, err := OpenRegistry(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	for _, sb := range []Sandbox{
+		{ID: "sb-web", Account: "acct-a", Name: "web", State: sandbox.Running},
+		{ID: "sb-p1", Pooled: true, State: sandbox.Running},
+		{ID: "sb-p2", Pooled: true, State: sandbox.Running},
+	} {
+		if err := reg.Insert(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	take := func(id, name, key, request string) (*createClaimReq, error) {
+		c := &createClaimReq{account: "acct-a", key: key, request: request, now: now}
+		_, err := reg.Take(withCreateClaim(ctx, c), id, func(sb *Sandbox) error {
+			sb.Pooled, sb.Account, sb.Name = false, "acct-a", name
+			return nil
+		})
+		return c, err
+	}
+	if _, err := take("sb-p1", "web", "k0", "req-a"); fault.CodeOf(err) != "name_taken" {
+		t.Fatalf("a name the account has: %v", err)
+	}
+	if sb, _ := reg.Sandbox(ctx, "sb-p1"); !sb.Pooled || sb.Account != "" {
+		t.Fatalf("after a refused take: %+v", sb)
+	}
+	if _, err := take("sb-p1", "api", "k1", "req-a"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := take("sb-p2", "api", "k1", "req-a")
+	if !errors.Is(err, errClaimed) || c.prior != "sb-p1" {
+		t.Fatalf("retry: %v, prior %q; want errClaimed naming sb-p1", err, c.prior)
+	}
+	if _, err := take("sb-p2", "db", "k1", "req-b"); fault.CodeOf(err) != "idempotency_key_reused" {
+		t.Fatalf("same key, another request: %v", err)
+	}
+	if sb, _ := reg.Sandbox(ctx, "sb-p2"); !sb.Pooled || sb.Account != "" {
+		t.Fatalf("after refused takes: %+v", sb)
+	}
+}

@@ -23,6 +23,15 @@ type metrics struct {
 	guest    *prometheus.HistogramVec
 }
 
+// poolReady registers strata_hostproxy_pool_ready: the pooled sandboxes
+// running, ready for a create to take (0 without microVM sandboxes).
+func (m *metrics) poolReady(count func() float64) {
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "strata", Subsystem: "hostproxy", Name: "pool_ready",
+		Help: "Pooled sandboxes running, ready for a create of the default resources to take (vms.pool).",
+	}, count))
+}
+
 func newMetrics() *metrics {
 	m := &metrics{
 		registry: prometheus.NewRegistry(),

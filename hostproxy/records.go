@@ -27,21 +27,8 @@ func (r *Registry) Insert(ctx context.Context, sb Sandbox) error {
 		if v := b.Get([]byte(sb.ID)); v != nil {
 			return fault.New(fault.Conflict, "sandbox_exists", "a sandbox with this id exists")
 		}
-		if c, ok := ctx.Value(createClaimKey{}).(*createClaimReq); ok {
-			if err := claimTx(tx, c, sb.ID); err != nil {
-				return err
-			}
-		}
-		if sb.Name != "" {
-			err := boltjson.ForEach(b, func(_ []byte, o *Sandbox) error {
-				if o.Account == sb.Account && o.Name == sb.Name && o.State != sandbox.Destroyed {
-					return errNameTaken.With("name", sb.Name)
-				}
-				return nil
-			})
-			if err != nil {
-				return err
-			}
+		if err := insertChecks(ctx, tx, b, sb); err != nil {
+			return err
 		}
 		return boltjson.Put(b, []byte(sb.ID), sb)
 	})
@@ -70,6 +57,56 @@ func (r *Registry) Update(ctx context.Context, id string, fn func(*Sandbox) erro
 		return boltjson.Put(b, []byte(id), sb)
 	})
 	return out, err
+}
+
+// Take applies fn to a pooled sandbox's record, which gives it to an
+// account, checking in the same transaction what Insert checks: the name
+// unique among the account's sandboxes, and the create's claim of its
+// Idempotency-Key.
+func (r *Registry) Take(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error) {
+	if err := ctx.Err(); err != nil {
+		return Sandbox{}, err
+	}
+	var out Sandbox
+	err := r.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSandboxes)
+		sb, err := boltjson.Get[Sandbox](b, []byte(id))
+		if err != nil {
+			return err
+		}
+		if sb == nil {
+			return errSandboxNotFound
+		}
+		if err := fn(sb); err != nil {
+			return err
+		}
+		if err := insertChecks(ctx, tx, b, *sb); err != nil {
+			return err
+		}
+		out = *sb
+		return boltjson.Put(b, []byte(id), sb)
+	})
+	return out, err
+}
+
+// insertChecks are the checks of a record that comes to an account: the
+// create's claim (when ctx carries one) and the name's uniqueness among
+// the account's other sandboxes that are not destroyed.
+func insertChecks(ctx context.Context, tx *bolt.Tx, b *bolt.Bucket, sb Sandbox) error {
+	if c, ok := ctx.Value(createClaimKey{}).(*createClaimReq); ok {
+		if err := claimTx(tx, c, sb.ID); err != nil {
+			return err
+		}
+	}
+	if sb.Name == "" {
+		return nil
+	}
+	return boltjson.ForEach(b, func(_ []byte, o *Sandbox) error {
+		if o.ID != sb.ID && o.Account == sb.Account && o.Name == sb.Name && o.State != sandbox.Destroyed {
+			return errNameTaken.With("name", sb.Name)
+		}
+		return nil
+	})
 }
 
 // Get returns the sandbox id, or sandbox_not_found.

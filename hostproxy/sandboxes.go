@@ -68,6 +68,12 @@ type VMsConfig struct {
 	// answering stays unresponsive before its QEMU is stopped and it is
 	// put in error (default 3m).
 	UnresponsiveLimit Duration `json:"unresponsive_limit,omitempty"`
+	// Pool is how many sandboxes of the API's default resources (512 MiB,
+	// 1 vCPU, 4 GiB) are kept booted ahead, of no account, so that a
+	// create of those resources takes one instead of booting (default 0;
+	// hostproxy's --vms flag: 1). Each counts in admission as a running
+	// sandbox does.
+	Pool int `json:"pool,omitempty"`
 }
 
 var (
@@ -120,12 +126,21 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 		DiskOvercommit:     mc.DiskOvercommit,
 		Booted:             s.booted,
 		ServeGuest:         s.serveGuest,
+		Pool:               mc.Pool,
+		PoolShape:          sandbox.Shape{MemoryMiB: api.DefaultMemoryMiB, VCPUs: api.DefaultVCPUs, DiskGiB: api.DefaultDiskGiB},
+		NewID:              s.newSandboxID,
 	})
 	if err != nil {
 		return err
 	}
 	s.machines = m
 	publish(m)
+	s.metrics.poolReady(func() float64 {
+		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+		defer cancel()
+		n, _ := m.PoolReady(ctx)
+		return float64(n)
+	})
 	s.log.Info("microVM sandboxes", "accel", probe.Accel, "why", probe.Reason, "image", img.Key, "dir", mc.Dir)
 	if err := m.Recover(ctx); err != nil {
 		m.Close()

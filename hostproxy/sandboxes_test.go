@@ -215,7 +215,7 @@ func sandboxCases() []sandboxCase {
 		{name: "snapshot_unknown_sandbox", req: lifecycle("GET", "/sb-nope/snapshots"), status: 404, code: "sandbox_not_found"},
 		{name: "snapshot_other_account", req: lifecycle("GET", "/sb-b1/snapshots/v1"), status: 404, code: "sandbox_not_found"},
 		{name: "get_configured", req: lifecycle("GET", "/sb-paused"), status: 200, state: "paused"},
-		{name: "get_query", req: lifecycle("GET", "/sb-a1?x=1"), status: 400, code: "query_not_allowed"},
+		{name: "get_query", req: lifecycle("GET", "/sb-a1?x=1"), status: 400, code: "invalid_field"},
 
 		// Methods the routes do not have.
 		{name: "method_put_sandboxes", req: lifecycle("PUT", ""), status: 405, code: "method_not_allowed"},

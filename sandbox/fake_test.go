@@ -182,6 +182,7 @@ type fakeMachine struct {
 	top       string       // the disk's top node
 	shutdowns atomic.Int32 // POST /v1/shutdown received
 	resyncs   atomic.Int32 // POST /v1/resync received
+	hostname  atomic.Value // string: the last hostname a resync sent
 	healths   atomic.Int32 // GET /v1/health answered
 
 	once sync.Once
@@ -276,6 +277,10 @@ func (m *fakeMachine) boot(log *slog.Logger) {
 	})
 	mux.HandleFunc("POST /v1/resync", func(w http.ResponseWriter, r *http.Request) {
 		m.resyncs.Add(1)
+		var req struct{ Hostname *string }
+		if json.NewDecoder(r.Body).Decode(&req) == nil && req.Hostname != nil {
+			m.hostname.Store(*req.Hostname)
+		}
 		writeJSend(w, map[string]any{"clock_step_ns": 0, "reseeded": true})
 	})
 	mux.HandleFunc("POST /v1/shutdown", func(w http.ResponseWriter, r *http.Request) {
@@ -559,6 +564,33 @@ func (s *memRecords) Update(ctx context.Context, id string, fn func(*sandbox.Rec
 	}
 	if err := fn(&r); err != nil {
 		return sandbox.Record{}, err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return sandbox.Record{}, err
+	}
+	s.m[id] = b
+	return r, nil
+}
+
+func (s *memRecords) Take(ctx context.Context, id string, fn func(*sandbox.Record) error) (sandbox.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.get(id)
+	if err != nil {
+		return sandbox.Record{}, err
+	}
+	if err := fn(&r); err != nil {
+		return sandbox.Record{}, err
+	}
+	for other := range s.m {
+		o, err := s.get(other)
+		if err != nil {
+			return sandbox.Record{}, err
+		}
+		if other != id && r.Name != "" && o.Account == r.Account && o.Name == r.Name && o.State != sandbox.Destroyed {
+			return sandbox.Record{}, fmt.Errorf("name %s taken", r.Name)
+		}
 	}
 	b, err := json.Marshal(r)
 	if err != nil {

@@ -96,6 +96,12 @@ type Config struct {
 	// before its QEMU is stopped and it is put in error (3 minutes when
 	// zero).
 	UnresponsiveLimit time.Duration
+	// Pool is how many sandboxes of PoolShape are kept booted ahead, of
+	// no account, for creates of that shape to take (pool.go); 0: none.
+	// NewID names them (hostproxy's ids).
+	Pool      int
+	PoolShape Shape
+	NewID     func() (string, error)
 }
 
 // Manager runs the microVM sandboxes of one state directory.
@@ -154,6 +160,13 @@ type Manager struct {
 	compacts map[string]*compactRun
 	workMu   sync.Mutex
 	work     map[string]bool
+
+	// poolTake serializes takes of pooled sandboxes; poolMu guards the
+	// filling's flags (pool.go).
+	poolTake    sync.Mutex
+	poolMu      sync.Mutex
+	poolFilling bool
+	poolAgain   bool
 }
 
 // machine is a sandbox whose QEMU runs.
@@ -234,6 +247,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.Overcommit < 0 || cfg.DiskOvercommit < 0 || cfg.StoreReserveBytes < 0 || cfg.SnapshotQuotaBytes < 0 {
 		return nil, errors.New("sandbox: Overcommit, DiskOvercommit, StoreReserveBytes and SnapshotQuotaBytes must not be negative")
+	}
+	if cfg.Pool < 0 || cfg.Pool > MaxPool || cfg.Pool > 0 && (cfg.NewID == nil || cfg.PoolShape.MemoryMiB <= 0 || cfg.PoolShape.VCPUs <= 0 || cfg.PoolShape.DiskGiB <= 0) {
+		return nil, fmt.Errorf("sandbox: Pool %d: want 0 to %d, and with a pool, NewID and a PoolShape", cfg.Pool, MaxPool)
 	}
 	if cfg.StoreReserveBytes == 0 {
 		cfg.StoreReserveBytes = DefaultStoreReserveBytes
@@ -504,6 +520,14 @@ func (m *Manager) cancelRunning(ctx context.Context, id string) {
 // Create records r (in state creating, with a uid of its own) and boots
 // it in the background. r carries the id, account, name and size.
 func (m *Manager) Create(ctx context.Context, r Record) (Record, error) {
+	if taken, ok, err := m.takePooled(ctx, r); ok {
+		return taken, err
+	}
+	return m.bootNew(ctx, r)
+}
+
+// bootNew is Create that boots: a new sandbox from the image.
+func (m *Manager) bootNew(ctx context.Context, r Record) (Record, error) {
 	if err := m.checkStorage(layerBytes); err != nil {
 		return Record{}, err
 	}
@@ -1373,6 +1397,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			m.compactLater(r.ID)
 		}
 	}
+	m.poolLater()
 	return ctx.Err()
 }
 

@@ -55,6 +55,9 @@ type Record struct {
 	VCPUs     int       `json:"vcpus,omitempty"`
 	DiskGiB   int       `json:"disk_gib,omitempty"`
 	CreatedAt time.Time `json:"created_at,omitzero"`
+	// Pooled marks a sandbox booted ahead for the pool (pool.go): of no
+	// account, until a create takes it.
+	Pooled bool `json:"pooled,omitempty"`
 	// Error says what went wrong, in state error.
 	Error string `json:"error,omitempty"`
 	// UnresponsiveSince is when the guest stopped answering, in state
@@ -231,10 +234,14 @@ const GuestScheme = "vm"
 
 // Records keeps sandbox records (hostproxy's registry). Update applies fn
 // to the record in one transaction, and fails with sandbox_not_found when
-// there is none.
+// there is none. Take is the Update that gives a pooled sandbox to an
+// account (pool.go): in the same transaction it checks what Insert checks
+// of a new record (the name unique among the account's sandboxes, and
+// whatever ctx claims for the create: hostproxy's Idempotency-Key).
 type Records interface {
 	Insert(ctx context.Context, r Record) error
 	Update(ctx context.Context, id string, fn func(*Record) error) (Record, error)
+	Take(ctx context.Context, id string, fn func(*Record) error) (Record, error)
 	Get(ctx context.Context, id string) (Record, error)
 	List(ctx context.Context) ([]Record, error)
 	Delete(ctx context.Context, id string) error

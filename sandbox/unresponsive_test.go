@@ -23,6 +23,9 @@ func (o *oneRecord) Get(context.Context, string) (Record, error) {
 }
 func (o *oneRecord) List(context.Context) ([]Record, error) { return nil, nil }
 func (o *oneRecord) Delete(context.Context, string) error   { return nil }
+func (o *oneRecord) Take(ctx context.Context, id string, fn func(*Record) error) (Record, error) {
+	return o.Update(ctx, id, fn)
+}
 func (o *oneRecord) Update(_ context.Context, _ string, fn func(*Record) error) (Record, error) {
 	if b := o.before; b != nil {
 		o.before = nil

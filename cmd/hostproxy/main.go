@@ -24,6 +24,7 @@ import (
 
 	"strata/hostproxy"
 	"strata/internal/logx"
+	"strata/sandbox"
 )
 
 func main() {
@@ -73,6 +74,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		vmDir      = fs.String("vms", "", "run microVM sandboxes, keeping their disks and sockets in this `directory` (needs --image)")
 		image      = fs.String("image", "", "guest image `directory` of the microVM sandboxes (strata-image build prints it)")
 		accel      = fs.String("accel", "", "accelerator of the microVM sandboxes: tcg or kvm (default: probe the host)")
+		pool       = fs.Int("pool", 1, "with --vms: keep this many sandboxes of the default resources booted ahead, for creates to take")
 		sandboxes  sandboxFlags
 		logOpts    logx.Options
 	)
@@ -118,7 +120,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		if *vmDir == "" || *image == "" {
 			return errors.New("--vms and --image go together")
 		}
-		cfg.VMs = &hostproxy.VMsConfig{Dir: *vmDir, Image: *image, Accel: *accel}
+		if *pool < 0 || *pool > sandbox.MaxPool {
+			return fmt.Errorf("--pool %d: want 0 to %d", *pool, sandbox.MaxPool)
+		}
+		cfg.VMs = &hostproxy.VMsConfig{Dir: *vmDir, Image: *image, Accel: *accel, Pool: *pool}
 	}
 	if *publicURL != "" {
 		cfg.PublicURL = *publicURL

@@ -52,6 +52,9 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 	if *vmHostileOnly {
 		return b.hostileRows()
 	}
+	if *vmPoolOnly {
+		return b.poolRows(bin)
+	}
 
 	// Boots one at a time, each measured from create to running (guestd
 	// answered through the channel) and to the first exec answered.
@@ -137,7 +140,9 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 	rows = append(rows, row{fmt.Sprintf("create to running beside %d idle sandboxes", len(ids)), dur(extra), "", fmt.Sprintf("%.1fx the boot alone (goal: under 2x)", float64(extra)/float64(median(alone)))})
 	rows = append(rows, inOne...)
 	if !*vmSnapshots {
-		return rows, nil
+		// The idle ones stay for the pool's creates: b.close ends them.
+		pool, err := b.poolRows(bin)
+		return append(rows, pool...), err
 	}
 	// The idle ones go: the snapshot figures are of a host to itself.
 	if data, err := b.call("GET", "/v1/sandboxes?limit=500", ""); err == nil {
@@ -155,10 +160,18 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(rows, hostile...), nil
+	rows = append(rows, hostile...)
+	pool, err := b.poolRows(bin)
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, pool...), nil
 }
 
-func (b *vmBench) start(bin string) error {
+func (b *vmBench) start(bin string) error { return b.startWith(bin, 0) }
+
+// startWith starts hostproxy with a pool of that many sandboxes.
+func (b *vmBench) startWith(bin string, pool int) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -171,7 +184,7 @@ func (b *vmBench) start(bin string) error {
 		"listen": addr, "data_dir": filepath.Join(b.base, "data"),
 		"accounts":   []any{map[string]any{"id": "bench", "keys": []any{map[string]any{"id": "bench", "env": "BENCH_KEY"}}}},
 		"rate_limit": map[string]any{"per_second": 10000, "burst": 10000},
-		"vms":        map[string]any{"dir": filepath.Join(b.base, "vms"), "image": *vmImage},
+		"vms":        map[string]any{"dir": filepath.Join(b.base, "vms"), "image": *vmImage, "pool": pool},
 	})
 	cfgPath := filepath.Join(b.base, "hostproxy.json")
 	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
@@ -179,7 +192,7 @@ func (b *vmBench) start(bin string) error {
 	}
 	b.proxy = exec.Command(filepath.Join(bin, "hostproxy"), "--config", cfgPath)
 	b.proxy.Env = append(os.Environ(), "BENCH_KEY="+b.key)
-	logf, err := os.Create(filepath.Join(b.base, "hostproxy.log"))
+	logf, err := os.OpenFile(filepath.Join(b.base, "hostproxy.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
