@@ -36,13 +36,17 @@
 //   - each QEMU runs as a uid and gid of its own (UIDBase and up), owning
 //     only its run directory; its disk's layers are root's, handed to it
 //     as descriptors;
-//   - Snapshot keeps a sandbox whole (memory, devices and disk, saved
-//     with the guest stopped, its disk switched to a new top at that stop;
-//     live under KVM) or its disk only; Restore puts it back, keeping what it was as an automatic
-//     snapshot first; Fork makes a new sandbox from a snapshot, through the
+//   - Snapshot keeps a sandbox whole (memory, devices and disk, copied
+//     while the guest runs and finished in a pause of about 100 ms, its
+//     disk switched to a new top in that pause; mapped-ram states) or its
+//     disk only; Restore puts it back, keeping what it was as an automatic
+//     snapshot, written after the restored guest runs; Fork makes a new sandbox from a snapshot, through the
 //     snapshot's template (its RAM as a file that forks map copy-on-write)
 //     once the first fork has made it; Pause saves the memory and ends
 //     QEMU, Resume loads it. Limits, retention and pins are per sandbox;
+//   - a pool (pool.go, Config.Pool) keeps sandboxes of one shape booted
+//     ahead, of no account; Create of that shape takes one (Records.Take)
+//     and answers it running, and the pool boots the next;
 //   - the host's store (store.go) keeps every layer, state and template
 //     RAM file while a record names it, and collect deletes the rest, so
 //     forks never depend on their source, and Check (CheckStore for a
