@@ -204,6 +204,7 @@ func (m *Manager) fillTemplate(ctx context.Context, r Record, snap Snapshot, tpl
 	cfg.Groups = []uint32{tpl.Gid}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
+	t0 := time.Now()
 	vm, err := m.cfg.Driver.Start(sctx, cfg)
 	if err != nil {
 		return err
@@ -213,6 +214,7 @@ func (m *Manager) fillTemplate(ctx context.Context, r Record, snap Snapshot, tpl
 		<-vm.Done()
 		vm.Close()
 	}()
+	started := time.Now()
 	full, err := os.Open(m.statePath(snap.State))
 	if err != nil {
 		return err
@@ -221,10 +223,15 @@ func (m *Manager) fillTemplate(ctx context.Context, r Record, snap Snapshot, tpl
 	if err := vm.Load(sctx, full); err != nil {
 		return fmt.Errorf("template: loading the snapshot: %w", err)
 	}
+	loaded := time.Now()
 	if _, err := vm.Save(sctx, dev, vmm.SaveOptions{}); err != nil {
 		return fmt.Errorf("template: saving its devices: %w", err)
 	}
-	return errors.Join(dev.Sync(), ram.Sync())
+	saved := time.Now()
+	err = errors.Join(dev.Sync(), ram.Sync())
+	m.log.Debug("template filled", "sandbox", r.ID, "qemu", started.Sub(t0).Round(time.Millisecond), "load", loaded.Sub(started).Round(time.Millisecond),
+		"devices", saved.Sub(loaded).Round(time.Millisecond), "sync", time.Since(saved).Round(time.Millisecond))
+	return err
 }
 
 // allocGid is a template group of the deployment's range (IDRange.GIDs)
