@@ -112,8 +112,11 @@ func startVMStackWith(t *testing.T, guestRequest string, vms map[string]any) *vm
 	t.Cleanup(func() {
 		if t.Failed() {
 			// Before the deletes take them away.
+			// QEMU's own messages too: a QEMU that ends in its first
+			// second says why only there.
 			consoles, _ := filepath.Glob(filepath.Join(s.machines, "*", "ctl", "console.log"))
-			for _, c := range consoles {
+			qemus, _ := filepath.Glob(filepath.Join(s.machines, "*", "ctl", "qemu.log"))
+			for _, c := range append(consoles, qemus...) {
 				b, _ := os.ReadFile(c)
 				t.Logf("%s:\n%s", c, tail(b, 3000))
 			}

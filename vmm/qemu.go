@@ -168,6 +168,9 @@ func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
 	go func() {
 		err := cmd.Wait()
 		qlog.Close()
+		// How it ended (an exit status, or the signal that killed it):
+		// a QEMU that ends in its first second says nothing else.
+		d.log().Debug("qemu exited", "machine", cfg.Name, "pid", m.proc.Pid, "how", cmd.ProcessState.String(), "after", time.Since(t0).Round(time.Millisecond))
 		m.exited(err)
 	}()
 	m.drain()

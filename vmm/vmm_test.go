@@ -30,7 +30,7 @@ func TestArgvIsAPlan(t *testing.T) {
 	}
 	line := strings.Join(a, " ")
 	for _, want := range []string{
-		"-M microvm,pit=on,pic=on,rtc=on",
+		"-M microvm,pit=off,pic=on,rtc=on",
 		"-accel tcg,thread=multi -cpu max",
 		"-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 		"-no-reboot", "-nodefaults",
