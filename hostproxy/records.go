@@ -37,26 +37,7 @@ func (r *Registry) Insert(ctx context.Context, sb Sandbox) error {
 // Update applies fn to the sandbox's record in one transaction; an error
 // from fn changes nothing.
 func (r *Registry) Update(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error) {
-	if err := ctx.Err(); err != nil {
-		return Sandbox{}, err
-	}
-	var out Sandbox
-	err := r.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketSandboxes)
-		sb, err := boltjson.Get[Sandbox](b, []byte(id))
-		if err != nil {
-			return err
-		}
-		if sb == nil {
-			return errSandboxNotFound
-		}
-		if err := fn(sb); err != nil {
-			return err
-		}
-		out = *sb
-		return boltjson.Put(b, []byte(id), sb)
-	})
-	return out, err
+	return r.update(ctx, id, fn, false)
 }
 
 // Take applies fn to a pooled sandbox's record, which gives it to an
@@ -64,6 +45,11 @@ func (r *Registry) Update(ctx context.Context, id string, fn func(*Sandbox) erro
 // unique among the account's sandboxes, and the create's claim of its
 // Idempotency-Key.
 func (r *Registry) Take(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error) {
+	return r.update(ctx, id, fn, true)
+}
+
+// update is Update, and Take when inserted is set.
+func (r *Registry) update(ctx context.Context, id string, fn func(*Sandbox) error, inserted bool) (Sandbox, error) {
 	if err := ctx.Err(); err != nil {
 		return Sandbox{}, err
 	}
@@ -80,8 +66,10 @@ func (r *Registry) Take(ctx context.Context, id string, fn func(*Sandbox) error)
 		if err := fn(sb); err != nil {
 			return err
 		}
-		if err := insertChecks(ctx, tx, b, *sb); err != nil {
-			return err
+		if inserted {
+			if err := insertChecks(ctx, tx, b, *sb); err != nil {
+				return err
+			}
 		}
 		out = *sb
 		return boltjson.Put(b, []byte(id), sb)

@@ -556,24 +556,15 @@ func (s *memRecords) Insert(ctx context.Context, r sandbox.Record) error {
 }
 
 func (s *memRecords) Update(ctx context.Context, id string, fn func(*sandbox.Record) error) (sandbox.Record, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r, err := s.get(id)
-	if err != nil {
-		return sandbox.Record{}, err
-	}
-	if err := fn(&r); err != nil {
-		return sandbox.Record{}, err
-	}
-	b, err := json.Marshal(r)
-	if err != nil {
-		return sandbox.Record{}, err
-	}
-	s.m[id] = b
-	return r, nil
+	return s.update(id, fn, false)
 }
 
+// Take is Update that also checks the name, as the registry's does.
 func (s *memRecords) Take(ctx context.Context, id string, fn func(*sandbox.Record) error) (sandbox.Record, error) {
+	return s.update(id, fn, true)
+}
+
+func (s *memRecords) update(id string, fn func(*sandbox.Record) error, named bool) (sandbox.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, err := s.get(id)
@@ -584,11 +575,17 @@ func (s *memRecords) Take(ctx context.Context, id string, fn func(*sandbox.Recor
 		return sandbox.Record{}, err
 	}
 	for other := range s.m {
+		if !named || r.Name == "" {
+			break
+		}
+		if other == id {
+			continue
+		}
 		o, err := s.get(other)
 		if err != nil {
 			return sandbox.Record{}, err
 		}
-		if other != id && r.Name != "" && o.Account == r.Account && o.Name == r.Name && o.State != sandbox.Destroyed {
+		if o.Account == r.Account && o.Name == r.Name && o.State != sandbox.Destroyed {
 			return sandbox.Record{}, fmt.Errorf("name %s taken", r.Name)
 		}
 	}
