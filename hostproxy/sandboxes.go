@@ -419,7 +419,7 @@ const maxWaitS = 30
 // waitPoll is how often a waiting read looks at the record again.
 const waitPoll = 20 * time.Millisecond
 
-const errBadWait = "want a whole number of seconds from 1 to 30, and no other query parameter"
+var errBadWait = fmt.Sprintf("want a whole number of seconds from 1 to %d, and no other query parameter", maxWaitS)
 
 // getSandbox is GET /v1/sandboxes/{id}. With ?wait_s=N a sandbox in a
 // state on its way to another (creating, pausing, …) is answered once it

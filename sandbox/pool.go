@@ -176,10 +176,6 @@ func (m *Manager) fillPool(ctx context.Context) {
 		}
 	}
 	for ; keep < m.cfg.Pool && ctx.Err() == nil; keep++ {
-		if m.cfg.NewID == nil {
-			m.log.Warn("pool not filled: no way to name a sandbox (Config.NewID)")
-			return
-		}
 		id, err := m.cfg.NewID()
 		if err != nil {
 			m.log.Warn("pool not filled", "err", err)

@@ -62,16 +62,9 @@ func (c *Client) call(ctx context.Context, method, path string, body any, out an
 	return c.callWith(ctx, method, path, nil, body, out)
 }
 
-// callWith is call with extra request headers.
+// callWith is call with extra request headers. A success is 200, or 202
+// for an operation that goes on after the answer (the sandbox lifecycle).
 func (c *Client) callWith(ctx context.Context, method, path string, header http.Header, body any, out any) (json.RawMessage, error) {
-	var answered http.Header
-	return c.exchange(ctx, method, path, header, body, out, &answered)
-}
-
-// exchange is callWith that also sets *answered to the answer's headers
-// (X-Poll-After) once there is one. A success is 200, or 202 for an
-// operation that goes on after the answer (the sandbox lifecycle).
-func (c *Client) exchange(ctx context.Context, method, path string, header http.Header, body any, out any, answered *http.Header) (json.RawMessage, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -104,7 +97,6 @@ func (c *Client) exchange(ctx context.Context, method, path string, header http.
 		return nil, err
 	}
 	defer resp.Body.Close()
-	*answered = resp.Header
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return nil, err

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -33,13 +32,12 @@ type SandboxState struct {
 // ExecResult is the answer of exec.
 type ExecResult = api.ExecResult
 
-// Polling a sandbox that is on its way to a state: X-Poll-After says how
-// long to wait, within these bounds, and defaultPoll when it is absent.
+// Waiting for a sandbox that is on its way to a state: each ask is
+// GET …?wait_s (the server waits, at most maxWait here; it takes 30), and
+// asks come no more often than every minPoll. X-Poll-After is not read:
+// the server's wait replaces it.
 const (
-	minPoll     = 200 * time.Millisecond
-	maxPoll     = 30 * time.Second
-	defaultPoll = time.Second
-	// maxWait is the longest wait_s asked of the server (it takes 30).
+	minPoll = 200 * time.Millisecond
 	maxWait = 20 * time.Second
 )
 
@@ -50,34 +48,19 @@ const execCallMargin = time.Minute
 // now is the clock of the AGE column (tests pin it).
 var now = time.Now
 
-// pollAfter reads X-Poll-After (seconds, a decimal number).
-func pollAfter(h http.Header) time.Duration {
-	s, err := strconv.ParseFloat(h.Get("X-Poll-After"), 64)
-	switch {
-	case err != nil || math.IsNaN(s):
-		return defaultPoll
-	case s >= maxPoll.Seconds():
-		return maxPoll
-	}
-	return max(time.Duration(s*float64(time.Second)), minPoll)
-}
-
 // CreateSandbox asks for a new sandbox; the record comes back in state
-// creating, with the time to wait before polling it.
-func (c *Client) CreateSandbox(ctx context.Context, req api.SandboxCreateRequest) (Sandbox, json.RawMessage, time.Duration, error) {
+// creating (or running, taken from the host's pool).
+func (c *Client) CreateSandbox(ctx context.Context, req api.SandboxCreateRequest) (Sandbox, json.RawMessage, error) {
 	var sb Sandbox
-	var h http.Header
-	raw, err := c.exchange(ctx, http.MethodPost, "/v1/sandboxes", nil, req, &sb, &h)
-	return sb, raw, pollAfter(h), err
+	raw, err := c.call(ctx, http.MethodPost, "/v1/sandboxes", req, &sb)
+	return sb, raw, err
 }
 
-// GetSandbox returns the sandbox's record and the time to wait before
-// polling it again.
-func (c *Client) GetSandbox(ctx context.Context, id string) (Sandbox, json.RawMessage, time.Duration, error) {
+// GetSandbox returns the sandbox's record.
+func (c *Client) GetSandbox(ctx context.Context, id string) (Sandbox, json.RawMessage, error) {
 	var sb Sandbox
-	var h http.Header
-	raw, err := c.exchange(ctx, http.MethodGet, sandboxPath(id), nil, nil, &sb, &h)
-	return sb, raw, pollAfter(h), err
+	raw, err := c.call(ctx, http.MethodGet, sandboxPath(id), nil, &sb)
+	return sb, raw, err
 }
 
 // WaitSandbox is GetSandbox with wait_s: a sandbox on its way to a state
@@ -86,8 +69,7 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (Sandbox, json.RawMe
 func (c *Client) WaitSandbox(ctx context.Context, id string, wait time.Duration) (Sandbox, json.RawMessage, error) {
 	var sb Sandbox
 	secs := min(max(int(wait/time.Second), 1), int(maxWait/time.Second))
-	var h http.Header
-	raw, err := c.exchange(ctx, http.MethodGet, sandboxPath(id)+"?wait_s="+strconv.Itoa(secs), nil, nil, &sb, &h)
+	raw, err := c.call(ctx, http.MethodGet, sandboxPath(id)+"?wait_s="+strconv.Itoa(secs), nil, &sb)
 	return sb, raw, err
 }
 
@@ -134,20 +116,19 @@ var sandboxOps = map[string]struct{ method, suffix string }{
 }
 
 // SandboxOp runs rm, pause, resume, stop or start on a sandbox and returns
-// the state it answers with and the time to wait before polling.
-func (c *Client) SandboxOp(ctx context.Context, op, id string) (SandboxState, json.RawMessage, time.Duration, error) {
+// the state it answers with.
+func (c *Client) SandboxOp(ctx context.Context, op, id string) (SandboxState, json.RawMessage, error) {
 	o, ok := sandboxOps[op]
 	if !ok {
-		return SandboxState{}, nil, 0, fmt.Errorf("unknown sandbox operation %q", op)
+		return SandboxState{}, nil, fmt.Errorf("unknown sandbox operation %q", op)
 	}
 	path := sandboxPath(id)
 	if o.suffix != "" {
 		path = sandboxPath(id, o.suffix)
 	}
 	var st SandboxState
-	var h http.Header
-	raw, err := c.exchange(ctx, o.method, path, nil, nil, &st, &h)
-	return st, raw, pollAfter(h), err
+	raw, err := c.call(ctx, o.method, path, nil, &st)
+	return st, raw, err
 }
 
 // Exec runs a command in the sandbox and returns its result.
@@ -287,7 +268,7 @@ func (a *app) createSandbox(ctx context.Context, req api.SandboxCreateRequest, w
 	if err != nil {
 		return err
 	}
-	sb, raw, _, err := c.CreateSandbox(ctx, req)
+	sb, raw, err := c.CreateSandbox(ctx, req)
 	if err != nil {
 		return wrap(err)
 	}
@@ -365,7 +346,7 @@ func (a *app) sandboxGetCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sb, raw, _, err := c.GetSandbox(cmd.Context(), args[0])
+			sb, raw, err := c.GetSandbox(cmd.Context(), args[0])
 			if err != nil {
 				return wrap(err)
 			}
@@ -401,7 +382,7 @@ func (a *app) sandboxRmCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, raw, _, err := c.SandboxOp(cmd.Context(), "rm", args[0])
+			st, raw, err := c.SandboxOp(cmd.Context(), "rm", args[0])
 			if err != nil {
 				return wrap(err)
 			}
@@ -428,7 +409,7 @@ func (a *app) sandboxOpCommand(op, target, short string) *cobra.Command {
 				return err
 			}
 			id := args[0]
-			st, raw, _, err := c.SandboxOp(cmd.Context(), op, id)
+			st, raw, err := c.SandboxOp(cmd.Context(), op, id)
 			if err != nil {
 				return wrap(err)
 			}

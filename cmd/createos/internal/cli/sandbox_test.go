@@ -620,22 +620,6 @@ func TestSandboxWaitTimeout(t *testing.T) {
 	}
 }
 
-// TestPollAfter: X-Poll-After in seconds, kept within 200 ms and 30 s.
-func TestPollAfter(t *testing.T) {
-	for v, want := range map[string]time.Duration{
-		"": defaultPoll, "x": defaultPoll, "NaN": defaultPoll, "1": time.Second, "2.5": 2500 * time.Millisecond,
-		"0": minPoll, "0.1": minPoll, "-3": minPoll, "31": maxPoll, "1e300": maxPoll, "+Inf": maxPoll,
-	} {
-		h := http.Header{}
-		if v != "" {
-			h.Set("X-Poll-After", v)
-		}
-		if got := pollAfter(h); got != want {
-			t.Errorf("X-Poll-After %q: %v, want %v", v, got, want)
-		}
-	}
-}
-
 // TestAge: the AGE column in its largest unit.
 func TestAge(t *testing.T) {
 	pinClock(t, "2026-11-05T10:00:00Z")

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 	"unicode"
 
 	"github.com/spf13/cobra"
@@ -118,13 +117,11 @@ func (c *Client) PinSnapshot(ctx context.Context, sandbox, id string, pin bool) 
 }
 
 // ForkSnapshot makes req.Count sandboxes from a snapshot in one call; the
-// records come back on their way to running, with the time to wait
-// before polling them.
-func (c *Client) ForkSnapshot(ctx context.Context, sandbox, id string, req ForkRequest) (Forks, json.RawMessage, time.Duration, error) {
+// records come back on their way to running.
+func (c *Client) ForkSnapshot(ctx context.Context, sandbox, id string, req ForkRequest) (Forks, json.RawMessage, error) {
 	var f Forks
-	var h http.Header
-	raw, err := c.exchange(ctx, http.MethodPost, sandboxPath(sandbox, "snapshots", id, "fork"), nil, req, &f, &h)
-	return f, raw, pollAfter(h), err
+	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "snapshots", id, "fork"), req, &f)
+	return f, raw, err
 }
 
 func (a *app) snapshotCommand() *cobra.Command {
