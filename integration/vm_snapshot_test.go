@@ -249,12 +249,13 @@ func TestVMSnapshots(t *testing.T) {
 		t.Fatalf("the source's token from inside a fork: %q, want 403", out)
 	}
 
-	// The forks map the snapshot's template privately; a fork's own
-	// memory snapshot is a whole one, and restores.
+	// The forks map the snapshot's own state privately, read-only,
+	// from its RAM's pages (no RAM file is written for them); a fork's
+	// own memory snapshot is a whole one, and restores.
 	for _, f := range forks {
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", s.qemuPid(f)))
-		if !strings.Contains(string(cmdline), "memory-backend-file,id=microvm.ram") || !strings.Contains(string(cmdline), "share=off") {
-			t.Fatalf("fork %s does not start from a template: %q", f, strings.ReplaceAll(string(cmdline), "\x00", " "))
+		if l := string(cmdline); !strings.Contains(l, "memory-backend-file,id=microvm.ram") || !strings.Contains(l, ".state,offset=") || !strings.Contains(l, "share=off,readonly=on") {
+			t.Fatalf("fork %s does not map its snapshot's state: %q", f, strings.ReplaceAll(l, "\x00", " "))
 		}
 	}
 	fs := "/v1/sandboxes/" + fork1 + "/snapshots"

@@ -20,7 +20,8 @@ import (
 // Storage: the free space of the store's filesystem (statfs, blocks
 // available to others) must hold what the operation writes plus
 // StoreReserveBytes: a memory snapshot or a pause its guest's whole RAM,
-// a fork of a memory snapshot with no template yet the template's RAM,
+// a fork of a memory snapshot with no template yet the template's
+// devices and, unless forks map the snapshot's state, its RAM,
 // and every new disk layer layerBytes of metadata. Snapshots of one
 // sandbox are capped in bytes too (SnapshotQuotaBytes).
 //

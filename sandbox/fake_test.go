@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -452,12 +453,68 @@ func (m *fakeMachine) Save(ctx context.Context, f *os.File, opts vmm.SaveOptions
 	}
 	state := fakeState{Machine: m.cfg.Name, Top: m.Top0()}
 	if m.cfg.RAM != nil && m.cfg.RAM.Shared {
-		// A template: it never ran, its memory is the state it loaded.
+		// A template: it never ran, its memory is the state it loaded;
+		// its devices alone are saved.
 		loaded, _ := m.loaded.Load().(string)
 		top, _ := m.loadedTop.Load().(string)
 		state = fakeState{Machine: loaded, Top: top}
+		return st, json.NewEncoder(f).Encode(state)
 	}
-	return st, json.NewEncoder(f).Encode(state)
+	st.Format = vmm.FormatMappedRAM
+	return st, writeFakeState(f, state, int64(m.cfg.MemoryMiB)<<20)
+}
+
+// writeFakeState lays a whole state out as QEMU's mapped-ram does after
+// strata's header (vmm.RAMRegionOf finds its RAM): one RAM block of
+// ramBytes, its pages a hole, and the fakeState after them.
+func writeFakeState(f *os.File, state fakeState, ramBytes int64) error {
+	var b []byte
+	b = append(b, "strata vm state\nformat=mapped-ram\n"...)
+	b = append(b, make([]byte, 4096-len(b))...)
+	b = append(b, "QEVM\x00\x00\x00\x03\x01\x00\x00\x00\x01\x03ram\x00\x00\x00\x00\x00\x00\x00\x04"...)
+	b = binary.BigEndian.AppendUint64(b, uint64(ramBytes)|4)
+	b = append(b, "\x0bmicrovm.ram"...)
+	b = binary.BigEndian.AppendUint64(b, uint64(ramBytes))
+	b = binary.BigEndian.AppendUint32(b, 1)
+	b = binary.BigEndian.AppendUint64(b, 4096)
+	bitmap := int64(len(b)) + 16 // after the two offsets
+	pages := (bitmap + (ramBytes/4096+63)/64*8 + 1<<20 - 1) / (1 << 20) * (1 << 20)
+	b = binary.BigEndian.AppendUint64(b, uint64(bitmap))
+	b = binary.BigEndian.AppendUint64(b, uint64(pages))
+	js, err := json.Marshal(state)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	if _, err := f.WriteAt(b, 0); err != nil {
+		return err
+	}
+	_, err = f.WriteAt(append(js, '\n'), pages+ramBytes)
+	return err
+}
+
+// readFakeState reads what Save wrote: a fakeState after a mapped-ram
+// layout of ramBytes of RAM, or alone (a template's devices).
+func readFakeState(f *os.File, ramBytes int64) (fakeState, error) {
+	var st fakeState
+	var at int64
+	if format, err := vmm.StateFormatOf(f); err != nil {
+		return st, err
+	} else if format == vmm.FormatMappedRAM {
+		fi, err := f.Stat()
+		if err != nil {
+			return st, err
+		}
+		region, err := vmm.RAMRegionOf(f, fi.Size(), vmm.RAMID, ramBytes)
+		if err != nil {
+			return st, err
+		}
+		at = region.Offset + region.Bytes
+	}
+	err := json.NewDecoder(io.NewSectionReader(f, at, 1<<20)).Decode(&st)
+	return st, err
 }
 
 // Load reads a fakeState into a machine started to load one.
@@ -465,14 +522,19 @@ func (m *fakeMachine) Load(ctx context.Context, f *os.File) error {
 	if !m.cfg.Incoming {
 		return errors.New("fake qemu: not started with -incoming")
 	}
-	if m.cfg.RAM != nil {
-		// The RAM file must be there, as QEMU maps it.
-		if _, err := os.Stat(m.cfg.RAM.Path); err != nil {
+	if r := m.cfg.RAM; r != nil && !r.InMemory {
+		// The RAM file must be there, as QEMU maps it, and the RAM
+		// must fit in it from its offset.
+		fi, err := os.Stat(r.Path)
+		if err != nil {
 			return fmt.Errorf("fake qemu: RAM file: %w", err)
 		}
+		if fi.Size() < r.Offset+int64(m.cfg.MemoryMiB)<<20 {
+			return fmt.Errorf("fake qemu: RAM file of %d bytes: no %d MiB of RAM from %d", fi.Size(), m.cfg.MemoryMiB, r.Offset)
+		}
 	}
-	var st fakeState
-	if err := json.NewDecoder(f).Decode(&st); err != nil {
+	st, err := readFakeState(f, int64(m.cfg.MemoryMiB)<<20)
+	if err != nil {
 		return fmt.Errorf("fake qemu: load: %w", err)
 	}
 	m.loaded.Store(st.Machine)

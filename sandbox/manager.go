@@ -421,7 +421,7 @@ func (m *Manager) ramFile(mach *Machine) *vmm.RAMFile {
 	if mach.RAM == "" {
 		return nil
 	}
-	return &vmm.RAMFile{Path: m.ramPath(mach.RAM)}
+	return &vmm.RAMFile{Path: m.ramPath(mach.RAM, mach.RAMOffset), Offset: mach.RAMOffset}
 }
 
 func ramGroups(mach *Machine) []uint32 {
@@ -591,7 +591,8 @@ func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
 		// A start is a cold boot from the disk, whatever memory was
 		// saved (an error may have come from loading it).
 		r.Error, r.Machine.Saved, r.Machine.LoadDisk = "", "", nil
-		r.Machine.RAM, r.Machine.RAMGid, r.Machine.FromTemplate = "", 0, nil
+		r.Machine.dropRAM()
+		r.Machine.FromTemplate = nil
 		return true, nil
 	})
 }
@@ -1059,7 +1060,8 @@ func (m *Manager) saveAndQuit(ctx context.Context, mc *machine) error {
 		_, err = m.cfg.Records.Update(ctx, mc.id, func(r *Record) error {
 			// The whole memory is in the state now: the next boot needs
 			// no template.
-			r.Machine.Saved, r.Machine.RAM, r.Machine.RAMGid = sid, "", 0
+			r.Machine.Saved = sid
+			r.Machine.dropRAM()
 			r.Machine.LoadDisk = slices.Clone(r.Machine.Disk)
 			return nil
 		})
@@ -1180,7 +1182,8 @@ func (m *Manager) Stop(ctx context.Context, id string) (Record, error) {
 		}
 		r.State = Stopping
 		// A stopped sandbox boots cold: memory a pause saved goes.
-		r.Machine.Saved, r.Machine.RAM, r.Machine.RAMGid, r.Machine.FromTemplate = "", "", 0, nil
+		r.Machine.Saved, r.Machine.FromTemplate = "", nil
+		r.Machine.dropRAM()
 		r.Machine.LoadDisk = nil
 		return nil
 	})

@@ -137,17 +137,30 @@ type Machine struct {
 	// snapshot (making it first if the snapshot has none): a fork.
 	FromTemplate *From `json:"from_template,omitempty"`
 	// RAM is the template RAM file the running QEMU maps (privately),
-	// and RAMGid the group that may open it.
-	RAM    string `json:"ram,omitempty"`
-	RAMGid uint32 `json:"ram_gid,omitempty"`
+	// and RAMGid the group that may open it. With RAMOffset, RAM is a
+	// memory snapshot's own state (<id>.state), whose RAM pages start
+	// there; without, a template's RAM file (<id>.ram).
+	RAM       string `json:"ram,omitempty"`
+	RAMGid    uint32 `json:"ram_gid,omitempty"`
+	RAMOffset int64  `json:"ram_offset,omitempty"`
+}
+
+// dropRAM forgets the template RAM a machine mapped: its next QEMU
+// has memory of its own.
+func (mach *Machine) dropRAM() {
+	mach.RAM, mach.RAMGid, mach.RAMOffset = "", 0, 0
 }
 
 // Template is a memory snapshot made ready for fast forks: its RAM as a
 // file that forks map copy-on-write (they share the pages they only
-// read), and the device state that goes with it.
+// read), and the device state that goes with it. The RAM is the
+// snapshot's own mapped-ram state when RAMOffset is set (RAM is then the
+// snapshot's State, its pages from RAMOffset on); a RAM file of its own
+// (<RAM>.ram) for a state of QEMU's classic format.
 type Template struct {
-	RAM   string `json:"ram"`
-	State string `json:"state"`
+	RAM       string `json:"ram"`
+	RAMOffset int64  `json:"ram_offset,omitempty"`
+	State     string `json:"state"`
 	// Gid is the group of the RAM file: the forks' QEMUs get it.
 	Gid uint32 `json:"gid"`
 	// Building is set while the files are filled, with the scratch top

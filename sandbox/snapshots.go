@@ -668,7 +668,8 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 			rec.Machine.Process = nil
 			rec.Machine.Disk = append([]string{top}, target.Disk...)
 			rec.Machine.BaseDisk = target.BaseDisk
-			rec.Machine.Saved, rec.Machine.RAM, rec.Machine.RAMGid, rec.Machine.FromTemplate = "", "", 0, nil
+			rec.Machine.Saved, rec.Machine.FromTemplate = "", nil
+			rec.Machine.dropRAM()
 			rec.Machine.LoadDisk, rec.Machine.FreshTop = nil, false
 			if withMemory {
 				rec.Machine.Saved = target.State
@@ -747,11 +748,11 @@ func (m *Manager) Fork(ctx context.Context, srcID, snapID string, r Record) (Rec
 	if err := m.loadable(snap, snap.Memory); err != nil {
 		return Record{}, err
 	}
-	// Its top, and the snapshot's template (RAM and scratch top) if the
-	// first fork is to make it.
+	// Its top, and the snapshot's template if the first fork is to make
+	// it.
 	need := int64(layerBytes)
 	if snap.Memory && (snap.Template == nil || snap.Template.Building) {
-		need += int64(snap.MemoryMiB)<<20 + layerBytes
+		need += m.templateBytes(*snap)
 	}
 	if err := m.checkStorage(need); err != nil {
 		return Record{}, err

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -962,6 +963,26 @@ func TestFork(t *testing.T) {
 			if tc.memory && (ffm.cfg.RAM == nil || ffm.cfg.RAM.Shared || ffm.resyncs.Load() != 1) {
 				t.Errorf("fork's RAM %+v, %d resyncs; want the template's, private, and one resync", ffm.cfg.RAM, ffm.resyncs.Load())
 			}
+			if tc.memory {
+				// The template maps the snapshot's own mapped-ram
+				// state, where its RAM's pages are: no RAM file is
+				// written, and the state is the template group's to
+				// read, no one else's.
+				state := h.statePath(v1.State)
+				if r := ffm.cfg.RAM; r == nil || r.Path != state || r.Offset < 1<<20 || r.Offset != f.Machine.RAMOffset {
+					t.Errorf("fork's RAM %+v (record offset %d); want the snapshot's state %s from its pages", r, f.Machine.RAMOffset, state)
+				}
+				fi, err := os.Stat(state)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st := fi.Sys().(*syscall.Stat_t); st.Uid != 0 || st.Gid != f.Machine.RAMGid || f.Machine.RAMGid == 0 || fi.Mode().Perm() != 0o640 {
+					t.Errorf("the mapped state: uid %d gid %d mode %v; want root's, group %d, 0640", st.Uid, st.Gid, fi.Mode().Perm(), f.Machine.RAMGid)
+				}
+				if rams, _ := filepath.Glob(filepath.Join(h.dir, "store", "*.ram")); len(rams) != 0 {
+					t.Errorf("RAM files %v: the template maps the state", rams)
+				}
+			}
 			if f.Machine.Saved != "" || len(f.Snapshots) != 0 || f.Name != "forked" || f.Account != "acct" {
 				t.Errorf("fork's record %+v (machine %+v)", f, f.Machine)
 			}
@@ -1767,5 +1788,40 @@ func TestRestoreSavesAutoInBackground(t *testing.T) {
 			}
 			checkStore(t, m)
 		})
+	}
+}
+
+// TestTemplateGroupNotGivenWhileAFileHasIt: a group that a file of the
+// store still has (a template a crash dropped after giving the
+// snapshot's state its group) is never a new template's: its forks could
+// open that file.
+func TestTemplateGroupNotGivenWhileAFileHasIt(t *testing.T) {
+	ctx := context.Background()
+	h, m := snapshotHarness(t)
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+	if _, err := m.Fork(ctx, "sb-1", "v1", sandbox.Record{ID: "sb-f1", Account: "acct"}); err != nil {
+		t.Fatal(err)
+	}
+	g1 := h.waitState("sb-f1", sandbox.Running).Machine.RAMGid
+	// v2's state keeps the next group as if a template had been dropped.
+	src := h.get("sb-1")
+	v2, _ := src.Snapshot("v2")
+	if err := os.Chown(h.statePath(v2.State), 0, int(g1+1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Fork(ctx, "sb-1", "v2", sandbox.Record{ID: "sb-f2", Account: "acct"}); err != nil {
+		t.Fatal(err)
+	}
+	g2 := h.waitState("sb-f2", sandbox.Running).Machine.RAMGid
+	if g2 == g1 || g2 == g1+1 || g2 == 0 {
+		t.Fatalf("templates' groups %d and %d; the second may be neither the first's nor %d, which a file has", g1, g2, g1+1)
+	}
+	fi, err := os.Stat(h.statePath(v2.State))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gid := fi.Sys().(*syscall.Stat_t).Gid; gid != g2 {
+		t.Errorf("v2's state has group %d, want its template's, %d", gid, g2)
 	}
 }

@@ -56,8 +56,19 @@ func (m *Manager) statePath(id string) string {
 	return filepath.Join(m.storeDir(), id+stateExt)
 }
 
-func (m *Manager) ramPath(id string) string {
-	return filepath.Join(m.storeDir(), id+ramExt)
+// ramPath is the file of template RAM: a template's RAM file, or with
+// an offset a memory snapshot's state (ramName).
+func (m *Manager) ramPath(id string, offset int64) string {
+	return filepath.Join(m.storeDir(), ramName(id, offset))
+}
+
+// ramName is the store file of template RAM: a snapshot's state, whose
+// RAM starts at offset, or a RAM file of its own (no offset).
+func ramName(id string, offset int64) string {
+	if offset > 0 {
+		return id + stateExt
+	}
+	return id + ramExt
 }
 
 // mkStore makes the store directory: traversable by the QEMUs (a
@@ -160,7 +171,7 @@ func references(records []Record) map[string]bool {
 				refs[r.Machine.Saved+stateExt] = true
 			}
 			if r.Machine.RAM != "" {
-				refs[r.Machine.RAM+ramExt] = true
+				refs[ramName(r.Machine.RAM, r.Machine.RAMOffset)] = true
 			}
 		}
 		for _, s := range r.Snapshots {
@@ -171,7 +182,7 @@ func references(records []Record) map[string]bool {
 				refs[s.State+stateExt] = true
 			}
 			if t := s.Template; t != nil {
-				refs[t.RAM+ramExt] = true
+				refs[ramName(t.RAM, t.RAMOffset)] = true
 				refs[t.State+stateExt] = true
 				if t.Scratch != "" {
 					refs[t.Scratch+layerExt] = true

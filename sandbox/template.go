@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -14,19 +16,34 @@ import (
 )
 
 // Templates: the first fork of a memory snapshot turns it into a template
-// (VMM.md, "Forks"). A QEMU that never runs loads the snapshot's state
-// into a RAM file (shared), and saves only its devices; every fork then
-// maps that file privately and loads only the devices, so a fork starts
-// in tens of milliseconds and costs the host only the memory it writes:
-// the pages forks only read are the file's, once, in the page cache.
+// (VMM.md, "Forks"): the snapshot's RAM as a file that every fork maps
+// privately, and a state of the devices alone, so that a fork loads only
+// the devices, starts in tens of milliseconds, and costs the host only
+// the memory it writes: the pages forks only read are the file's, once,
+// in the page cache.
 //
-// The template QEMU runs as the fork's uid (before the fork's own QEMU,
-// in its run directory) with the template's group, the only one besides
-// root's that may open the RAM file; it writes the file (0660) while it
-// fills it. Once filled, the file is 0640: every fork of the template
-// gets the group, to read it, and its QEMU opens it read-only
-// (vmm.RAMFile, readonly=on), so that no fork can change the pages the
-// other forks of the same snapshot have not written yet.
+// The RAM file is the snapshot's own state when it is mapped-ram (every
+// state strata writes now): its RAM pages are at a fixed offset of it
+// (vmm.RAMRegionOf), so the template writes no RAM at all. A template
+// QEMU that never runs loads the whole state into RAM in memory (a memfd,
+// shared) and saves the devices alone; the state's pages whose bit is
+// clear in its bitmap (written by a live save, then found zero) are
+// punched first (vmm.ClearUnwritten: a load reads them as zero, and so
+// must a mapping), which changes nothing a restore of the snapshot reads.
+// A state of QEMU's classic format (written before mapped-ram) has no
+// such offsets: its template QEMU loads it into a RAM file of its own
+// (<id>.ram, shared), written as the QEMU fills it.
+//
+// Either way the template QEMU runs as the fork's uid (before the fork's
+// own QEMU, in its run directory). The RAM file gets the template's
+// group, the only one besides root's that may open it, once it is filled
+// (0640: a RAM file of its own is 0660 while its QEMU fills it through
+// the group): every fork of the template gets the group, to read it, and
+// its QEMU opens it read-only (vmm.RAMFile, readonly=on), so that no fork
+// can change the pages the other forks of the same snapshot have not
+// written yet. A template dropped before it is done takes the group off
+// the snapshot's state again, and allocGid never gives a group that a
+// file of the store still has.
 
 // templateLocks serializes the making of one snapshot's template: ten
 // forks at once make it once.
@@ -64,14 +81,14 @@ func (m *Manager) startFromTemplate(ctx context.Context, r Record) (Record, erro
 	// Named by the fork before the lock goes: collect keeps them.
 	m.storeMu.RLock()
 	defer m.storeMu.RUnlock()
-	if err == nil && !m.haveFiles(m.ramPath(tpl.RAM), m.statePath(tpl.State)) {
+	if err == nil && !m.haveFiles(m.ramPath(tpl.RAM, tpl.RAMOffset), m.statePath(tpl.State)) {
 		// The snapshot was deleted while its template was made.
 		err = errors.New("the template's files are gone")
 	}
 	return m.cfg.Records.Update(ctx, r.ID, func(rec *Record) error {
 		rec.Machine.FromTemplate = nil
 		if err == nil {
-			rec.Machine.Saved, rec.Machine.RAM, rec.Machine.RAMGid = tpl.State, tpl.RAM, tpl.Gid
+			rec.Machine.Saved, rec.Machine.RAM, rec.Machine.RAMGid, rec.Machine.RAMOffset = tpl.State, tpl.RAM, tpl.Gid, tpl.RAMOffset
 		}
 		return nil
 	})
@@ -118,8 +135,15 @@ func (m *Manager) template(ctx context.Context, r Record, from From) (Template, 
 	defer ram.Close()
 	defer dev.Close()
 	done := func(keep bool) {
+		if !keep && tpl.RAMOffset > 0 {
+			// The snapshot's state is root's alone again before the
+			// record lets its group go.
+			if err := errors.Join(ram.Chown(0, 0), ram.Chmod(0o600)); err != nil {
+				m.log.Warn("template dropped: its group stays on the snapshot's state until it is deleted", "snapshot", from.Snapshot, "err", err)
+			}
+		}
 		m.cfg.Records.Update(context.WithoutCancel(ctx), from.Sandbox, func(rec *Record) error {
-			if s, ok := rec.Snapshot(from.Snapshot); ok && s.Template != nil && s.Template.RAM == tpl.RAM {
+			if s, ok := rec.Snapshot(from.Snapshot); ok && s.Template != nil && s.Template.State == tpl.State {
 				if keep {
 					s.Template.Building, s.Template.Scratch = false, ""
 				} else {
@@ -136,19 +160,22 @@ func (m *Manager) template(ctx context.Context, r Record, from From) (Template, 
 	}
 	// Filled: from here on the forks only read it (their QEMUs open it
 	// read-only), and even their group cannot write it.
-	if err := ram.Chmod(0o640); err != nil {
+	if err := errors.Join(ram.Chown(0, int(tpl.Gid)), ram.Chmod(0o640)); err != nil {
 		done(false)
 		return Template{}, err
 	}
 	done(true)
 	tpl.Building, tpl.Scratch = false, ""
-	m.log.Info("template made", "sandbox", from.Sandbox, "snapshot", from.Snapshot, "took", time.Since(t0).Round(time.Millisecond), "ram_bytes", allocated(m.ramPath(tpl.RAM)), "devices_bytes", allocated(m.statePath(tpl.State)))
+	m.log.Info("template made", "sandbox", from.Sandbox, "snapshot", from.Snapshot, "took", time.Since(t0).Round(time.Millisecond),
+		"maps_state", tpl.RAMOffset > 0, "ram_bytes", allocated(m.ramPath(tpl.RAM, tpl.RAMOffset)), "devices_bytes", allocated(m.statePath(tpl.State)))
 	return tpl, nil
 }
 
-// newTemplate makes a template's files (an empty RAM file of the group it
-// is given, a state file for the devices, a scratch top for the disk the
-// template QEMU opens) and names them in the snapshot, building.
+// newTemplate makes a template's files and names them in the snapshot,
+// building: its RAM (the snapshot's state, opened to punch and later to
+// give it the template's group; or, for a state of QEMU's classic format,
+// an empty RAM file of the template's group), a state file for the
+// devices, and a scratch top for the disk the template QEMU opens.
 func (m *Manager) newTemplate(ctx context.Context, from From, snap Snapshot) (Template, *os.File, *os.File, error) {
 	m.storeMu.RLock()
 	defer m.storeMu.RUnlock()
@@ -157,15 +184,21 @@ func (m *Manager) newTemplate(ctx context.Context, from From, snap Snapshot) (Te
 		return Template{}, nil, nil, err
 	}
 	defer release()
-	tpl := Template{RAM: newFileID(), Gid: gid, Building: true}
-	ram, err := os.OpenFile(m.ramPath(tpl.RAM), os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o660)
-	if err != nil {
-		return Template{}, nil, nil, err
-	}
-	state, dev, err := m.newState()
+	tpl := Template{Gid: gid, Building: true}
+	ram, err := m.mappedRAM(snap)
 	if err == nil {
-		tpl.State = state
-		err = errors.Join(ram.Chown(0, int(gid)), ram.Chmod(0o660), ram.Truncate(int64(snap.MemoryMiB)<<20))
+		tpl.RAM, tpl.RAMOffset = snap.State, ram.offset
+	} else {
+		m.log.Debug("template: the snapshot's RAM is not mapped where it is", "snapshot", snap.ID, "why", err)
+		tpl.RAM = newFileID()
+		ram.f, err = os.OpenFile(m.ramPath(tpl.RAM, 0), os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o660)
+		if err == nil {
+			err = errors.Join(ram.f.Chown(0, int(gid)), ram.f.Chmod(0o660), ram.f.Truncate(int64(snap.MemoryMiB)<<20))
+		}
+	}
+	var dev *os.File
+	if err == nil {
+		tpl.State, dev, err = m.newState()
 	}
 	if err == nil {
 		tpl.Scratch, err = m.newLayer(ctx, snap.BaseDisk, snap.Disk[0], m.diskBytes(snap.DiskGiB))
@@ -182,17 +215,54 @@ func (m *Manager) newTemplate(ctx context.Context, from From, snap Snapshot) (Te
 		})
 	}
 	if err != nil {
-		ram.Close()
+		if ram.f != nil {
+			ram.f.Close()
+		}
 		if dev != nil {
 			dev.Close()
 		}
 		return Template{}, nil, nil, err // the files are collected
 	}
-	return tpl, ram, dev, nil
+	return tpl, ram.f, dev, nil
+}
+
+// templateRAM is a template's RAM file, open, and where its RAM starts.
+type templateRAM struct {
+	f      *os.File
+	offset int64
+}
+
+// mappedRAM opens a memory snapshot's state to map its RAM where it is:
+// where its RAM's pages start, once the pages a load would not read are
+// punched and that is on disk. An error says the state cannot be mapped
+// (a classic stream, another layout): its template gets a RAM file.
+func (m *Manager) mappedRAM(snap Snapshot) (ram templateRAM, err error) {
+	f, err := os.OpenFile(m.statePath(snap.State), os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return ram, err
+	}
+	fi, err := f.Stat()
+	var region vmm.RAMRegion
+	if err == nil {
+		region, err = vmm.RAMRegionOf(f, fi.Size(), vmm.RAMID, int64(snap.MemoryMiB)<<20)
+	}
+	if err == nil {
+		_, err = vmm.ClearUnwritten(f, region)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if err != nil {
+		f.Close()
+		return ram, err
+	}
+	ram.f, ram.offset = f, region.Offset
+	return ram, nil
 }
 
 // fillTemplate runs the template QEMU: it never runs the guest, loads the
-// snapshot's whole state into the RAM file (shared) and saves the devices.
+// snapshot's whole state (into RAM in memory, or into the template's RAM
+// file, shared) and saves the devices.
 func (m *Manager) fillTemplate(ctx context.Context, r Record, snap Snapshot, tpl Template, ram, dev *os.File) error {
 	if _, err := m.prepare(ctx, r); err != nil {
 		return err
@@ -200,8 +270,12 @@ func (m *Manager) fillTemplate(ctx context.Context, r Record, snap Snapshot, tpl
 	mach := Machine{BaseDisk: snap.BaseDisk, Disk: append([]string{tpl.Scratch}, snap.Disk...), Uid: r.Machine.Uid, Gid: r.Machine.Gid}
 	cfg := m.vmConfig(Record{ID: r.ID, Name: r.Name, MemoryMiB: snap.MemoryMiB, VCPUs: snap.VCPUs, Machine: &mach})
 	cfg.Incoming = true
-	cfg.RAM = &vmm.RAMFile{Path: m.ramPath(tpl.RAM), Shared: true}
-	cfg.Groups = []uint32{tpl.Gid}
+	if tpl.RAMOffset > 0 {
+		cfg.RAM = &vmm.RAMFile{InMemory: true, Shared: true}
+	} else {
+		cfg.RAM = &vmm.RAMFile{Path: m.ramPath(tpl.RAM, 0), Shared: true}
+		cfg.Groups = []uint32{tpl.Gid}
+	}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	t0 := time.Now()
@@ -228,7 +302,10 @@ func (m *Manager) fillTemplate(ctx context.Context, r Record, snap Snapshot, tpl
 		return fmt.Errorf("template: saving its devices: %w", err)
 	}
 	saved := time.Now()
-	err = errors.Join(dev.Sync(), ram.Sync())
+	err = dev.Sync()
+	if tpl.RAMOffset == 0 {
+		err = errors.Join(err, ram.Sync())
+	}
 	m.log.Debug("template filled", "sandbox", r.ID, "qemu", started.Sub(t0).Round(time.Millisecond), "load", loaded.Sub(started).Round(time.Millisecond),
 		"devices", saved.Sub(loaded).Round(time.Millisecond), "sync", time.Since(saved).Round(time.Millisecond))
 	return err
@@ -253,6 +330,12 @@ func (m *Manager) allocGid(ctx context.Context) (uint32, func(), error) {
 			}
 		}
 	}
+	// A file of the store may keep a group no record names (a template
+	// dropped by a crash, a snapshot deleted and not yet collected):
+	// that group is never given again while the file is there.
+	for gid := range m.storeGroups() {
+		used[gid] = true
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for gid := range m.gids {
@@ -275,4 +358,41 @@ func (m *Manager) allocGid(ctx context.Context) (uint32, func(), error) {
 		delete(m.gids, gid)
 		m.mu.Unlock()
 	}, nil
+}
+
+// storeGroups are the groups other than root's that the store's RAM files
+// and states have.
+func (m *Manager) storeGroups() map[uint32]bool {
+	groups := map[uint32]bool{}
+	entries, _ := os.ReadDir(m.storeDir())
+	for _, e := range entries {
+		if ext := filepath.Ext(e.Name()); ext != ramExt && ext != stateExt {
+			continue
+		}
+		if fi, err := e.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Gid != 0 {
+				groups[st.Gid] = true
+			}
+		}
+	}
+	return groups
+}
+
+// devicesBytes bounds a state of the devices alone: microvm's devices
+// and its firmware's RAM blocks, under 1 MiB as measured.
+const devicesBytes = 16 << 20
+
+// templateBytes is what making snap's template writes to the store: the
+// devices' state, and a RAM file unless its state is mapped-ram (then
+// forks map the state itself).
+func (m *Manager) templateBytes(snap Snapshot) int64 {
+	need := int64(devicesBytes + layerBytes)
+	f, err := os.Open(m.statePath(snap.State))
+	if err == nil {
+		defer f.Close()
+		if format, err := vmm.StateFormatOf(f); err == nil && format == vmm.FormatMappedRAM {
+			return need
+		}
+	}
+	return need + int64(snap.MemoryMiB)<<20
 }

@@ -72,8 +72,8 @@ type Config struct {
 	// shared, QEMU writes the guest's memory into it; private, the guest
 	// starts from its content and its writes stay its own (copy on
 	// write), so that many machines share the pages they only read.
-	// Either way a save or a load skips the RAM (x-ignore-shared): it
-	// writes or reads the devices only.
+	// A save of a shared one or a load into a private one skips the
+	// RAM (x-ignore-shared): it writes or reads the devices only.
 	RAM *RAMFile
 	// Incoming starts QEMU waiting for a migration stream
 	// (-incoming defer), for a restore from a memory snapshot; the guest
@@ -85,8 +85,19 @@ type Config struct {
 // guest's memory into it (a template being made); private, QEMU opens it
 // read-only and the guest's writes are its own (a fork).
 type RAMFile struct {
-	Path   string
-	Shared bool
+	// Path is the file QEMU opens by name: its uid (or one of its
+	// Groups) must be allowed to.
+	Path string
+	// Offset is where the RAM starts in the file: a memory snapshot's
+	// mapped-ram state, whose pages a fork maps where they are
+	// (RAMRegionOf). A multiple of the page size.
+	Offset int64
+	// InMemory is RAM in a memfd Start makes and QEMU inherits, instead
+	// of Path: shared, so that a save skips it (a template's QEMU loads
+	// a whole state into it to save the devices alone), and gone with
+	// the QEMU; nothing of it reaches a disk.
+	InMemory bool
+	Shared   bool
 }
 
 // RAMID is the id of the guest RAM's memory backend: microvm's own, so
@@ -113,7 +124,7 @@ const (
 
 // The descriptors QEMU inherits (Start opens them in this order): the
 // listening sockets of its monitor, channel and console, then the disk's
-// layers (diskFDs).
+// layers (diskFDs), then RAM in memory (ramFD).
 const (
 	fdQMP = 3 + iota
 	fdChannel
@@ -147,8 +158,16 @@ func (c Config) Validate() error {
 	if c.Ctl != "" && filepath.Clean(c.Ctl) == filepath.Clean(c.Dir) {
 		errs = append(errs, errors.New("vmm config: the control directory is the run directory: QEMU's uid must not write where the host dials"))
 	}
-	if c.RAM != nil {
-		paths["RAM"] = c.RAM.Path
+	if r := c.RAM; r != nil {
+		switch {
+		case r.InMemory && (r.Path != "" || r.Offset != 0 || !r.Shared):
+			errs = append(errs, errors.New("vmm config: RAM in memory is shared, with no path or offset"))
+		case !r.InMemory:
+			paths["RAM"] = r.Path
+		}
+		if r.Offset < 0 || r.Offset%mappedRAMPage != 0 {
+			errs = append(errs, fmt.Errorf("vmm config: RAM offset %d: want a multiple of %d", r.Offset, mappedRAMPage))
+		}
 	}
 	if len(c.Disk) == 0 {
 		errs = append(errs, errors.New("vmm config: no disk"))
@@ -248,8 +267,17 @@ func (c Config) Argv() ([]string, error) {
 		if !c.RAM.Shared {
 			share = "share=off,readonly=on,rom=off"
 		}
+		path := c.RAM.Path
+		if c.RAM.InMemory {
+			// memory-backend-file, not -memfd: a save skips only RAM
+			// of a named file (x-ignore-shared).
+			path = fmt.Sprintf("/proc/self/fd/%d", c.ramFD())
+		}
+		if c.RAM.Offset != 0 {
+			share = fmt.Sprintf("offset=%d,%s", c.RAM.Offset, share)
+		}
 		argv = append(argv, "-object", fmt.Sprintf("memory-backend-file,id=%s,size=%dM,mem-path=%s,%s",
-			RAMID, c.MemoryMiB, c.RAM.Path, share))
+			RAMID, c.MemoryMiB, path, share))
 	}
 	switch c.Accel {
 	case KVM:
@@ -304,6 +332,9 @@ func diskFDs(i int) []int {
 	}
 	return []int{fdDisk + 1 + i}
 }
+
+// ramFD is the descriptor number of RAM in memory: after the disk's.
+func (c Config) ramFD() int { return fdDisk + len(c.Disk) + 1 }
 
 // machine is the -M value. No PIT (microvm-2): under TCG on a loaded or
 // slow host, the PIT's interrupt that SeaBIOS leaves programmed can be

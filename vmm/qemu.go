@@ -143,13 +143,22 @@ func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
 		return nil, err
 	}
 	defer closeAll(disk)
+	extra := append(slices.Clone(socks), disk...)
+	if cfg.RAM != nil && cfg.RAM.InMemory {
+		ram, err := memfd(cfg.Name, int64(cfg.MemoryMiB)<<20)
+		if err != nil {
+			return nil, err
+		}
+		defer ram.Close()
+		extra = append(extra, ram)
+	}
 	// QEMU's own output goes through a pipe into a capped log of the
 	// control directory (exec copies it; Wait returns once it is all
 	// in). After the caller restarts, the pipe has no reader: QEMU
 	// ignores SIGPIPE, and what it says then is lost.
 	qlog := newCappedLog(cfg.QEMULog(), LogBytes)
 	cmd := exec.Command(d.binary(), argv...)
-	cmd.ExtraFiles = append(slices.Clone(socks), disk...)
+	cmd.ExtraFiles = extra
 	cmd.Dir = cfg.Dir
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdout, cmd.Stderr = qlog, qlog
@@ -502,6 +511,23 @@ func openDisk(layers []Layer) ([]*os.File, error) {
 		}
 	}
 	return files, nil
+}
+
+// memfd is RAM in memory for a machine: a memfd of size bytes (QEMU's
+// file backend refuses a file smaller than the RAM), which QEMU's uid
+// opens again through /proc/self/fd (a memfd's mode lets anyone who holds
+// it do so).
+func memfd(name string, size int64) (*os.File, error) {
+	fd, err := unix.MemfdCreate("strata-ram-"+name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("RAM in memory: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "memfd:strata-ram-"+name)
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("RAM in memory: %w", err)
+	}
+	return f, nil
 }
 
 func closeAll(files []*os.File) {

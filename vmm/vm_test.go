@@ -308,3 +308,93 @@ func TestForkRAMReadOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestForkMapsState: a fork maps its RAM from a memory snapshot's own
+// mapped-ram state (where RAMRegionOf finds the RAM's pages), read-only,
+// with the devices a template QEMU saved from RAM in memory (a memfd: it
+// leaves no RAM file on disk); the fork loads them and runs.
+func TestForkMapsState(t *testing.T) {
+	h := newVMHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	src := h.config("source", testUID(1))
+	sm := h.start(src)
+	time.Sleep(3 * time.Second) // its kernel and init touch memory
+	statePath := filepath.Join(h.dir, "snap.state")
+	state, err := os.OpenFile(statePath, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer state.Close()
+	if _, err := sm.Save(ctx, state, SaveOptions{Live: true}); err != nil {
+		t.Fatal(err)
+	}
+	sm.Kill()
+	<-sm.Done()
+	fi, err := state.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, err := RAMRegionOf(state, fi.Size(), RAMID, int64(src.MemoryMiB)<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ClearUnwritten(state, region); err != nil {
+		t.Fatal(err)
+	}
+	// The template: the whole state loaded into RAM in memory, its
+	// devices saved alone.
+	tcfg := h.config("template", testUID(2))
+	tcfg.Disk = []Layer{{Node: "top", Path: tcfg.Disk[0].Path}, {Node: "stop", Path: src.Disk[0].Path}, {Node: "base", Path: h.base}}
+	tcfg.RAM, tcfg.Incoming = &RAMFile{InMemory: true, Shared: true}, true
+	tm := h.start(tcfg)
+	if err := tm.Load(ctx, state); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := os.Create(filepath.Join(h.dir, "devices.state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	if _, err := tm.Save(ctx, dev, SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tm.Kill()
+	<-tm.Done()
+	if di, _ := dev.Stat(); di.Size() > 4<<20 {
+		t.Fatalf("the template's devices state is %d bytes: its RAM was saved too", di.Size())
+	}
+	gid := testUID(0)
+	if err := errors.Join(state.Chown(0, int(gid)), state.Chmod(0o640)); err != nil {
+		t.Fatal(err)
+	}
+	fcfg := h.config("fork", testUID(3))
+	fcfg.Disk = []Layer{{Node: "top", Path: fcfg.Disk[0].Path}, {Node: "stop", Path: src.Disk[0].Path}, {Node: "base", Path: h.base}}
+	fcfg.RAM, fcfg.Groups, fcfg.Incoming = &RAMFile{Path: statePath, Offset: region.Offset}, []uint32{gid}, true
+	fm := h.start(fcfg)
+	if _, err := dev.Seek(0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := fm.Load(ctx, dev); err != nil {
+		t.Fatal(err)
+	}
+	if err := fm.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // a guest whose memory is wrong dies now
+	if running, err := fm.Running(ctx); err != nil || !running {
+		t.Fatalf("the fork: running %v, %v", running, err)
+	}
+	console, _ := os.ReadFile(fcfg.ConsoleLog())
+	for _, bad := range []string{"Oops", "BUG:", "Kernel panic", "general protection"} {
+		if strings.Contains(string(console), bad) {
+			t.Fatalf("the fork's kernel says %q:\n%s", bad, console)
+		}
+	}
+	held := takeFDs(t, fm.Process().Pid, func(target string) bool { return target == statePath })
+	defer closeHeld(held)
+	if len(held) == 0 {
+		t.Fatal("the fork's QEMU holds no descriptor of the state it maps")
+	}
+	checkReadOnly(t, "mapped state", held)
+}

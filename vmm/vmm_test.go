@@ -80,6 +80,19 @@ func TestArgvIsAPlan(t *testing.T) {
 	if l := strings.Join(tpl, " "); !strings.Contains(l, "mem-path=/store/t.ram,share=on") || strings.Contains(l, "readonly") {
 		t.Errorf("template argv: %s", l)
 	}
+	// A fork of a mapped-ram state: the state's file from its RAM's
+	// pages; a template's RAM in memory: a memfd after the disk's
+	// descriptors (two layers: 6, 7, 8), shared.
+	c.RAM = &RAMFile{Path: "/store/s.state", Offset: 1 << 20}
+	mapped, _ := c.Argv()
+	if l := strings.Join(mapped, " "); !strings.Contains(l, "mem-path=/store/s.state,offset=1048576,share=off,readonly=on,rom=off") {
+		t.Errorf("mapped fork argv: %s", l)
+	}
+	c.RAM = &RAMFile{InMemory: true, Shared: true}
+	mem, _ := c.Argv()
+	if l := strings.Join(mem, " "); !strings.Contains(l, "mem-path=/proc/self/fd/9,share=on") || strings.Contains(l, "readonly") {
+		t.Errorf("template in memory argv: %s", l)
+	}
 	c.RAM = nil
 	c.Accel = KVM
 	k, _ := c.Argv()
@@ -90,25 +103,32 @@ func TestArgvIsAPlan(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	for name, mutate := range map[string]func(*Config){
-		"relative disk":       func(c *Config) { c.Disk[1].Path = "base.qcow2" },
-		"no disk":             func(c *Config) { c.Disk = nil },
-		"bad node name":       func(c *Config) { c.Disk[0].Node = "1top" },
-		"same node twice":     func(c *Config) { c.Disk[1].Node = c.Disk[0].Node },
-		"comma in a path":     func(c *Config) { c.Kernel = "/img/a,b" },
-		"root":                func(c *Config) { c.Uid = 0 },
-		"no memory":           func(c *Config) { c.MemoryMiB = 0 },
-		"no cpus":             func(c *Config) { c.VCPUs = 0 },
-		"tcg without tsc":     func(c *Config) { c.TSCKHz = 0 },
-		"unknown accel":       func(c *Config) { c.Accel = "hvf" },
-		"spaced kernel arg":   func(c *Config) { c.KernelArgs = []string{"a b"} },
-		"name with a comma":   func(c *Config) { c.Name = "a,b" },
-		"empty name":          func(c *Config) { c.Name = "" },
-		"empty kernel arg":    func(c *Config) { c.KernelArgs = []string{""} },
-		"relative run dir":    func(c *Config) { c.Dir = "run" },
-		"relative ctl dir":    func(c *Config) { c.Ctl = "ctl" },
-		"no ctl dir":          func(c *Config) { c.Ctl = "" },
-		"ctl is the run dir":  func(c *Config) { c.Ctl = c.Dir + "/" },
-		"absurd memory (TiB)": func(c *Config) { c.MemoryMiB = 2 << 20 },
+		"relative disk":         func(c *Config) { c.Disk[1].Path = "base.qcow2" },
+		"no disk":               func(c *Config) { c.Disk = nil },
+		"bad node name":         func(c *Config) { c.Disk[0].Node = "1top" },
+		"same node twice":       func(c *Config) { c.Disk[1].Node = c.Disk[0].Node },
+		"comma in a path":       func(c *Config) { c.Kernel = "/img/a,b" },
+		"root":                  func(c *Config) { c.Uid = 0 },
+		"no memory":             func(c *Config) { c.MemoryMiB = 0 },
+		"no cpus":               func(c *Config) { c.VCPUs = 0 },
+		"tcg without tsc":       func(c *Config) { c.TSCKHz = 0 },
+		"unknown accel":         func(c *Config) { c.Accel = "hvf" },
+		"spaced kernel arg":     func(c *Config) { c.KernelArgs = []string{"a b"} },
+		"name with a comma":     func(c *Config) { c.Name = "a,b" },
+		"empty name":            func(c *Config) { c.Name = "" },
+		"empty kernel arg":      func(c *Config) { c.KernelArgs = []string{""} },
+		"relative run dir":      func(c *Config) { c.Dir = "run" },
+		"relative ctl dir":      func(c *Config) { c.Ctl = "ctl" },
+		"no ctl dir":            func(c *Config) { c.Ctl = "" },
+		"ctl is the run dir":    func(c *Config) { c.Ctl = c.Dir + "/" },
+		"absurd memory (TiB)":   func(c *Config) { c.MemoryMiB = 2 << 20 },
+		"relative RAM file":     func(c *Config) { c.RAM = &RAMFile{Path: "t.ram"} },
+		"RAM offset unaligned":  func(c *Config) { c.RAM = &RAMFile{Path: "/store/s.state", Offset: 100} },
+		"RAM offset negative":   func(c *Config) { c.RAM = &RAMFile{Path: "/store/s.state", Offset: -4096} },
+		"RAM in memory private": func(c *Config) { c.RAM = &RAMFile{InMemory: true} },
+		"RAM in memory and a file": func(c *Config) {
+			c.RAM = &RAMFile{InMemory: true, Shared: true, Path: "/store/t.ram"}
+		},
 	} {
 		c := testConfig()
 		mutate(&c)
