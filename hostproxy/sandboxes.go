@@ -74,6 +74,11 @@ type VMsConfig struct {
 	// hostproxy's --vms flag: 1). Each counts in admission as a running
 	// sandbox does.
 	Pool int `json:"pool,omitempty"`
+	// LazyTemplates makes a memory snapshot's template (the devices'
+	// state its forks load) at its first fork instead of as soon as the
+	// snapshot is taken: no template QEMU for snapshots never forked,
+	// and a first fork slower by that QEMU's load (default false).
+	LazyTemplates bool `json:"lazy_templates,omitempty"`
 }
 
 var (
@@ -127,6 +132,7 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 		Booted:             s.booted,
 		ServeGuest:         s.serveGuest,
 		Pool:               mc.Pool,
+		LazyTemplates:      mc.LazyTemplates,
 		PoolShape:          sandbox.Shape{MemoryMiB: api.DefaultMemoryMiB, VCPUs: api.DefaultVCPUs, DiskGiB: api.DefaultDiskGiB},
 		NewID:              s.newSandboxID,
 	})

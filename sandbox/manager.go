@@ -102,6 +102,11 @@ type Config struct {
 	Pool      int
 	PoolShape Shape
 	NewID     func() (string, error)
+	// LazyTemplates makes a memory snapshot's template at its first fork
+	// instead of as soon as the snapshot is taken (templateLater): no
+	// template QEMU for snapshots never forked, a first fork slower by
+	// the template's load.
+	LazyTemplates bool
 }
 
 // Manager runs the microVM sandboxes of one state directory.
@@ -137,6 +142,10 @@ type Manager struct {
 	// gids are template groups being given (allocGid) and not yet
 	// recorded.
 	gids map[uint32]bool
+	// templateUIDs are the uids of template QEMUs made ahead
+	// (templateLater), by count: no new sandbox gets one while its
+	// QEMU holds a sandbox's memory, even once that sandbox is gone.
+	templateUIDs map[uint32]int
 	// claimed are store files an operation made and has not yet named
 	// in a record (claimFile), by name, with the number of claims.
 	claimed map[string]int
@@ -283,7 +292,7 @@ func New(cfg Config) (*Manager, error) {
 	cfg.UIDBase = ids.Base
 	cfg.Log.Info("sandbox ids", "dir", cfg.Dir, "range", ids.String(), "claims", cfg.IDClaims)
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -1376,6 +1385,13 @@ func (m *Manager) Recover(ctx context.Context) error {
 		adopted[r.ID] = vm
 	}
 	m.killStrays(claimed)
+	// The directories of template QEMUs made ahead that a crash left
+	// (their QEMUs were strays).
+	if dirs, err := filepath.Glob(filepath.Join(m.cfg.Dir, "*"+templateDirSuffix)); err == nil {
+		for _, d := range dirs {
+			os.RemoveAll(d)
+		}
+	}
 	for _, r := range records {
 		m.failUnfinished(ctx, r, adopted[r.ID])
 		m.failTorn(ctx, r)
@@ -1409,6 +1425,16 @@ func (m *Manager) Recover(ctx context.Context) error {
 func (m *Manager) dropUnfinishedTemplates(ctx context.Context, r Record) {
 	if !slices.ContainsFunc(r.Snapshots, func(s Snapshot) bool { return s.Template != nil && s.Template.Building }) {
 		return
+	}
+	for _, s := range r.Snapshots {
+		if t := s.Template; t != nil && t.Building && t.RAMOffset > 0 {
+			// The snapshot's state may have been given the template's
+			// group already: root's alone again.
+			p := m.ramPath(t.RAM, t.RAMOffset)
+			if err := errors.Join(os.Lchown(p, 0, 0), os.Chmod(p, 0o600)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				m.log.Warn("a dropped template's group stays on the snapshot's state", "sandbox", r.ID, "snapshot", s.ID, "err", err)
+			}
+		}
 	}
 	m.cfg.Records.Update(ctx, r.ID, func(rec *Record) error {
 		for i := range rec.Snapshots {
@@ -1642,6 +1668,11 @@ func (m *Manager) freeUID(ctx context.Context) (uint32, error) {
 			used[r.Machine.Uid] = true
 		}
 	}
+	m.mu.Lock()
+	for uid := range m.templateUIDs {
+		used[uid] = true
+	}
+	m.mu.Unlock()
 	first, end := m.ids.UIDs()
 	for uid := first; uid < end; uid++ {
 		if !used[uid] {

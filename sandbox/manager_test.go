@@ -140,6 +140,9 @@ func (h *harness) newManager(edit func(*sandbox.Config)) (*sandbox.Manager, erro
 			return nil
 		},
 		MemAvailable: func() (int, error) { return int(h.mem.Load()), nil },
+		// Templates at the first fork, as the tests of records and
+		// admission expect; TestTemplateAhead turns it off.
+		LazyTemplates: true,
 	}
 	if edit != nil {
 		edit(&cfg)

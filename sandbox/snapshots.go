@@ -28,6 +28,8 @@ const (
 	FailpointForkRecorded      = "vm.fork.recorded"       // the fork's record inserted
 	FailpointBootLoaded        = "vm.boot.loaded"         // a saved state loaded, guest running
 	FailpointPauseSaved        = "vm.pause.saved"         // memory written, not yet named
+	FailpointTemplateFilled    = "vm.template.filled"     // a template's devices saved, its RAM not yet the forks' to read
+	FailpointTemplateShared    = "vm.template.shared"     // its RAM the template group's, the template still building
 )
 
 // SnapshotTimeout bounds the taking of one snapshot.
@@ -428,6 +430,7 @@ func (m *Manager) finishSnapshot(ctx context.Context, id string, req SnapshotReq
 		return snap, fmt.Errorf("snapshot %s of %s: %w", snap.ID, id, m.storageFault(err))
 	}
 	m.syncLater(id, snap)
+	m.templateLater(id, snap)
 	m.log.Info("snapshot taken", "sandbox", id, "snapshot", snap.ID, "memory", req.Memory, "took", time.Since(t0).Round(time.Millisecond), "pause", pause.Round(time.Millisecond), "size_bytes", size)
 	return snap, nil
 }

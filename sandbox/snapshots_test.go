@@ -1825,3 +1825,65 @@ func TestTemplateGroupNotGivenWhileAFileHasIt(t *testing.T) {
 		t.Errorf("v2's state has group %d, want its template's, %d", gid, g2)
 	}
 }
+
+// TestTemplateAhead: a memory snapshot's template is made as soon as the
+// snapshot is taken, by a QEMU of its own (the source's uid, a directory
+// that goes with it), so that the first fork starts no template QEMU and
+// maps the snapshot's state at once; a restore's automatic snapshot and
+// a disk-only one get none.
+func TestTemplateAhead(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	m := h.manager(func(c *sandbox.Config) { c.QEMUVersion = qemuVersion; c.LazyTemplates = false })
+	src := h.running(m, "sb-1")
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	var v1 sandbox.Snapshot
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		r := h.get("sb-1")
+		s, _ := r.Snapshot("v1")
+		if v1 = *s; v1.Template != nil && !v1.Template.Building {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("v1 has no template 5 s after it was taken: %+v", v1.Template)
+		}
+	}
+	tq := h.drv.last("sb-1" + "-template")
+	if tq == nil || tq.cfg.Uid != src.Machine.Uid || tq.cfg.RAM == nil || !tq.cfg.RAM.InMemory {
+		t.Fatalf("the template's QEMU: %+v; want one as sb-1's uid %d, its RAM in memory", tq, src.Machine.Uid)
+	}
+	for deadline := time.Now().Add(5 * time.Second); exists(filepath.Join(h.dir, "sb-1-template")); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the template QEMU's directory outlives it")
+		}
+	}
+	if !tq.exited() {
+		t.Fatal("the template's QEMU runs on")
+	}
+	after := h.get("sb-1")
+	if v2, _ := after.Snapshot("v2"); v2.Template != nil {
+		t.Errorf("a disk-only snapshot got a template: %+v", v2.Template)
+	}
+	if _, err := m.Fork(ctx, "sb-1", "v1", sandbox.Record{ID: "sb-f", Account: "acct"}); err != nil {
+		t.Fatal(err)
+	}
+	f := h.waitState("sb-f", sandbox.Running)
+	if n := h.drv.starts("sb-f"); n != 1 {
+		t.Errorf("the first fork started %d QEMUs; want its own alone", n)
+	}
+	if f.Machine.RAM != v1.State || f.Machine.RAMOffset != v1.Template.RAMOffset || f.Machine.RAMGid != v1.Template.Gid {
+		t.Errorf("the fork maps %s at %d (group %d); want v1's state %s at %d (group %d)", f.Machine.RAM, f.Machine.RAMOffset, f.Machine.RAMGid, v1.State, v1.Template.RAMOffset, v1.Template.Gid)
+	}
+	restore(t, m, "sb-1", "v1", false)
+	time.Sleep(100 * time.Millisecond)
+	for _, s := range h.get("sb-1").Snapshots {
+		if s.Auto && s.Template != nil {
+			t.Errorf("automatic snapshot %s got a template", s.ID)
+		}
+	}
+	if h.drv.starts("sb-1"+"-template") != 1 {
+		t.Errorf("%d template QEMUs; want v1's alone", h.drv.starts("sb-1"+"-template"))
+	}
+	checkStore(t, m)
+}

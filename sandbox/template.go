@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"strata/internal/failpoint"
 	"strata/vmm"
 )
 
@@ -66,6 +67,56 @@ func (t *templateLocks) lock(key string) func() {
 	l.Lock()
 	return l.Unlock
 }
+
+// templateLater makes a memory snapshot's template in the background as
+// soon as the snapshot is taken, so that its first fork starts as fast
+// as the next ones: the template adds no RAM file, only the devices'
+// state, and its QEMU (admitted like any other, and skipped when the
+// host has no room: the first fork makes it then) holds the snapshot's
+// memory for the second or two of its load. Its QEMU runs as the source
+// sandbox's uid, whose QEMU wrote the state it loads, in directories of
+// its own (<dir>/<sandbox>-template), gone when it is done; one left by a
+// crash is a stray QEMU to the next Recover.
+func (m *Manager) templateLater(id string, snap Snapshot) {
+	if m.cfg.LazyTemplates || !snap.Memory || snap.Auto || snap.Status != SnapshotReady {
+		return
+	}
+	m.goAfter(func() {
+		ctx := m.ctx
+		from := From{Sandbox: id, Snapshot: snap.ID}
+		unlock := m.templates.lock(id + "/" + snap.ID)
+		defer unlock()
+		src, err := m.cfg.Records.Get(ctx, id)
+		if err != nil || src.Machine == nil {
+			return
+		}
+		r := Record{ID: id + templateDirSuffix, Name: src.Name, Machine: &Machine{Uid: src.Machine.Uid, Gid: src.Machine.Gid, Disk: []string{"-"}}}
+		uid := r.Machine.Uid
+		m.mu.Lock()
+		m.templateUIDs[uid]++
+		m.mu.Unlock()
+		defer func() {
+			os.RemoveAll(m.dir(r.ID))
+			m.mu.Lock()
+			if m.templateUIDs[uid]--; m.templateUIDs[uid] <= 0 {
+				delete(m.templateUIDs, uid)
+			}
+			m.mu.Unlock()
+		}()
+		// Held now; still the source's (a uid no record names may have
+		// gone to a new sandbox before it was held).
+		if again, err := m.cfg.Records.Get(ctx, id); err != nil || again.Machine == nil || again.Machine.Uid != uid {
+			return
+		}
+		if _, err := m.template(ctx, r, from); err != nil && ctx.Err() == nil {
+			m.log.Info("template not made ahead; the first fork makes it", "sandbox", id, "snapshot", snap.ID, "err", err)
+		}
+	})
+}
+
+// templateDirSuffix names the directory of a template QEMU made ahead:
+// no sandbox id ends with it.
+const templateDirSuffix = "-template"
 
 // startFromTemplate points a fork's record at its snapshot's template,
 // making the template first if the snapshot has none. On failure the
@@ -158,12 +209,14 @@ func (m *Manager) template(ctx context.Context, r Record, from From) (Template, 
 		done(false)
 		return Template{}, err
 	}
+	failpoint.Hit(FailpointTemplateFilled)
 	// Filled: from here on the forks only read it (their QEMUs open it
 	// read-only), and even their group cannot write it.
 	if err := errors.Join(ram.Chown(0, int(tpl.Gid)), ram.Chmod(0o640)); err != nil {
 		done(false)
 		return Template{}, err
 	}
+	failpoint.Hit(FailpointTemplateShared)
 	done(true)
 	tpl.Building, tpl.Scratch = false, ""
 	m.log.Info("template made", "sandbox", from.Sandbox, "snapshot", from.Snapshot, "took", time.Since(t0).Round(time.Millisecond),
