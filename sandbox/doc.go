@@ -41,8 +41,9 @@
 //     disk switched to a new top in that pause; mapped-ram states) or its
 //     disk only; Restore puts it back, keeping what it was as an automatic
 //     snapshot, written after the restored guest runs; Fork makes a new sandbox from a snapshot, through the
-//     snapshot's template (its RAM as a file that forks map copy-on-write)
-//     once the first fork has made it; Pause saves the memory and ends
+//     snapshot's template: forks map the snapshot's own mapped-ram state
+//     copy-on-write and load the devices the template saved apart, made
+//     as soon as the snapshot is taken (template.go); Pause saves the memory and ends
 //     QEMU, Resume loads it. Limits, retention and pins are per sandbox;
 //   - a pool (pool.go, Config.Pool) keeps sandboxes of one shape booted
 //     ahead, of no account; Create of that shape takes one (Records.Take)

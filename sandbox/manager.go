@@ -146,6 +146,11 @@ type Manager struct {
 	// (templateLater), by count: no new sandbox gets one while its
 	// QEMU holds a sandbox's memory, even once that sandbox is gone.
 	templateUIDs map[uint32]int
+	// aheadLatest is each sandbox's latest memory snapshot whose
+	// template is to be made ahead; aheadSlot lets one such template
+	// QEMU run at a time.
+	aheadLatest map[string]string
+	aheadSlot   chan struct{}
 	// claimed are store files an operation made and has not yet named
 	// in a record (claimFile), by name, with the number of claims.
 	claimed map[string]int
@@ -292,7 +297,7 @@ func New(cfg Config) (*Manager, error) {
 	cfg.UIDBase = ids.Base
 	cfg.Log.Info("sandbox ids", "dir", cfg.Dir, "range", ids.String(), "claims", cfg.IDClaims)
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, aheadLatest: map[string]string{}, aheadSlot: make(chan struct{}, 1), claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:

@@ -81,8 +81,30 @@ func (m *Manager) templateLater(id string, snap Snapshot) {
 	if m.cfg.LazyTemplates || !snap.Memory || snap.Auto || snap.Status != SnapshotReady {
 		return
 	}
+	m.mu.Lock()
+	m.aheadLatest[id] = snap.ID
+	m.mu.Unlock()
 	m.goAfter(func() {
 		ctx := m.ctx
+		// One template QEMU made ahead at a time on the host, for the
+		// latest memory snapshot of each sandbox: a burst of snapshots
+		// costs one load, and the snapshots it skips get theirs at
+		// their first fork.
+		select {
+		case m.aheadSlot <- struct{}{}:
+			defer func() { <-m.aheadSlot }()
+		case <-ctx.Done():
+			return
+		}
+		m.mu.Lock()
+		latest := m.aheadLatest[id] == snap.ID
+		if latest {
+			delete(m.aheadLatest, id)
+		}
+		m.mu.Unlock()
+		if !latest {
+			return
+		}
 		from := From{Sandbox: id, Snapshot: snap.ID}
 		unlock := m.templates.lock(id + "/" + snap.ID)
 		defer unlock()

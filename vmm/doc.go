@@ -46,6 +46,9 @@
 //     into a machine started with Incoming, SwitchDisk freezes the disk's
 //     top under a new one; a machine whose RAM is a file (a template, or
 //     a fork of one) saves or loads its devices only (x-ignore-shared);
+//     RAMRegionOf finds a RAM block's pages in a mapped-ram state, which
+//     a fork maps where they are (RAMFile.Offset), and RAM in memory (a
+//     memfd, RAMFile.InMemory) is what a template QEMU loads into;
 //   - frozen is read-only to QEMU: after a switch, the read-write
 //     descriptor of every layer but the top leaves QEMU (remove-fd), and
 //     a fork maps its template's RAM from a read-only descriptor;
