@@ -678,6 +678,12 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 				rec.Machine.Saved = target.State
 				rec.Machine.LoadDisk, rec.Machine.FreshTop = slices.Clone(target.Disk), true
 				rec.MemoryMiB, rec.VCPUs = target.MemoryMiB, target.VCPUs
+				if t := target.Template; t != nil && !t.Building && m.haveFiles(m.ramPath(t.RAM, t.RAMOffset), m.statePath(t.State)) {
+					// Through the snapshot's template, as a fork: its
+					// RAM mapped where it is, its devices alone loaded.
+					rec.Machine.Saved = t.State
+					rec.Machine.RAM, rec.Machine.RAMGid, rec.Machine.RAMOffset = t.RAM, t.Gid, t.RAMOffset
+				}
 			}
 			rec.DiskGiB = target.DiskGiB
 			return nil

@@ -1887,3 +1887,47 @@ func TestTemplateAhead(t *testing.T) {
 	}
 	checkStore(t, m)
 }
+
+// TestRestoreThroughTemplate: a restore of a memory snapshot whose
+// template is made maps the snapshot's state and loads the template's
+// devices, as a fork does; one whose template is not there loads the
+// whole state.
+func TestRestoreThroughTemplate(t *testing.T) {
+	h := newHarness(t)
+	m := h.manager(func(c *sandbox.Config) { c.QEMUVersion = qemuVersion; c.LazyTemplates = false })
+	h.running(m, "sb-1")
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+	var v1 sandbox.Snapshot
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		r := h.get("sb-1")
+		s, _ := r.Snapshot("v1")
+		if v1 = *s; v1.Template != nil && !v1.Template.Building {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("v1 has no template 5 s after it was taken: %+v", v1.Template)
+		}
+	}
+	restore(t, m, "sb-1", "v1", false)
+	got := h.get("sb-1")
+	vm := h.drv.last("sb-1")
+	if r := vm.cfg.RAM; r == nil || r.Shared || r.Path != h.statePath(v1.State) || r.Offset != v1.Template.RAMOffset || !slices.Equal(vm.cfg.Groups, []uint32{v1.Template.Gid}) {
+		t.Fatalf("the restored machine's RAM %+v, groups %v; want v1's state from %d, group %d", r, vm.cfg.Groups, v1.Template.RAMOffset, v1.Template.Gid)
+	}
+	if vm.loaded.Load() != "sb-1" || got.Machine.RAM != v1.State || got.State != sandbox.Running {
+		t.Errorf("restored: loaded %v, record %+v; want sb-1's memory, mapped", vm.loaded.Load(), got.Machine)
+	}
+	checkStore(t, m)
+
+	// The template gone (as if it had never been made): the whole state.
+	h.recs.Update(context.Background(), "sb-1", func(r *sandbox.Record) error {
+		s, _ := r.Snapshot("v1")
+		s.Template = nil
+		return nil
+	})
+	restore(t, m, "sb-1", "v1", false)
+	if vm := h.drv.last("sb-1"); vm.cfg.RAM != nil || vm.loaded.Load() != "sb-1" {
+		t.Errorf("restored without a template: RAM %+v, loaded %v; want the whole state loaded", vm.cfg.RAM, vm.loaded.Load())
+	}
+	checkStore(t, m)
+}
