@@ -406,7 +406,7 @@ func TestVMSnapshotFaults(t *testing.T) {
 			if !slices.Contains(s.sandboxes("acct-a"), id) {
 				t.Fatalf("%s killed at %s: the sandbox is gone", o.name, point)
 			}
-			if left, _ := filepath.Glob(filepath.Join(s.machines, "*-template")); len(left) > 0 {
+			if left, _ := filepath.Glob(filepath.Join(s.machines, "*+template")); len(left) > 0 {
 				t.Fatalf("%s killed at %s: template directories left: %v", o.name, point, left)
 			}
 			s.checkStore()

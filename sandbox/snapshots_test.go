@@ -1849,11 +1849,11 @@ func TestTemplateAhead(t *testing.T) {
 			t.Fatalf("v1 has no template 5 s after it was taken: %+v", v1.Template)
 		}
 	}
-	tq := h.drv.last("sb-1" + "-template")
+	tq := h.drv.last("sb-1" + "+template")
 	if tq == nil || tq.cfg.Uid != src.Machine.Uid || tq.cfg.RAM == nil || !tq.cfg.RAM.InMemory {
 		t.Fatalf("the template's QEMU: %+v; want one as sb-1's uid %d, its RAM in memory", tq, src.Machine.Uid)
 	}
-	for deadline := time.Now().Add(5 * time.Second); exists(filepath.Join(h.dir, "sb-1-template")); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); exists(filepath.Join(h.dir, "sb-1+template")); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the template QEMU's directory outlives it")
 		}
@@ -1882,8 +1882,8 @@ func TestTemplateAhead(t *testing.T) {
 			t.Errorf("automatic snapshot %s got a template", s.ID)
 		}
 	}
-	if h.drv.starts("sb-1"+"-template") != 1 {
-		t.Errorf("%d template QEMUs; want v1's alone", h.drv.starts("sb-1"+"-template"))
+	if h.drv.starts("sb-1"+"+template") != 1 {
+		t.Errorf("%d template QEMUs; want v1's alone", h.drv.starts("sb-1"+"+template"))
 	}
 	checkStore(t, m)
 }

@@ -75,7 +75,7 @@ func (t *templateLocks) lock(key string) func() {
 // host has no room: the first fork makes it then) holds the snapshot's
 // memory for the second or two of its load. Its QEMU runs as the source
 // sandbox's uid, whose QEMU wrote the state it loads, in directories of
-// its own (<dir>/<sandbox>-template), gone when it is done; one left by a
+// its own (<dir>/<sandbox>+template), gone when it is done; one left by a
 // crash is a stray QEMU to the next Recover.
 func (m *Manager) templateLater(id string, snap Snapshot) {
 	if m.cfg.LazyTemplates || !snap.Memory || snap.Auto || snap.Status != SnapshotReady {
@@ -137,8 +137,10 @@ func (m *Manager) templateLater(id string, snap Snapshot) {
 }
 
 // templateDirSuffix names the directory of a template QEMU made ahead:
-// no sandbox id ends with it.
-const templateDirSuffix = "-template"
+// no sandbox id has a '+' (the API's ids and the configuration file's
+// allow letters, digits, '.', '_' and '-'), so Recover's removal of these
+// directories never takes a sandbox's.
+const templateDirSuffix = "+template"
 
 // startFromTemplate points a fork's record at its snapshot's template,
 // making the template first if the snapshot has none. On failure the
