@@ -1838,17 +1838,7 @@ func TestTemplateAhead(t *testing.T) {
 	src := h.running(m, "sb-1")
 	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
 	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
-	var v1 sandbox.Snapshot
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		r := h.get("sb-1")
-		s, _ := r.Snapshot("v1")
-		if v1 = *s; v1.Template != nil && !v1.Template.Building {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("v1 has no template 5 s after it was taken: %+v", v1.Template)
-		}
-	}
+	v1 := waitTemplate(t, h, "sb-1", "v1")
 	tq := h.drv.last("sb-1" + "+template")
 	if tq == nil || tq.cfg.Uid != src.Machine.Uid || tq.cfg.RAM == nil || !tq.cfg.RAM.InMemory {
 		t.Fatalf("the template's QEMU: %+v; want one as sb-1's uid %d, its RAM in memory", tq, src.Machine.Uid)
@@ -1897,17 +1887,7 @@ func TestRestoreThroughTemplate(t *testing.T) {
 	m := h.manager(func(c *sandbox.Config) { c.QEMUVersion = qemuVersion; c.LazyTemplates = false })
 	h.running(m, "sb-1")
 	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
-	var v1 sandbox.Snapshot
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		r := h.get("sb-1")
-		s, _ := r.Snapshot("v1")
-		if v1 = *s; v1.Template != nil && !v1.Template.Building {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("v1 has no template 5 s after it was taken: %+v", v1.Template)
-		}
-	}
+	v1 := waitTemplate(t, h, "sb-1", "v1")
 	restore(t, m, "sb-1", "v1", false)
 	got := h.get("sb-1")
 	vm := h.drv.last("sb-1")
@@ -1930,4 +1910,20 @@ func TestRestoreThroughTemplate(t *testing.T) {
 		t.Errorf("restored without a template: RAM %+v, loaded %v; want the whole state loaded", vm.cfg.RAM, vm.loaded.Load())
 	}
 	checkStore(t, m)
+}
+
+// waitTemplate waits until a snapshot's template, made ahead, is done,
+// and returns the snapshot.
+func waitTemplate(t *testing.T, h *harness, id, snapID string) sandbox.Snapshot {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		r := h.get(id)
+		s, ok := r.Snapshot(snapID)
+		if ok && s.Template != nil && !s.Template.Building {
+			return *s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s of %s has no template 5 s after it was taken", snapID, id)
+		}
+	}
 }

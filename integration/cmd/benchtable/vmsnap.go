@@ -88,7 +88,7 @@ func (b *vmBench) snapshotRows() ([]row, error) {
 	}
 	rows = append(rows,
 		row{"memory restore, through the API", dur(median(restT)), dur(p99(restT)), fmt.Sprintf("%d runs: the guest stopped and its disk frozen as auto-N, the load; auto-N's memory written once the snapshot runs (goal ≤ 1 s; was 4.04 s)", n)},
-		row{"… the load: QEMU started, the state read, the guest running", dur(median(loads)), dur(p99(loads)), "as hostproxy logs it (prototype's load alone: 412 ms)"},
+		row{"… the load: QEMU started, the state read (its devices alone through a template), the guest running", dur(median(loads)), dur(p99(loads)), "as hostproxy logs it (prototype's load alone: 412 ms)"},
 		row{"… to running: the channel again, guestd answering, clock and RNG, credentials", dur(median(boots)), dur(p99(boots)), "as hostproxy logs it"},
 	)
 	// The last restore's auto-N is written by the old QEMU after the
@@ -154,7 +154,7 @@ func (b *vmBench) snapshotRows() ([]row, error) {
 		row{"first fork of a snapshot, to running", dur(firstT), "", "maps the snapshot's own state; its template (the devices apart) was made when the snapshot was taken"},
 		row{"… the template, in the background after each memory snapshot", dur(median(templates)), dur(p99(templates)), fmt.Sprintf("%d snapshots: a QEMU loads the state into RAM in memory and saves the devices alone; nothing of the RAM is written", n)},
 		row{"fork from the template, to running, through the API", dur(median(forkT)), dur(p99(forkT)), fmt.Sprintf("%d runs, one at a time, create to the API saying running", n)},
-		row{"… the fork's start: QEMU on the template's RAM, its devices loaded, the guest running", dur(median(forkLoads)), dur(p99(forkLoads)), "as hostproxy logs it (goal ≤ 50 ms)"},
+		row{"… the fork's start: QEMU on the snapshot's state, its devices loaded, the guest running", dur(median(forkLoads)), dur(p99(forkLoads)), "as hostproxy logs it (goal ≤ 50 ms)"},
 	)
 	for _, f := range forks {
 		b.call("DELETE", "/v1/sandboxes/"+f, "")
