@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -318,8 +319,18 @@ func TestVMSnapshots(t *testing.T) {
 	if st := s.must(200, "GET", "/v1/sandboxes/"+f, "").data()["state"]; st != "paused" {
 		t.Fatalf("listing snapshots woke a paused sandbox: %v", st)
 	}
+	// Its state made a template in the background: the resume maps the
+	// state's RAM and loads the devices alone.
+	for deadline := time.Now().Add(2 * time.Minute); !strings.Contains(s.plog.String(), `msg="pause template made" daemon=hostproxy sandbox=`+f); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no pause template for %s 2 minutes after its pause", f)
+		}
+	}
 	s.call(s.key, "POST", "/v1/sandboxes/"+f+"/resume", "")
 	s.waitState(s.key, f, "running", time.Minute)
+	if cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", s.findQEMU(f))); !bytes.Contains(cmdline, []byte(",offset=")) || !bytes.Contains(cmdline, []byte("readonly=on")) {
+		t.Fatalf("the resumed QEMU does not map the paused state: %q", cmdline)
+	}
 	s.counting(f)
 
 	// Every disk-only snapshot synced the guest first.
@@ -345,16 +356,19 @@ func TestVMSnapshotFaults(t *testing.T) {
 	type op struct {
 		name, method, path, body string
 		points                   []string
-		answered                 int // what it answers before the kill: 202, or 200 for work after the answer
+		answered                 int  // what it answers before the kill: 202, or 200 for work after the answer
+		paused                   bool // the sandbox is paused once it is done
 	}
 	ops := []op{
-		{"memory snapshot", "POST", snaps, `{}`, []string{sandbox.FailpointSnapshotRecorded, vmm.FailpointSwitchover, sandbox.FailpointSnapshotSaved}, 202},
+		{"memory snapshot", "POST", snaps, `{}`, []string{sandbox.FailpointSnapshotRecorded, vmm.FailpointSwitchover, sandbox.FailpointSnapshotSaved}, 202, false},
 		// The snapshot's template, made after the snapshot answered.
-		{"template made ahead", "POST", snaps, `{}`, []string{sandbox.FailpointTemplateFilled, sandbox.FailpointTemplateShared}, 200},
-		{"disk-only snapshot", "POST", snaps, `{"memory":false}`, []string{sandbox.FailpointSnapshotRecorded, sandbox.FailpointSnapshotSaved}, 202},
-		{"restore", "POST", snaps + "/v1/restore", "", []string{sandbox.FailpointRestoreAuto, sandbox.FailpointRestoreRecorded, sandbox.FailpointRestoreEnded, sandbox.FailpointBootLoaded, sandbox.FailpointRestoreAutoSaving}, 202},
-		{"fork", "POST", "/v1/sandboxes", `{"from":{"sandbox":"` + id + `","snapshot":"v1"}}`, []string{sandbox.FailpointForkRecorded, sandbox.FailpointBootLoaded}, 202},
-		{"pause", "POST", "/v1/sandboxes/" + id + "/pause", "", []string{sandbox.FailpointPauseSaved}, 202},
+		{"template made ahead", "POST", snaps, `{}`, []string{sandbox.FailpointTemplateFilled, sandbox.FailpointTemplateShared}, 200, false},
+		{"disk-only snapshot", "POST", snaps, `{"memory":false}`, []string{sandbox.FailpointSnapshotRecorded, sandbox.FailpointSnapshotSaved}, 202, false},
+		{"restore", "POST", snaps + "/v1/restore", "", []string{sandbox.FailpointRestoreAuto, sandbox.FailpointRestoreRecorded, sandbox.FailpointRestoreEnded, sandbox.FailpointBootLoaded, sandbox.FailpointRestoreAutoSaving}, 202, false},
+		{"fork", "POST", "/v1/sandboxes", `{"from":{"sandbox":"` + id + `","snapshot":"v1"}}`, []string{sandbox.FailpointForkRecorded, sandbox.FailpointBootLoaded}, 202, false},
+		{"pause", "POST", "/v1/sandboxes/" + id + "/pause", "", []string{sandbox.FailpointPauseSaved}, 202, false},
+		// The paused state's template, made after the pause.
+		{"pause template", "POST", "/v1/sandboxes/" + id + "/pause", "", []string{sandbox.FailpointPauseTemplateFilled}, 202, true},
 	}
 	for _, o := range ops {
 		for _, point := range o.points {
@@ -382,6 +396,16 @@ func TestVMSnapshotFaults(t *testing.T) {
 			s.stop()
 			s.env = nil
 			s.start()
+			if o.paused {
+				// Paused before the kill, paused after: its template was
+				// dropped, and the resume loads the whole state.
+				if st := s.waitSettled(id); st != "paused" {
+					t.Fatalf("%s killed at %s: sandbox %s is %s", o.name, point, id, st)
+				}
+				s.checkStore()
+				s.call(s.key, "POST", "/v1/sandboxes/"+id+"/resume", "")
+				s.waitState(s.key, id, "running", time.Minute)
+			}
 			for _, sb := range s.sandboxes("acct-a") {
 				// Running, whatever was cut: a save the crash interrupted
 				// lets its guest run on, an interrupted pause too.

@@ -326,6 +326,9 @@ func heldIDs(records []Record) []uint32 {
 			if r.Machine.RAMGid != 0 {
 				out = append(out, r.Machine.RAMGid)
 			}
+			if t := r.Machine.SavedTemplate; t != nil {
+				out = append(out, t.Gid)
+			}
 		}
 		for _, s := range r.Snapshots {
 			if s.Template != nil {

@@ -151,6 +151,8 @@ type Manager struct {
 	// QEMU run at a time.
 	aheadLatest map[string]string
 	aheadSlot   chan struct{}
+	// pauseTemplates are the pause templates being made, by sandbox.
+	pauseTemplates map[string]*pauseTemplate
 	// claimed are store files an operation made and has not yet named
 	// in a record (claimFile), by name, with the number of claims.
 	claimed map[string]int
@@ -297,7 +299,7 @@ func New(cfg Config) (*Manager, error) {
 	cfg.UIDBase = ids.Base
 	cfg.Log.Info("sandbox ids", "dir", cfg.Dir, "range", ids.String(), "claims", cfg.IDClaims)
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, aheadLatest: map[string]string{}, aheadSlot: make(chan struct{}, 1), claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, aheadLatest: map[string]string{}, aheadSlot: make(chan struct{}, 1), pauseTemplates: map[string]*pauseTemplate{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -697,6 +699,17 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	vm, err := m.cfg.Driver.Start(sctx, cfg)
 	cancel()
+	if err != nil && via == Resuming && r.Machine.SavedTemplate != nil && r.Machine.RAM != "" && ctx.Err() == nil {
+		// Through the pause's template, the QEMU did not start (its
+		// state lost the group, say): the whole state loads instead.
+		m.log.Warn("resume through the pause template failed to start; the whole state loads", "sandbox", id, "err", err)
+		if r, err = m.unmapResume(ctx, id); err == nil {
+			cfg = m.vmConfig(r)
+			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			vm, err = m.cfg.Driver.Start(sctx, cfg)
+			cancel()
+		}
+	}
 	if err != nil {
 		fail(errStartFailedOnHost, err)
 		return
@@ -722,6 +735,9 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 				// tried again, or a stop drops it.
 				m.log.Error("saved memory not loaded; the sandbox stays paused", "sandbox", id, "err", err)
 				m.teardown(id)
+				if r.Machine.SavedTemplate != nil && r.Machine.RAM != "" {
+					m.unmapResume(context.WithoutCancel(ctx), id)
+				}
 				m.setState(id, Paused, errResumeFailed, Resuming)
 				return
 			}
@@ -735,31 +751,47 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 		failpoint.Hit(FailpointBootLoaded)
 	}
 	mc := m.adopt(id, vm, cfg, true)
-	if err := m.waitGuest(ctx, mc); err != nil {
+	// The credentials go to the guest beside the first call, not after
+	// it: calls in flight together on the channel cost one round trip,
+	// and the credentials use neither the guest's clock nor its RNG. A
+	// cold boot's wait their turn: its guest answers seconds later.
+	booted := make(chan error, 1)
+	var answeredIn, credentialsIn time.Duration
+	sendCredentials := func() {
+		if m.cfg.Booted == nil {
+			booted <- nil
+			return
+		}
+		go func() {
+			err := m.cfg.Booted(ctx, r)
+			credentialsIn = time.Since(t0)
+			booted <- err
+		}()
+	}
+	// A loaded guest's first call is its resync, which must come before
+	// anything else it is asked: its memory is another moment's (or
+	// another sandbox's), and its clock and RNG are told so before it is
+	// running. Forks of one snapshot must not run with one RNG state.
+	probe, what := func(ctx context.Context) error { return guestHealth(ctx, mc) }, "health"
+	if cfg.Incoming {
+		probe, what = func(ctx context.Context) error { return m.resync(ctx, mc, r) }, "resync"
+		sendCredentials()
+	}
+	if err := m.waitGuest(ctx, mc, what, probe); err != nil {
+		if cfg.Incoming {
+			<-booted
+			err = fmt.Errorf("the guest's clock and RNG were not resynced: %w", err)
+		}
 		fail(errBootFailed, fmt.Errorf("%w%s", err, consoleTail(cfg.ConsoleLog())))
 		return
 	}
-	m.log.Debug("guestd answered", "sandbox", id, "after", time.Since(t0).Round(time.Millisecond))
-	// The credentials go to the guest beside the resync, not after it:
-	// two calls in flight on the channel cost one round trip, and the
-	// credentials use neither the guest's clock nor its RNG.
-	booted := make(chan error, 1)
-	if m.cfg.Booted != nil {
-		go func() { booted <- m.cfg.Booted(ctx, r) }()
+	answeredIn = time.Since(t0)
+	m.log.Debug("guestd answered", "sandbox", id, "after", answeredIn.Round(time.Millisecond), "call", what)
+	if !cfg.Incoming {
+		sendCredentials()
 	} else {
-		booted <- nil
-	}
-	if cfg.Incoming {
-		// The memory is another moment's (or another sandbox's): the
-		// guest's clock and RNG are told so before it is running.
-		if err := m.resync(ctx, mc, r); err != nil {
-			<-booted
-			// Forks of one snapshot must not run with one RNG state.
-			fail(errBootFailed, fmt.Errorf("the guest's clock and RNG were not resynced: %w", err))
-			return
-		}
 		if _, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
-			r.Machine.Saved, r.Machine.LoadDisk = "", nil
+			r.Machine.Saved, r.Machine.LoadDisk, r.Machine.SavedTemplate = "", nil, nil
 			return nil
 		}); err != nil {
 			<-booted
@@ -779,7 +811,22 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 	}
 	m.setState(id, Running, "", via)
 	m.compactLater(id)
-	m.log.Info("sandbox running", "sandbox", id, "boot", time.Since(t0).Round(time.Millisecond), "loaded", cfg.Incoming, "loaded_in", loadedIn.Round(time.Millisecond))
+	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	m.log.Info("sandbox running", "sandbox", id, "boot", ms(time.Since(t0)), "loaded", cfg.Incoming, "loaded_in", ms(loadedIn),
+		"answered_in", ms(answeredIn), "credentials_in", ms(credentialsIn))
+}
+
+// unmapResume undoes a resume's choice of the pause template, which did
+// not work: the record names the paused state as the memory to load
+// again, whole, and forgets the template.
+func (m *Manager) unmapResume(ctx context.Context, id string) (Record, error) {
+	return m.cfg.Records.Update(ctx, id, func(r *Record) error {
+		if t := r.Machine.SavedTemplate; t != nil && r.Machine.RAM == t.RAM && r.Machine.Saved == t.State {
+			r.Machine.Saved, r.Machine.SavedTemplate = t.RAM, nil
+			r.Machine.dropRAM()
+		}
+		return nil
+	})
 }
 
 // loadTop puts a new, empty top over the disk a saved state goes with
@@ -957,25 +1004,30 @@ func (m *Manager) adopt(id string, vm vmm.Machine, cfg vmm.Config, handshake boo
 	return mc
 }
 
-// waitGuest waits for guestd to answer its health route through the
-// channel. The request is sent at once and answered when guestd serves:
-// the first answer is the guest's signal that it is up.
-func (m *Manager) waitGuest(ctx context.Context, mc *machine) error {
+// waitGuest waits for guestd's first answer through the channel: probe
+// (its health route, or a loaded guest's resync) is sent at once and
+// answered when guestd serves, and sent again while nothing answers. An
+// answer that refuses (guestd's error) ends the wait with it.
+func (m *Manager) waitGuest(ctx context.Context, mc *machine, what string, probe func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.BootTimeout)
 	defer cancel()
 	for {
 		attempt, acancel := context.WithTimeout(ctx, 15*time.Second)
-		err := guestHealth(attempt, mc)
+		err := probe(attempt)
 		acancel()
 		if err == nil {
 			return nil
 		}
-		m.log.Debug("guestd health", "sandbox", mc.id, "err", err)
+		var refused *guestRefused
+		if errors.As(err, &refused) {
+			return fmt.Errorf("guestd refused its %s: %w", what, err)
+		}
+		m.log.Debug("guestd not answering yet", "sandbox", mc.id, "call", what, "err", err)
 		select {
 		case <-mc.vm.Done():
 			return errors.New("QEMU exited during the boot")
 		case <-ctx.Done():
-			return fmt.Errorf("guestd did not answer within %v: %w", m.cfg.BootTimeout, err)
+			return fmt.Errorf("guestd did not answer its %s within %v: %w", what, m.cfg.BootTimeout, err)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -1008,10 +1060,15 @@ func guestCall(ctx context.Context, mc *machine, method, path string, body []byt
 	defer a.Release()
 	b := slices.Clone(a.Body)
 	if a.Status != http.StatusOK {
-		return b, fmt.Errorf("guestd %s %s: %d: %.300s", method, path, a.Status, b)
+		return b, &guestRefused{fmt.Sprintf("guestd %s %s: %d: %.300s", method, path, a.Status, b)}
 	}
 	return b, nil
 }
+
+// guestRefused is guestd's answer other than 200 to a manager's call.
+type guestRefused struct{ msg string }
+
+func (e *guestRefused) Error() string { return e.msg }
 
 // Dial opens a stream to the guestd of a running sandbox (the vm:// guest
 // address scheme).
@@ -1115,12 +1172,23 @@ func (m *Manager) Resume(ctx context.Context, id string) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
+	// A pause template still being made is not waited for.
+	m.stopPauseTemplate(id, false)
 	return m.bootAs(ctx, id, done, Resuming, func(r *Record) (bool, error) {
 		switch {
 		case r.State == Running:
 			return false, nil
 		case r.State != Paused || r.Machine.Saved == "":
 			return false, ErrWrongState.With("state", string(r.State))
+		}
+		if t := r.Machine.savedTemplate(); t != nil && m.haveFiles(m.ramPath(t.RAM, t.RAMOffset), m.statePath(t.State)) {
+			// Through the pause's template, as a fork: the paused
+			// state's RAM mapped where it is, its devices alone loaded.
+			// SavedTemplate stays, for a failure to undo (unmapResume).
+			r.Machine.Saved = t.State
+			r.Machine.RAM, r.Machine.RAMGid, r.Machine.RAMOffset = t.RAM, t.Gid, t.RAMOffset
+		} else {
+			r.Machine.SavedTemplate = nil
 		}
 		return true, nil
 	})
@@ -1173,6 +1241,9 @@ func (m *Manager) transition(ctx context.Context, id string, from, via, to State
 			}
 		}, via)
 		m.log.Info("sandbox "+string(to), "sandbox", id)
+		if to == Paused {
+			m.pauseTemplateLater(id)
+		}
 	})
 	return r, nil
 }
@@ -1185,6 +1256,7 @@ func (m *Manager) Stop(ctx context.Context, id string) (Record, error) {
 		return Record{}, err
 	}
 	defer done()
+	m.stopPauseTemplate(id, false)
 	r, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
 		switch {
 		case r.Machine == nil:
@@ -1196,7 +1268,7 @@ func (m *Manager) Stop(ctx context.Context, id string) (Record, error) {
 		}
 		r.State = Stopping
 		// A stopped sandbox boots cold: memory a pause saved goes.
-		r.Machine.Saved, r.Machine.FromTemplate = "", nil
+		r.Machine.Saved, r.Machine.FromTemplate, r.Machine.SavedTemplate = "", nil, nil
 		r.Machine.dropRAM()
 		r.Machine.LoadDisk = nil
 		return nil
@@ -1276,6 +1348,7 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	defer done()
+	m.stopPauseTemplate(id, false)
 	if _, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
 		if r.Machine == nil {
 			return ErrNotAMachine
@@ -1401,6 +1474,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		m.failUnfinished(ctx, r, adopted[r.ID])
 		m.failTorn(ctx, r)
 		m.dropUnfinishedTemplates(ctx, r)
+		m.dropUnfinishedPauseTemplate(ctx, r)
 	}
 	for _, r := range records {
 		if r.Machine == nil {
@@ -1569,7 +1643,7 @@ func (m *Manager) settle(ctx context.Context, r Record, vm vmm.Machine, cfg vmm.
 			return err
 		}
 		m.background(id, done, func(ctx context.Context) {
-			if err := m.waitGuest(ctx, mc); err != nil {
+			if err := m.waitGuest(ctx, mc, "health", func(ctx context.Context) error { return guestHealth(ctx, mc) }); err != nil {
 				if m.ctx.Err() != nil {
 					m.leaveBoot(id, err)
 					return

@@ -143,6 +143,20 @@ type Machine struct {
 	RAM       string `json:"ram,omitempty"`
 	RAMGid    uint32 `json:"ram_gid,omitempty"`
 	RAMOffset int64  `json:"ram_offset,omitempty"`
+	// SavedTemplate is the template of a pause's Saved state, made in the
+	// background while the sandbox is paused: a resume maps Saved's RAM
+	// where it is and loads its devices alone (SavedTemplate.State). It
+	// counts only while its RAM is Saved (savedTemplate).
+	SavedTemplate *Template `json:"saved_template,omitempty"`
+}
+
+// savedTemplate is the ready template of the state the machine is to
+// load, if it has one.
+func (mach *Machine) savedTemplate() *Template {
+	if t := mach.SavedTemplate; t != nil && !t.Building && mach.Saved != "" && t.RAM == mach.Saved && t.RAMOffset > 0 {
+		return t
+	}
+	return nil
 }
 
 // dropRAM forgets the template RAM a machine mapped: its next QEMU

@@ -19,17 +19,18 @@ import (
 // Failpoints of the snapshot operations (internal/failpoint): a crash test
 // kills hostproxy right after each step.
 const (
-	FailpointSnapshotRecorded  = "vm.snapshot.recorded"   // processing, new top named
-	FailpointSnapshotSaved     = "vm.snapshot.saved"      // state written, not yet ready
-	FailpointRestoreAuto       = "vm.restore.auto"        // the automatic snapshot taken (or, running, its guest stopped and its disk switched)
-	FailpointRestoreAutoSaving = "vm.restore.auto.saving" // booted from the snapshot, the old guest's memory not yet written (in the background)
-	FailpointRestoreRecorded   = "vm.restore.recorded"    // the record is the snapshot's
-	FailpointRestoreEnded      = "vm.restore.ended"       // the old QEMU ended
-	FailpointForkRecorded      = "vm.fork.recorded"       // the fork's record inserted
-	FailpointBootLoaded        = "vm.boot.loaded"         // a saved state loaded, guest running
-	FailpointPauseSaved        = "vm.pause.saved"         // memory written, not yet named
-	FailpointTemplateFilled    = "vm.template.filled"     // a template's devices saved, its RAM not yet the forks' to read
-	FailpointTemplateShared    = "vm.template.shared"     // its RAM the template group's, the template still building
+	FailpointSnapshotRecorded    = "vm.snapshot.recorded"     // processing, new top named
+	FailpointSnapshotSaved       = "vm.snapshot.saved"        // state written, not yet ready
+	FailpointRestoreAuto         = "vm.restore.auto"          // the automatic snapshot taken (or, running, its guest stopped and its disk switched)
+	FailpointRestoreAutoSaving   = "vm.restore.auto.saving"   // booted from the snapshot, the old guest's memory not yet written (in the background)
+	FailpointRestoreRecorded     = "vm.restore.recorded"      // the record is the snapshot's
+	FailpointRestoreEnded        = "vm.restore.ended"         // the old QEMU ended
+	FailpointForkRecorded        = "vm.fork.recorded"         // the fork's record inserted
+	FailpointBootLoaded          = "vm.boot.loaded"           // a saved state loaded, guest running
+	FailpointPauseSaved          = "vm.pause.saved"           // memory written, not yet named
+	FailpointTemplateFilled      = "vm.template.filled"       // a template's devices saved, its RAM not yet the forks' to read
+	FailpointTemplateShared      = "vm.template.shared"       // its RAM the template group's, the template still building
+	FailpointPauseTemplateFilled = "vm.pause.template.filled" // a pause template's devices saved, the paused state not yet its group's
 )
 
 // SnapshotTimeout bounds the taking of one snapshot.
@@ -189,6 +190,8 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 		}()
 	} else if req.Memory {
 		state = r.Machine.Saved // shared with the pause that saved it
+		// And so is its template, once made.
+		m.stopPauseTemplate(id, true)
 	}
 	var snap Snapshot
 	// The record first: the snapshot (processing) and the disk's new
@@ -216,6 +219,10 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 			needs := m.have()
 			needs.Image = rec.Machine.Image
 			snap.Needs = &needs
+		}
+		if t := rec.Machine.savedTemplate(); t != nil && how == "host" && req.Memory && t.RAM == state {
+			shared := *t
+			snap.Template = &shared
 		}
 		rec.Snapshots = append(rec.Snapshots, snap)
 		rec.Machine.Disk = append([]string{top}, frozen...)
@@ -577,6 +584,7 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 		return RestoreResult{}, err
 	}
 	defer done()
+	m.stopPauseTemplate(id, false)
 	ctx = context.WithoutCancel(ctx) // once begun, it runs to its end
 	wctx, wcancel := context.WithTimeout(ctx, SnapshotTimeout)
 	m.awaitWritten(wctx, id, snapID)

@@ -1930,3 +1930,114 @@ func waitTemplate(t *testing.T, h *harness, id, snapID string) sandbox.Snapshot 
 		}
 	}
 }
+
+// waitPauseTemplate waits for paused sandbox id's pause template.
+func waitPauseTemplate(t *testing.T, h *harness, id string) sandbox.Template {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		r := h.get(id)
+		if tp := r.Machine.SavedTemplate; tp != nil && !tp.Building && tp.RAM == r.Machine.Saved {
+			return *tp
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("paused %s has no pause template 5 s after its pause: %+v", id, r.Machine)
+		}
+	}
+}
+
+// TestPauseTemplate: a pause's state is made a template in the
+// background; the resume maps the state and loads the devices alone; a
+// memory snapshot of the paused sandbox shares the state and its
+// template; a resume without one loads the whole state; a template a
+// crash left building is dropped, the state root's alone again.
+func TestPauseTemplate(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	m := h.manager(func(c *sandbox.Config) { c.QEMUVersion = qemuVersion; c.LazyTemplates = false })
+	h.running(m, "sb-1")
+	if _, err := m.Pause(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-1", sandbox.Paused)
+	tpl := waitPauseTemplate(t, h, "sb-1")
+	state := h.get("sb-1").Machine.Saved
+	if fi, err := os.Stat(h.statePath(state)); err != nil || fi.Mode().Perm() != 0o640 || fi.Sys().(*syscall.Stat_t).Gid != tpl.Gid || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Fatalf("the paused state once its template is made: %v %v; want root's, group %d, 0640", fi.Mode(), err, tpl.Gid)
+	}
+	if tq := h.drv.last("sb-1" + "+template"); tq == nil || !tq.exited() || tq.cfg.RAM == nil || !tq.cfg.RAM.InMemory {
+		t.Fatalf("the pause template's QEMU: %+v; want one ended, its RAM in memory", tq)
+	}
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: true})
+	after := h.get("sb-1")
+	v1, _ := after.Snapshot("v1")
+	if v1.State != state || v1.Template == nil || *v1.Template != tpl {
+		t.Fatalf("the paused sandbox's memory snapshot: state %s, template %+v; want the paused state %s and its template %+v", v1.State, v1.Template, state, tpl)
+	}
+	if _, err := m.Resume(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	got := h.waitState("sb-1", sandbox.Running)
+	vm := h.drv.last("sb-1")
+	if r := vm.cfg.RAM; r == nil || r.Shared || r.Path != h.statePath(state) || r.Offset != tpl.RAMOffset || !slices.Equal(vm.cfg.Groups, []uint32{tpl.Gid}) {
+		t.Fatalf("the resumed machine's RAM %+v, groups %v; want the paused state from %d, group %d", r, vm.cfg.Groups, tpl.RAMOffset, tpl.Gid)
+	}
+	if vm.loaded.Load() != "sb-1" || got.Machine.RAM != state || got.Machine.Saved != "" || got.Machine.SavedTemplate != nil {
+		t.Errorf("resumed: loaded %v, record %+v; want sb-1's memory, mapped, nothing left to load", vm.loaded.Load(), got.Machine)
+	}
+	if n := h.drv.starts("sb-1" + "+template"); n != 1 {
+		t.Errorf("%d template QEMUs; want the pause's alone (v1 shares it)", n)
+	}
+	checkStore(t, m)
+
+	// Paused again, its template forgotten: the whole state loads, and
+	// the state the first resume mapped goes with its QEMU.
+	if _, err := m.Pause(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-1", sandbox.Paused)
+	waitPauseTemplate(t, h, "sb-1")
+	h.recs.Update(ctx, "sb-1", func(r *sandbox.Record) error {
+		r.Machine.SavedTemplate = nil
+		return nil
+	})
+	if _, err := m.Resume(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-1", sandbox.Running)
+	if vm := h.drv.last("sb-1"); vm.cfg.RAM != nil || vm.loaded.Load() != "sb-1" {
+		t.Errorf("resumed without a template: RAM %+v, loaded %v; want the whole state loaded", vm.cfg.RAM, vm.loaded.Load())
+	}
+	checkStore(t, m)
+
+	// A template a crash left building: dropped by the next Recover,
+	// the paused state root's alone.
+	if _, err := m.Pause(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-1", sandbox.Paused)
+	tpl = waitPauseTemplate(t, h, "sb-1")
+	h.recs.Update(ctx, "sb-1", func(r *sandbox.Record) error {
+		r.Machine.SavedTemplate.Building = true
+		return nil
+	})
+	m.Close()
+	m = h.manager(func(c *sandbox.Config) { c.QEMUVersion = qemuVersion; c.LazyTemplates = true })
+	if err := m.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := h.get("sb-1")
+	if r.Machine.SavedTemplate != nil {
+		t.Errorf("a pause template left building survived Recover: %+v", r.Machine.SavedTemplate)
+	}
+	if fi, err := os.Stat(h.statePath(r.Machine.Saved)); err != nil || fi.Mode().Perm() != 0o600 || fi.Sys().(*syscall.Stat_t).Gid != 0 {
+		t.Errorf("the paused state after its template was dropped: %v %v; want root's alone, 0600", fi.Mode(), err)
+	}
+	if exists(h.statePath(tpl.State)) {
+		t.Errorf("the dropped template's devices state %s is still in the store", tpl.State)
+	}
+	if _, err := m.Resume(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-1", sandbox.Running)
+	checkStore(t, m)
+}

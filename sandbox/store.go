@@ -173,6 +173,12 @@ func references(records []Record) map[string]bool {
 			if r.Machine.RAM != "" {
 				refs[ramName(r.Machine.RAM, r.Machine.RAMOffset)] = true
 			}
+			if t := r.Machine.SavedTemplate; t != nil && t.RAM == r.Machine.Saved {
+				refs[t.State+stateExt] = true
+				if t.Scratch != "" {
+					refs[t.Scratch+layerExt] = true
+				}
+			}
 		}
 		for _, s := range r.Snapshots {
 			for _, id := range s.Disk {

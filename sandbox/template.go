@@ -401,6 +401,9 @@ func (m *Manager) allocGid(ctx context.Context) (uint32, func(), error) {
 		if r.Machine != nil && r.Machine.RAMGid != 0 {
 			used[r.Machine.RAMGid] = true
 		}
+		if r.Machine != nil && r.Machine.SavedTemplate != nil {
+			used[r.Machine.SavedTemplate.Gid] = true
+		}
 		for _, s := range r.Snapshots {
 			if s.Template != nil {
 				used[s.Template.Gid] = true
