@@ -63,7 +63,7 @@ func beyondRows(ctx context.Context, base string) ([]row, error) {
 			return err
 		})
 		store.Close()
-		rows = append(rows, row{c.what + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs; %d safety checkpoints made", len(t), made)})
+		rows = append(rows, row{c.what + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs; %d safety checkpoints made", len(t), made), "", ""})
 	}
 	store, err := open(layers.DefaultAutoCheckpoints)
 	if err != nil {
@@ -98,8 +98,8 @@ func beyondRows(ctx context.Context, base string) ([]row, error) {
 		}
 		alone = append(alone, time.Since(t0))
 	}
-	rows = append(rows, row{"restore of one file (restore-paths), nothing unsaved, " + size, dur(median(alone)), dur(p99(alone)), fmt.Sprintf("%d runs, the file edited and captured (untimed) before each", len(alone))})
-	rows = append(rows, row{"restore of one file (restore-paths), " + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs, the file edited before each (so each keeps the edit as an automatic checkpoint first: a capture)", len(t))})
+	rows = append(rows, row{"restore of one file (restore-paths), nothing unsaved, " + size, dur(median(alone)), dur(p99(alone)), fmt.Sprintf("%d runs, the file edited and captured (untimed) before each", len(alone)), "", ""})
+	rows = append(rows, row{"restore of one file (restore-paths), " + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs, the file edited before each (so each keeps the edit as an automatic checkpoint first: a capture)", len(t)), "", ""})
 
 	// What a checkpoint that touched 10 files changed (changes.go).
 	cr, ten, err := changesRow(ctx, store, dir, size)
@@ -112,6 +112,6 @@ func beyondRows(ctx context.Context, base string) ([]row, error) {
 	t = timeN(*rounds, func(i int) error {
 		return store.Clone(ctx, ten.ID, filepath.Join(base, fmt.Sprintf("clone-%d", i)))
 	})
-	rows = append(rows, row{"clone of a checkpoint, " + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs; shares the checkpoint's layers (no copy)", len(t))})
+	rows = append(rows, row{"clone of a checkpoint, " + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs; shares the checkpoint's layers (no copy)", len(t)), "", ""})
 	return rows, nil
 }

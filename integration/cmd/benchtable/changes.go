@@ -59,6 +59,6 @@ func changesRow(ctx context.Context, store *layers.Store, dir, size string) (row
 		_, err := store.Changes(ctx, before.ID, layers.AgainstLive)
 		return err
 	})
-	return row{"changes of a checkpoint that touched 10 files, " + size, dur(median(t)), dur(p99(t)),
-		fmt.Sprintf("%d runs, against its parent: a walk of its own layer (10 changes listed). The live directory against it: median %s, p99 %s; against the checkpoint before it: median %s, p99 %s", len(t), dur(median(onTop)), dur(p99(onTop)), dur(median(older)), dur(p99(older)))}, cp, nil
+	return row{"changes of a checkpoint that touched 10 files, " + size, dur(median(t)), dur(p99(t)), fmt.Sprintf("%d runs, against its parent: a walk of its own layer (10 changes listed). The live directory against it: median %s, p99 %s; against the checkpoint before it: median %s, p99 %s", len(t), dur(median(onTop)), dur(p99(onTop)), dur(median(older)), dur(p99(older))), "", ""},
+		cp, nil
 }

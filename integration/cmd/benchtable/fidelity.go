@@ -166,7 +166,7 @@ func writerRows(ctx context.Context, base string, captures int) ([]row, error) {
 			what += ", 1 GiB of other data kept dirty on the filesystem"
 		}
 		if len(ws) == 0 {
-			rows = append(rows, row{what, "", "", fmt.Sprintf("no capture taken in %s: all %d tries refused busy (the writer had the file open each time)", dur(took), busy)})
+			rows = append(rows, row{what, "", "", fmt.Sprintf("no capture taken in %s: all %d tries refused busy (the writer had the file open each time)", dur(took), busy), "", ""})
 			continue
 		}
 		errs := "no write failed"
@@ -180,9 +180,8 @@ func writerRows(ctx context.Context, base string, captures int) ([]row, error) {
 		if len(spells) == 0 {
 			spells = []time.Duration{0}
 		}
-		rows = append(rows, row{what + ": the longest spell of failed writes, per capture", dur(median(spells)), dur(slices.Max(spells)),
-			fmt.Sprintf("p99 column: worst; %d captures taken in %s, %d refused busy (the writer had the file open); %d writes, %s; step medians (window %s)%s",
-				done, dur(took), busy, writes, errs, dur(median(ws)), per)})
+		rows = append(rows, row{what + ": the longest spell of failed writes, per capture", dur(median(spells)), dur(slices.Max(spells)), fmt.Sprintf("p99 column: worst; %d captures taken in %s, %d refused busy (the writer had the file open); %d writes, %s; step medians (window %s)%s",
+			done, dur(took), busy, writes, errs, dur(median(ws)), per), "", ""})
 	}
 	return rows, nil
 }
@@ -383,8 +382,7 @@ func editRows(ctx context.Context, base string) ([]row, error) {
 		if fs.name == "XFS" {
 			how = "the file cloned (reflink), blocks shared"
 		}
-		rows = append(rows, row{"one-byte write into a 1 GiB file of a checkpoint, " + fs.name, dur(median(editT)), dur(slices.Max(editT)),
-			fmt.Sprintf("3 runs (p99 column: worst), open to close; %s: the filesystem grew %s", how, human(slices.Max(grew)))})
+		rows = append(rows, row{"one-byte write into a 1 GiB file of a checkpoint, " + fs.name, dur(median(editT)), dur(slices.Max(editT)), fmt.Sprintf("3 runs (p99 column: worst), open to close; %s: the filesystem grew %s", how, human(slices.Max(grew))), "", ""})
 	}
 	return rows, nil
 }
@@ -421,7 +419,7 @@ func usedBytes(dir string) int64 {
 func btrfsRow(base string, files int, bytes int64, runs int) (row, error) {
 	what := fmt.Sprintf("btrfs subvolume snapshot -r, %d files / %s (reference)", files, human(bytes))
 	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
-		return row{what, "", "", "not measured: mkfs.btrfs is missing (btrfs-progs)"}, nil
+		return row{what, "", "", "not measured: mkfs.btrfs is missing (btrfs-progs)", "", ""}, nil
 	}
 	mnt, err := loopFS(base, "btrfs", bytes*2+(2<<30), "mkfs.btrfs", "-q", "-f")
 	if err != nil {
@@ -441,7 +439,7 @@ func btrfsRow(base string, files int, bytes int64, runs int) (row, error) {
 		os.WriteFile(filepath.Join(sv, "changing"), []byte(fmt.Sprint(i)), 0o644)
 		return exec.Command("btrfs", "subvolume", "snapshot", "-r", sv, filepath.Join(mnt, fmt.Sprintf("snap-%d", i))).Run()
 	})
-	return row{what, dur(median(snapT)), dur(p99(snapT)), fmt.Sprintf("%d runs, one file changed before each; the command, its process start included", runs)}, nil
+	return row{what, dur(median(snapT)), dur(p99(snapT)), fmt.Sprintf("%d runs, one file changed before each; the command, its process start included", runs), "", ""}, nil
 }
 
 // procCount is the number of processes on the machine.
@@ -500,6 +498,6 @@ func enrollRow(ctx context.Context, base string, runs int) (row, error) {
 			return row{}, err
 		}
 	}
-	return row{"first capture (enroll): how long the directory looks empty", dur(median(spells)), dur(slices.Max(spells)),
-		fmt.Sprintf("%d runs (p99 column: worst), 2000 files; a reader stats a file in a loop: the exchange, the scan for holders of the old directory, the mount; %d processes on the machine", runs, procCount())}, nil
+	return row{"first capture (enroll): how long the directory looks empty", dur(median(spells)), dur(slices.Max(spells)), fmt.Sprintf("%d runs (p99 column: worst), 2000 files; a reader stats a file in a loop: the exchange, the scan for holders of the old directory, the mount; %d processes on the machine", runs, procCount()), "", ""},
+		nil
 }

@@ -47,7 +47,10 @@ var (
 	fidOnly  = flag.Bool("fidelity-only", false, "measure only the write loop and the one-byte writes on ext4 and XFS")
 )
 
-type row struct{ what, median, p99, note string }
+// row is one line of a table: for the microVM rows, ref is what the
+// prototype did on these machines (or the limit here) and goal the
+// target (issue 18), when there are ones.
+type row struct{ what, median, p99, note, ref, goal string }
 
 func run(ctx context.Context) error {
 	flag.Parse()
@@ -131,14 +134,14 @@ func run(ctx context.Context) error {
 			return err
 		})
 		rows = append(rows,
-			row{"first capture (enroll), " + size.name, dur(enroll), "", "one-time: walks the tree for hardlinks and special files"},
-			row{"capture, " + size.name, dur(median(capT)), dur(p99(capT)), fmt.Sprintf("%d runs, one file changed before each; %d processes on the machine; step medians: %s", len(capT), nprocs, capSteps)},
-			row{"restore, " + size.name, dur(median(resT)), dur(p99(resT)), fmt.Sprintf("%d runs; step medians: %s", len(resT), rec.summary("restore"))},
+			row{"first capture (enroll), " + size.name, dur(enroll), "", "one-time: walks the tree for hardlinks and special files", "", ""},
+			row{"capture, " + size.name, dur(median(capT)), dur(p99(capT)), fmt.Sprintf("%d runs, one file changed before each; %d processes on the machine; step medians: %s", len(capT), nprocs, capSteps), "", ""},
+			row{"restore, " + size.name, dur(median(resT)), dur(p99(resT)), fmt.Sprintf("%d runs; step medians: %s", len(resT), rec.summary("restore")), "", ""},
 		)
 		if baseRuns > 0 {
 			rows = append(rows,
-				row{"cp -a, " + size.name, dur(median(cp)), dur(slices.Max(cp)), "3 runs (p99 column: worst)"},
-				row{"tar -c, " + size.name, dur(median(tarT)), dur(slices.Max(tarT)), "3 runs (p99 column: worst)"},
+				row{"cp -a, " + size.name, dur(median(cp)), dur(slices.Max(cp)), "3 runs (p99 column: worst)", "", ""},
+				row{"tar -c, " + size.name, dur(median(tarT)), dur(slices.Max(tarT)), "3 runs (p99 column: worst)", "", ""},
 			)
 		}
 	}
@@ -174,8 +177,8 @@ func run(ctx context.Context) error {
 	store.Capture(ctx, dir, "last") // mount the settled stack
 	listT := timeN(50, func(int) error { _, err := store.List(ctx); return err })
 	rows = append(rows,
-		row{fmt.Sprintf("capture, %d checkpoints in a row", *many), dur(median(capMany)), dur(p99(capMany)), "the last ones as fast as the first: compaction keeps stacks short"},
-		row{fmt.Sprintf("list of %d checkpoints", *many+1), dur(median(listT)), dur(p99(listT)), "50 runs"},
+		row{fmt.Sprintf("capture, %d checkpoints in a row", *many), dur(median(capMany)), dur(p99(capMany)), "the last ones as fast as the first: compaction keeps stacks short", "", ""},
+		row{fmt.Sprintf("list of %d checkpoints", *many+1), dur(median(listT)), dur(p99(listT)), "50 runs", "", ""},
 	)
 	// Lookups in the bottom layer: the file every layer has to be searched for.
 	target := "d0/f0"
@@ -202,14 +205,14 @@ func run(ctx context.Context) error {
 			return unix.Stat(filepath.Join(c.path, fmt.Sprintf("d%d/f%d", i+1, i+1)), &st)
 		})
 		rows = append(rows,
-			row{"stat (warm), " + c.name, dur(median(statT)), dur(p99(statT)), "2000 runs"},
-			row{"stat of a missing name, " + c.name, dur(median(missT)), dur(p99(missT)), "2000 runs: every layer is searched"},
-			row{"stat (cold, dentries dropped), " + c.name, dur(median(coldT)), dur(slices.Max(coldT)), "5 runs (p99 column: worst)"},
-			row{"readdir of 20 entries, " + c.name, dur(median(readT)), dur(p99(readT)), "200 runs"},
+			row{"stat (warm), " + c.name, dur(median(statT)), dur(p99(statT)), "2000 runs", "", ""},
+			row{"stat of a missing name, " + c.name, dur(median(missT)), dur(p99(missT)), "2000 runs: every layer is searched", "", ""},
+			row{"stat (cold, dentries dropped), " + c.name, dur(median(coldT)), dur(slices.Max(coldT)), "5 runs (p99 column: worst)", "", ""},
+			row{"readdir of 20 entries, " + c.name, dur(median(readT)), dur(p99(readT)), "200 runs", "", ""},
 		)
 	}
 	depth := stackDepth(dir)
-	rows = append(rows, row{fmt.Sprintf("live stack depth after %d checkpoints", *many), fmt.Sprint(depth), "", "lower layers mounted (bound: floor(log2 n)+3 = 12)"})
+	rows = append(rows, row{fmt.Sprintf("live stack depth after %d checkpoints", *many), fmt.Sprint(depth), "", "lower layers mounted (bound: floor(log2 n)+3 = 12)", "", ""})
 
 	// Busy scan among many processes.
 	fmt.Fprintf(os.Stderr, "starting %d processes…\n", *procs)
@@ -239,8 +242,8 @@ func run(ctx context.Context) error {
 		c.Wait()
 	}
 	rows = append(rows,
-		row{fmt.Sprintf("busy scan, %d processes", *procs), dur(median(scanT)), dur(slices.Max(scanT)), "10 runs (p99 column: worst); a capture runs it only to name holders when the kernel refuses"},
-		row{fmt.Sprintf("capture among %d processes", among), dur(median(crowdT)), dur(p99(crowdT)), fmt.Sprintf("%d runs, one file changed before each (the 1,000-checkpoint directory)", len(crowdT))},
+		row{fmt.Sprintf("busy scan, %d processes", *procs), dur(median(scanT)), dur(slices.Max(scanT)), "10 runs (p99 column: worst); a capture runs it only to name holders when the kernel refuses", "", ""},
+		row{fmt.Sprintf("capture among %d processes", among), dur(median(crowdT)), dur(p99(crowdT)), fmt.Sprintf("%d runs, one file changed before each (the 1,000-checkpoint directory)", len(crowdT)), "", ""},
 	)
 
 	return printRows(ctx, store, base, rows...)
@@ -304,9 +307,9 @@ func printVM(ctx context.Context, _ []row) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\n### microVM sandboxes\n\n| measurement | median | p99 | notes |\n| --- | ---: | ---: | --- |\n")
+	fmt.Printf("\n### microVM sandboxes\n\n| measurement | median | p99 | prototype / limit here | goal | notes |\n| --- | ---: | ---: | ---: | ---: | --- |\n")
 	for _, r := range rows {
-		fmt.Printf("| %s | %s | %s | %s |\n", r.what, r.median, r.p99, r.note)
+		fmt.Printf("| %s | %s | %s | %s | %s | %s |\n", r.what, r.median, r.p99, r.ref, r.goal, r.note)
 	}
 	return nil
 }

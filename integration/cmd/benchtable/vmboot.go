@@ -136,7 +136,7 @@ func bootRows(stages []bootStages) []row {
 		{"… guestd started to running", "guestd's own start, the channel's handshake, health, credentials, the API's poll (20 ms)", func(s bootStages) time.Duration { return s.GuestdToRun }},
 	} {
 		med, worst := pick(s.f)
-		rows = append(rows, row{s.name, med, worst, fmt.Sprintf("%s; %d boots (p99 column: worst)", s.note, len(stages))})
+		rows = append(rows, row{s.name, med, worst, fmt.Sprintf("%s; %d boots (p99 column: worst)", s.note, len(stages)), "", ""})
 	}
 	return rows
 }

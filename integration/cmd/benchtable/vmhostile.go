@@ -134,10 +134,10 @@ func (b *vmBench) hostileRows() ([]row, error) {
 		b.call("DELETE", "/v1/sandboxes/"+id, "")
 	}
 	return []row{
-		{"exec round trip (`true`), quiet neighbour", dur(median(quiet)), dur(p99(quiet)), fmt.Sprintf("%d runs, 256 MiB sandboxes, the other one idle", len(quiet))},
-		{"exec round trip beside a guest flooding pings", dur(median(flooded)), dur(p99(flooded)), fmt.Sprintf("%d runs in 25 s while root in the other sandbox writes yamux pings into the channel as fast as it takes them (%s); p99 %.1fx the quiet one", len(flooded), strings.TrimSpace(fmt.Sprint(pings["stdout"])), float64(p99(flooded))/float64(p99(quiet)))},
-		{"hostproxy memory held by one hostile guest", human(max(0, peak-baseRSS)), "", fmt.Sprintf("peak RSS over its %s before, while the guest answers 16 calls at a time with an endless header, then a 1 GiB body (bound: docs/design.md)", human(baseRSS))},
-		{"guestd killed: until an exec answers again", dur(median(back)), dur(slices.Max(back)), fmt.Sprintf("%d kills (p99 column: worst); guestinit restarts guestd after about 1 s, the host's heartbeat resets the channel", len(back))},
+		{"exec round trip (`true`), quiet neighbour", dur(median(quiet)), dur(p99(quiet)), fmt.Sprintf("%d runs, 256 MiB sandboxes, the other one idle", len(quiet)), "", ""},
+		{"exec round trip beside a guest flooding pings", dur(median(flooded)), dur(p99(flooded)), fmt.Sprintf("%d runs in 25 s while root in the other sandbox writes yamux pings into the channel as fast as it takes them (%s); p99 %.1fx the quiet one", len(flooded), strings.TrimSpace(fmt.Sprint(pings["stdout"])), float64(p99(flooded))/float64(p99(quiet))), "", ""},
+		{"hostproxy memory held by one hostile guest", human(max(0, peak-baseRSS)), "", fmt.Sprintf("peak RSS over its %s before, while the guest answers 16 calls at a time with an endless header, then a 1 GiB body (bound: docs/design.md)", human(baseRSS)), "", ""},
+		{"guestd killed: until an exec answers again", dur(median(back)), dur(slices.Max(back)), fmt.Sprintf("%d kills (p99 column: worst); guestinit restarts guestd after about 1 s, the host's heartbeat resets the channel", len(back)), "", ""},
 	}, nil
 }
 
