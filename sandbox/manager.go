@@ -153,6 +153,9 @@ type Manager struct {
 	aheadSlot   chan struct{}
 	// pauseTemplates are the pause templates being made, by sandbox.
 	pauseTemplates map[string]*pauseTemplate
+	// warming are the RAM files being read into the page cache
+	// (warmRAM), by path.
+	warming map[string]bool
 	// claimed are store files an operation made and has not yet named
 	// in a record (claimFile), by name, with the number of claims.
 	claimed map[string]int
@@ -299,7 +302,7 @@ func New(cfg Config) (*Manager, error) {
 	cfg.UIDBase = ids.Base
 	cfg.Log.Info("sandbox ids", "dir", cfg.Dir, "range", ids.String(), "claims", cfg.IDClaims)
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, aheadLatest: map[string]string{}, aheadSlot: make(chan struct{}, 1), pauseTemplates: map[string]*pauseTemplate{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, aheadLatest: map[string]string{}, aheadSlot: make(chan struct{}, 1), pauseTemplates: map[string]*pauseTemplate{}, warming: map[string]bool{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -438,6 +441,57 @@ func (m *Manager) ramFile(mach *Machine) *vmm.RAMFile {
 		return nil
 	}
 	return &vmm.RAMFile{Path: m.ramPath(mach.RAM, mach.RAMOffset), Offset: mach.RAMOffset}
+}
+
+// warmRAM reads the RAM a running machine maps from a file (a snapshot's
+// state, a pause's, a template's RAM file) into the page cache, holes
+// included, in the background. The machine reads only the pages it
+// touches; but a save of its memory (a snapshot, a pause) reads every
+// page, and a page not in the cache then waits on the disk, or, in a
+// hole (a page the guest never wrote), on a page the kernel allocates and
+// zeroes under the save: the pause of a 1 GiB guest took 1.5 to 3 s, and
+// 0.8 s with the file cached. The pages are the page cache's, shared by
+// every machine that maps the file, and the first to go when the host
+// needs memory. (FADV_WILLNEED reads the data alone, not the holes.)
+func (m *Manager) warmRAM(path string, offset, size int64) {
+	m.mu.Lock()
+	if m.warming[path] {
+		m.mu.Unlock()
+		return // ten forks of one snapshot read it once
+	}
+	m.warming[path] = true
+	m.mu.Unlock()
+	done := func() {
+		m.mu.Lock()
+		delete(m.warming, path)
+		m.mu.Unlock()
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		done()
+		return
+	}
+	if !m.goAfter(func() {
+		defer done()
+		defer f.Close()
+		t0 := time.Now()
+		const chunk = 64 << 20
+		for off := int64(0); off < size && m.ctx.Err() == nil; off += chunk {
+			b, err := unix.Mmap(int(f.Fd()), offset+off, int(min(chunk, size-off)), unix.PROT_READ, unix.MAP_SHARED)
+			if err == nil {
+				err = unix.Madvise(b, unix.MADV_POPULATE_READ)
+				unix.Munmap(b)
+			}
+			if err != nil {
+				m.log.Debug("RAM file not read into the page cache", "path", path, "err", err)
+				return
+			}
+		}
+		m.log.Debug("RAM file in the page cache", "path", path, "bytes", size, "took", time.Since(t0).Round(time.Millisecond))
+	}) {
+		f.Close()
+		done()
+	}
 }
 
 func ramGroups(mach *Machine) []uint32 {
@@ -811,6 +865,9 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 	}
 	m.setState(id, Running, "", via)
 	m.compactLater(id)
+	if cfg.RAM != nil && cfg.RAM.Path != "" {
+		m.warmRAM(cfg.RAM.Path, cfg.RAM.Offset, int64(cfg.MemoryMiB)<<20)
+	}
 	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
 	m.log.Info("sandbox running", "sandbox", id, "boot", ms(time.Since(t0)), "loaded", cfg.Incoming, "loaded_in", ms(loadedIn),
 		"answered_in", ms(answeredIn), "credentials_in", ms(credentialsIn))

@@ -126,7 +126,7 @@ func (m *qemuMachine) Save(ctx context.Context, state *os.File, opts SaveOptions
 		if _, err := state.WriteAt(stateHeader(), 0); err != nil {
 			return st, noSpace(fmt.Errorf("state: writing its header: %w", err))
 		}
-		if files, direct, err = stateFiles(state, true); err != nil {
+		if files, direct, err = stateFiles(state, true, false); err != nil {
 			return st, err
 		}
 		defer closeAll(files)
@@ -333,7 +333,11 @@ func (m *qemuMachine) Load(ctx context.Context, state *os.File) error {
 		return err
 	}
 	if format == FormatMappedRAM {
-		files, direct, err := stateFiles(state, false)
+		// A machine that makes a template (its RAM shared) reads the
+		// state through the page cache: the machines that map the state
+		// next (forks, a resume) then find its pages there, and so do
+		// the saves that read their RAM.
+		files, direct, err := stateFiles(state, false, m.cfg.RAM != nil && m.cfg.RAM.Shared)
 		if err != nil {
 			return err
 		}

@@ -93,8 +93,9 @@ func StateFormatOf(f *os.File) (StateFormat, error) {
 // access mode of its side (write to save, read to load), its multifd
 // channels with O_DIRECT when direct-io is on, and takes from the set a
 // descriptor whose access mode and O_DIRECT match. direct tells whether
-// the filesystem took O_DIRECT (tmpfs does not).
-func stateFiles(state *os.File, write bool) (files []*os.File, direct bool, err error) {
+// the filesystem took O_DIRECT (tmpfs does not); with cached, it is not
+// asked for: the state is read through the page cache.
+func stateFiles(state *os.File, write, cached bool) (files []*os.File, direct bool, err error) {
 	mode := unix.O_RDONLY
 	if write {
 		mode = unix.O_WRONLY
@@ -112,6 +113,9 @@ func stateFiles(state *os.File, write bool) (files []*os.File, direct bool, err 
 		return nil, false, fmt.Errorf("state: opening it again: %w", err)
 	}
 	files = append(files, plain)
+	if cached {
+		return files, false, nil
+	}
 	if d, err := open(mode | unix.O_DIRECT); err == nil {
 		files = append(files, d)
 		direct = true
