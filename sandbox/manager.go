@@ -153,9 +153,9 @@ type Manager struct {
 	aheadSlot   chan struct{}
 	// pauseTemplates are the pause templates being made, by sandbox.
 	pauseTemplates map[string]*pauseTemplate
-	// warming are the RAM files being read into the page cache
-	// (warmRAM), by path.
-	warming map[string]bool
+	// warmed are the RAM files read into the page cache (warmRAM), or
+	// being read, by path, until they are gone from the store.
+	warmed map[string]struct{}
 	// claimed are store files an operation made and has not yet named
 	// in a record (claimFile), by name, with the number of claims.
 	claimed map[string]int
@@ -302,7 +302,7 @@ func New(cfg Config) (*Manager, error) {
 	cfg.UIDBase = ids.Base
 	cfg.Log.Info("sandbox ids", "dir", cfg.Dir, "range", ids.String(), "claims", cfg.IDClaims)
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, aheadLatest: map[string]string{}, aheadSlot: make(chan struct{}, 1), pauseTemplates: map[string]*pauseTemplate{}, warming: map[string]bool{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, aheadLatest: map[string]string{}, aheadSlot: make(chan struct{}, 1), pauseTemplates: map[string]*pauseTemplate{}, warmed: map[string]struct{}{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -455,24 +455,22 @@ func (m *Manager) ramFile(mach *Machine) *vmm.RAMFile {
 // needs memory. (FADV_WILLNEED reads the data alone, not the holes.)
 func (m *Manager) warmRAM(path string, offset, size int64) {
 	m.mu.Lock()
-	if m.warming[path] {
+	if _, ok := m.warmed[path]; ok {
 		m.mu.Unlock()
-		return // ten forks of one snapshot read it once
+		return // the forks of one snapshot read it once
 	}
-	m.warming[path] = true
+	for p := range m.warmed {
+		if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+			delete(m.warmed, p) // collected
+		}
+	}
+	m.warmed[path] = struct{}{}
 	m.mu.Unlock()
-	done := func() {
-		m.mu.Lock()
-		delete(m.warming, path)
-		m.mu.Unlock()
-	}
 	f, err := os.Open(path)
 	if err != nil {
-		done()
 		return
 	}
 	if !m.goAfter(func() {
-		defer done()
 		defer f.Close()
 		t0 := time.Now()
 		const chunk = 64 << 20
@@ -490,7 +488,6 @@ func (m *Manager) warmRAM(path string, offset, size int64) {
 		m.log.Debug("RAM file in the page cache", "path", path, "bytes", size, "took", time.Since(t0).Round(time.Millisecond))
 	}) {
 		f.Close()
-		done()
 	}
 }
 
