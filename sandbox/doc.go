@@ -43,8 +43,13 @@
 //     snapshot, written after the restored guest runs; Fork makes a new sandbox from a snapshot, through the
 //     snapshot's template: forks map the snapshot's own mapped-ram state
 //     copy-on-write and load the devices the template saved apart, made
-//     as soon as the snapshot is taken (template.go); Pause saves the memory and ends
-//     QEMU, Resume loads it. Limits, retention and pins are per sandbox;
+//     as soon as the snapshot is taken (template.go); Pause saves the
+//     memory and ends QEMU, and the paused state is made a template in
+//     the background (pausetemplate.go); Resume maps it and loads the
+//     devices, or loads the whole state when it has no template yet. A
+//     machine that maps its RAM from a file has the file read into the
+//     page cache once it runs (warmRAM), so that its saves read no page
+//     from the disk. Limits, retention and pins are per sandbox;
 //   - a pool (pool.go, Config.Pool) keeps sandboxes of one shape booted
 //     ahead, of no account; Create of that shape takes one (Records.Take)
 //     and answers it running, and the pool boots the next;
