@@ -15,16 +15,18 @@ import (
 	"strata/pathpolicy"
 )
 
-// The checkpoint routes beyond the seed's four (issue 8). Each is
-// registered behind accountOnly (access tokens refused), makes the checks
+// The checkpoint routes beyond the seed's four (issue 8). Those that
+// change something are registered behind accountOnly (access tokens
+// refused); changes and files read the token's own sandbox's checkpoints
+// and take a token (issue 19: createos checkpoint diff from inside). Each
+// makes the checks
 // of the four (checkpointRoute: sandbox, query, body, state), validates at the edge
 // what needs no filesystem, and forwards.
 
-// errTokenBeyond refuses an access token on a route beyond the four: the
-// contract's extensions need an account key unless it lists them as ones
-// tokens may use, and it lists none of these.
+// errTokenBeyond refuses an access token on a route beyond the four that
+// changes something: restore-paths, clone, release.
 var errTokenBeyond = fault.New(fault.Forbidden, "forbidden",
-	"access tokens may create, list, restore and delete checkpoints; changes, files, restore-paths, clone and release need an account API key")
+	"access tokens may create, list, restore and delete checkpoints and read their changes and files; restore-paths, clone and release need an account API key")
 
 // accountOnly is the middleware, after authentication, of the routes
 // beyond the four: a request made with an access token is refused.

@@ -75,16 +75,21 @@ func beyondCases() []apiCase {
 		{name: "release_by_get", setup: fixed(request{method: "GET", path: "/v1/sandboxes/sb-a1/directories/release", key: keyA}), status: 405, code: "method_not_allowed"},
 		{name: "create_retention", setup: fixed(request{method: "POST", path: cpsA1, key: keyA, body: `{"path":"/workspace/project","retention":{"mode":"delete_oldest","max_count":2}}`}), status: 200, reachesGuest: true},
 		{name: "create_retention_bad", setup: fixed(request{method: "POST", path: cpsA1, key: keyA, body: `{"path":"/workspace/project","retention":{"mode":"delete_oldest","max_count":10001}}`}), status: 400, code: "invalid_field"},
-		// A token may use the four, not these (the contract lists none of
-		// them among the routes tokens may use).
+		// A token may use the four and read its own sandbox's changes
+		// and files; not the routes that change something.
 		{name: "changes_with_token", setup: func(s *stack) request {
 			r := withTrees(func(_, b string) request { return get(b + "/changes") })(s)
 			r.key = s.issueToken(keyA, "sb-a1")
 			return r
-		}, status: 403, code: "forbidden"},
+		}, status: 200, reachesGuest: true},
 		{name: "files_with_token", setup: func(s *stack) request {
 			r := withTrees(func(_, b string) request { return get(b + "/files/src/util.go") })(s)
 			r.key = s.issueToken(keyA, "sb-a1")
+			return r
+		}, status: 200, reachesGuest: true},
+		{name: "changes_token_of_other_sandbox", setup: func(s *stack) request {
+			r := withTrees(func(_, b string) request { return get(b + "/changes") })(s)
+			r.key = s.issueToken(keyA, "sb-a2")
 			return r
 		}, status: 403, code: "forbidden"},
 		{name: "restore_paths_with_token", setup: func(s *stack) request {

@@ -226,9 +226,11 @@ func (s *Server) routes() http.Handler {
 	e.GET(sb+"/directories", s.data(s.listDirectories), auth)
 	e.POST(sb+"/checkpoints/:checkpoint/restore", s.data(s.restoreCheckpoint), auth)
 	e.DELETE(sb+"/checkpoints/:checkpoint", s.data(s.deleteCheckpoint), auth)
-	e.GET(sb+"/checkpoints/:checkpoint/changes", s.data(s.checkpointChanges), auth, accountOnly)
-	e.GET(sb+"/checkpoints/:checkpoint/files", s.data(s.checkpointFile), auth, accountOnly)
-	e.GET(sb+"/checkpoints/:checkpoint/files/*", s.data(s.checkpointFile), auth, accountOnly)
+	// Reads of the sandbox's own checkpoints: a token may (createos
+	// checkpoint diff and cat from inside).
+	e.GET(sb+"/checkpoints/:checkpoint/changes", s.data(s.checkpointChanges), auth)
+	e.GET(sb+"/checkpoints/:checkpoint/files", s.data(s.checkpointFile), auth)
+	e.GET(sb+"/checkpoints/:checkpoint/files/*", s.data(s.checkpointFile), auth)
 	e.POST(sb+"/checkpoints/:checkpoint/restore-paths", s.data(s.restorePaths), auth, accountOnly)
 	e.POST(sb+"/checkpoints/:checkpoint/clone", s.data(s.cloneCheckpoint), auth, accountOnly)
 	e.POST(sb+"/directories/release", s.data(s.releaseDirectory), auth, accountOnly)
