@@ -64,7 +64,7 @@ qemu:
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-# guestd and strata-init for the guest are static (CGO_ENABLED=0: the
+# guestd, strata-init and createos for the guest are static (CGO_ENABLED=0: the
 # initramfs has no libc), stripped (a smaller initramfs boots faster under
 # TCG) and path-free (-trimpath: every checkout of a commit makes the same
 # binaries, so the same image; TestBuildAndBoot builds them the same way).
@@ -76,8 +76,9 @@ image:
 	@$(MAKE) -s --no-print-directory deps >&2
 	@$(GUEST_BUILD) -o $(BIN)/guest/guestd ./cmd/guestd
 	@$(GUEST_BUILD) -o $(BIN)/guest/strata-init ./cmd/strata-init
+	@$(GUEST_BUILD) -o $(BIN)/guest/createos ./cmd/createos
 	@$(GO) build -o $(BIN)/strata-image ./cmd/strata-image
-	@$(BIN)/strata-image build --cache $(IMAGE_CACHE) --kernel $(KERNEL) --guestd $(BIN)/guest/guestd --init $(BIN)/guest/strata-init
+	@$(BIN)/strata-image build --cache $(IMAGE_CACHE) --kernel $(KERNEL) --guestd $(BIN)/guest/guestd --init $(BIN)/guest/strata-init --createos $(BIN)/guest/createos
 
 # staticcheck is pinned as a tool in go.mod (go get -tool …@version), so
 # every machine runs the same version, from the module cache that deps

@@ -40,8 +40,9 @@ func TestBuildAndBoot(t *testing.T) {
 	bin := t.TempDir()
 	goBuild(t, ctx, filepath.Join(bin, "guestd"), "strata/cmd/guestd")
 	goBuild(t, ctx, filepath.Join(bin, "strata-init"), "strata/cmd/strata-init")
+	goBuild(t, ctx, filepath.Join(bin, "createos"), "strata/cmd/createos")
 	t0 := time.Now()
-	img, err := Build(ctx, Config{Cache: cache, Guestd: filepath.Join(bin, "guestd"), Init: filepath.Join(bin, "strata-init"), Log: testLog{t}})
+	img, err := Build(ctx, Config{Cache: cache, Guestd: filepath.Join(bin, "guestd"), Init: filepath.Join(bin, "strata-init"), Createos: filepath.Join(bin, "createos"), Log: testLog{t}})
 	if err != nil {
 		t.Fatal(err)
 	}

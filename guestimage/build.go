@@ -57,6 +57,7 @@ type Config struct {
 	Cache    string // the cache directory (made absolute)
 	Guestd   string // a static guestd binary
 	Init     string // a static strata-init binary
+	Createos string // a static createos binary: the CLI on the guest's PATH
 	Kernel   string // a Kernels name; DefaultKernel when empty
 	Suite    string // DefaultSuite when empty
 	Packages []string
@@ -80,6 +81,7 @@ type builder struct {
 	flavor   KernelFlavor
 	guestd   string // sha256
 	init     string // sha256
+	createos string // sha256
 	baseRoot string // <cache>/base
 	imgRoot  string // <cache>/images
 }
@@ -118,7 +120,7 @@ func newBuilder(cfg Config) (*builder, error) {
 		cfg.Log = io.Discard
 	}
 	b := &builder{cfg: cfg, flavor: flavor, baseRoot: filepath.Join(cfg.Cache, "base"), imgRoot: filepath.Join(cfg.Cache, "images")}
-	for _, bin := range []struct{ name, path string }{{"guestd", cfg.Guestd}, {"strata-init", cfg.Init}} {
+	for _, bin := range []struct{ name, path string }{{"guestd", cfg.Guestd}, {"strata-init", cfg.Init}, {"createos", cfg.Createos}} {
 		if err := checkStatic(bin.path); err != nil {
 			return nil, fmt.Errorf("%s: %w", bin.name, err)
 		}
@@ -127,6 +129,9 @@ func newBuilder(cfg Config) (*builder, error) {
 		return nil, err
 	}
 	if b.init, err = fileSHA256(cfg.Init); err != nil {
+		return nil, err
+	}
+	if b.createos, err = fileSHA256(cfg.Createos); err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -177,7 +182,7 @@ func (b *builder) build(ctx context.Context) (*Image, error) {
 		Modules: WantedModules, DiskBytes: DiskBytes,
 	}
 	baseKey := BaseKey(in)
-	imgKey := ImageKey(baseKey, b.guestd, b.init)
+	imgKey := ImageKey(baseKey, b.guestd, b.init, b.createos)
 	imgDir := filepath.Join(b.imgRoot, imgKey)
 	if img, err := LoadImage(imgDir); err == nil {
 		now := time.Now()
@@ -496,8 +501,8 @@ func (b *builder) buildImage(base *Base, key, dir string) (*Image, error) {
 	}
 	defer os.RemoveAll(tmp)
 	initramfs := filepath.Join(tmp, InitramfsFile)
-	err = b.step("image.initramfs", "writing the initramfs (strata-init, guestd, "+fmt.Sprint(len(base.Modules))+" modules)", func() error {
-		return writeInitramfs(initramfs, b.cfg.Init, b.cfg.Guestd, base)
+	err = b.step("image.initramfs", "writing the initramfs (strata-init, guestd, createos, "+fmt.Sprint(len(base.Modules))+" modules)", func() error {
+		return writeInitramfs(initramfs, b.cfg.Init, b.cfg.Guestd, b.cfg.Createos, base)
 	})
 	if err != nil {
 		return nil, err
@@ -508,7 +513,7 @@ func (b *builder) buildImage(base *Base, key, dir string) (*Image, error) {
 		Initramfs:  filepath.Join(dir, InitramfsFile),
 		Disk:       filepath.Join(base.Dir, DiskFile),
 		DiskFormat: "qcow2", DiskVirtualBytes: base.DiskVirtualBytes,
-		BaseDir: base.Dir, GuestdSHA256: b.guestd, InitSHA256: b.init,
+		BaseDir: base.Dir, GuestdSHA256: b.guestd, InitSHA256: b.init, CreateosSHA256: b.createos,
 		CreatedAt: time.Now().UTC(),
 	}
 	if err := writeJSON(filepath.Join(tmp, ImageJSON), img); err != nil {
@@ -526,9 +531,9 @@ func (b *builder) buildImage(base *Base, key, dir string) (*Image, error) {
 var InitramfsDirs = []string{"dev", "proc", "sys", "newroot", ModulesDir}
 
 // writeInitramfs writes the initramfs: /init (strata-init), /guestd,
-// /dev/console (5,1: the kernel opens it as init's stdio), the modules
+// /createos, /dev/console (5,1: the kernel opens it as init's stdio), the modules
 // and their order.
-func writeInitramfs(path, initBin, guestd string, base *Base) error {
+func writeInitramfs(path, initBin, guestd, createos string, base *Base) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err
@@ -553,6 +558,9 @@ func writeInitramfs(path, initBin, guestd string, base *Base) error {
 	err = add("init", initBin, 0o755)
 	if err == nil {
 		err = add("guestd", guestd, 0o755)
+	}
+	if err == nil {
+		err = add("createos", createos, 0o755)
 	}
 	if err == nil {
 		err = add(ModulesOrder, filepath.Join(base.Dir, ModulesOrder), 0o644)

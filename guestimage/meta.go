@@ -55,6 +55,7 @@ type Image struct {
 	BaseDir          string    `json:"base_dir"`
 	GuestdSHA256     string    `json:"guestd_sha256"`
 	InitSHA256       string    `json:"init_sha256"`
+	CreateosSHA256   string    `json:"createos_sha256,omitempty"`
 	CreatedAt        time.Time `json:"created_at"`
 
 	// Dir is the image directory (not stored).

@@ -51,13 +51,13 @@ func TestBaseKey(t *testing.T) {
 }
 
 func TestImageKey(t *testing.T) {
-	k := ImageKey("base", "g", "i")
-	for _, other := range []string{ImageKey("base2", "g", "i"), ImageKey("base", "g2", "i"), ImageKey("base", "g", "i2"), ImageKey("base", "i", "g")} {
+	k := ImageKey("base", "g", "i", "c")
+	for _, other := range []string{ImageKey("base2", "g", "i", "c"), ImageKey("base", "g2", "i", "c"), ImageKey("base", "g", "i2", "c"), ImageKey("base", "i", "g", "c"), ImageKey("base", "g", "i", "c2"), ImageKey("base", "g", "c", "i")} {
 		if other == k {
 			t.Error("a different input gives the same image key")
 		}
 	}
-	if ImageKey("base", "g", "i") != k {
+	if ImageKey("base", "g", "i", "c") != k {
 		t.Error("the key is not deterministic")
 	}
 }

@@ -13,7 +13,9 @@
 // default /dev/vda, XFS, read-write) on /newroot, mounts a tmpfs on
 // /newroot/run and copies /guestd from the initramfs to
 // /run/strata/bin/guestd, so the guestd that runs is the one the image was
-// built with, never a file on the (writable) disk. It then frees the
+// built with, never a file on the (writable) disk; /createos goes to
+// /run/strata/bin/createos the same way, and /usr/local/bin/createos (on
+// every guest shell's PATH) is made a link to it. It then frees the
 // initramfs copies, moves /dev, /proc and /sys into the new root and
 // switches to it (MS_MOVE of /newroot onto "/", chroot ".").
 //

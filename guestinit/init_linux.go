@@ -168,8 +168,12 @@ func (s *system) stage1() error {
 	if err := copyFile(InitramfsGuestd, NewRoot+GuestdPath, 0o755); err != nil {
 		return fmt.Errorf("copy guestd: %w", err)
 	}
+	if err := installCreateos(NewRoot); err != nil {
+		// The guest boots without the CLI rather than not at all.
+		s.logf("createos not installed: %v", err)
+	}
 	// Free the initramfs copies: the rootfs stays in memory after the switch.
-	for _, p := range []string{InitramfsGuestd, "/modules", ModulesOrder} {
+	for _, p := range []string{InitramfsGuestd, InitramfsCreateos, "/modules", ModulesOrder} {
 		_ = os.RemoveAll(p)
 	}
 	for _, m := range MovedMounts() {
@@ -195,6 +199,29 @@ func (s *system) stage1() error {
 	}
 	s.logf("stage 1 done in %v (init started at uptime %ss; modules: %s)", time.Since(t0).Round(time.Millisecond), kernelUp, strings.Join(times, " "))
 	return nil
+}
+
+// installCreateos copies the initramfs's createos next to guestd and
+// points the root's CreateosLink at it (an image without one
+// leaves the root as it is).
+func installCreateos(root string) error {
+	if _, err := os.Stat(InitramfsCreateos); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := copyFile(InitramfsCreateos, root+CreateosPath, 0o755); err != nil {
+		return err
+	}
+	link := root + CreateosLink
+	if target, err := os.Readlink(link); err == nil && target == CreateosPath {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+		return err
+	}
+	if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return os.Symlink(CreateosPath, link)
 }
 
 func loadModule(path string) error {

@@ -25,10 +25,16 @@ const NewRoot = "/newroot"
 
 // GuestdPath is where guestd runs from, on the tmpfs /run of the real
 // root; InitramfsGuestd is the copy that the image put in the initramfs.
+// createos goes the same way, and CreateosLink (on the guest's PATH)
+// points at it: the CLI of the image the guest booted, whatever the disk
+// holds from an older one.
 const (
-	GuestdPath      = "/run/strata/bin/guestd"
-	InitramfsGuestd = "/guestd"
-	ModulesOrder    = "/modules.order"
+	GuestdPath        = "/run/strata/bin/guestd"
+	InitramfsGuestd   = "/guestd"
+	CreateosPath      = "/run/strata/bin/createos"
+	InitramfsCreateos = "/createos"
+	CreateosLink      = "/usr/local/bin/createos"
+	ModulesOrder      = "/modules.order"
 )
 
 // Stage1Mounts are the kernel filesystems that stage 1 needs before it can

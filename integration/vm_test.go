@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -70,6 +71,33 @@ func TestSandboxEndToEnd(t *testing.T) {
 	inside := s.sh(id, `. /run/strata/credentials.env && test "$CREATEOS_API_KEY" = `+tok+` && curl -sS -H "X-Api-Key: $CREATEOS_API_KEY" "$CREATEOS_API_URL/v1/sandboxes/$CREATEOS_SANDBOX_ID/checkpoints"`)
 	if !strings.Contains(inside, a["id"].(string)) {
 		t.Fatalf("list from inside: %q", inside)
+	}
+	// createos is on the guest's PATH and needs no set-up: the sandbox,
+	// the address and the token come from the credentials file.
+	made := s.sh(id, `cd / && env -u CREATEOS_API_URL -u CREATEOS_API_KEY -u CREATEOS_SANDBOX_ID createos sandbox checkpoint create --path /workspace/project --name inside -o json`)
+	var insideCp struct {
+		ID   string `json:"id"`
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal([]byte(made), &insideCp); err != nil || insideCp.ID == "" || insideCp.Name != "inside" {
+		t.Fatalf("createos checkpoint create from inside: %v %q", err, made)
+	}
+	if out := s.sh(id, `createos sandbox checkpoint list`); !strings.Contains(out, insideCp.ID) || !strings.Contains(out, a["id"].(string)) {
+		t.Fatalf("createos checkpoint list from inside: %q", out)
+	}
+	s.sh(id, "echo more > /workspace/project/more")
+	if out := s.sh(id, `createos sandbox checkpoint diff `+insideCp.ID+` --live`); !strings.Contains(out, "more") {
+		t.Fatalf("createos checkpoint diff --live from inside: %q", out)
+	}
+	s.sh(id, `createos sandbox checkpoint restore `+insideCp.ID+` && createos sandbox checkpoint delete `+insideCp.ID)
+	if out := s.sh(id, "ls /workspace/project; readlink /usr/local/bin/createos"); out != "main.go\nnotes\n/run/strata/bin/createos\n" {
+		t.Fatalf("after createos restored and deleted its checkpoint: %q", out)
+	}
+	// The restore kept the unsaved file as an automatic checkpoint.
+	for _, c := range s.must(200, "GET", cp, "").Body["data"].([]any) {
+		if c := c.(map[string]any); c["auto"] == true {
+			s.must(200, "DELETE", cp+"/"+c["id"].(string), "")
+		}
 	}
 	if out := s.sh(id, `ip -o link | grep -v ' lo:' | wc -l`); strings.TrimSpace(out) != "0" {
 		t.Fatalf("the guest has a network interface: %q", out)

@@ -31,7 +31,7 @@ func main() {
 	}
 }
 
-const usage = "usage: strata-image build --guestd FILE --init FILE [--cache DIR] [--kernel NAME] [--keep N]"
+const usage = "usage: strata-image build --guestd FILE --init FILE --createos FILE [--cache DIR] [--kernel NAME] [--keep N]"
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "build" {
@@ -44,6 +44,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Cache, "cache", guestimage.DefaultCache, "cache `directory` (bases and images)")
 	fs.StringVar(&cfg.Guestd, "guestd", "", "static guestd `binary` (CGO_ENABLED=0)")
 	fs.StringVar(&cfg.Init, "init", "", "static strata-init `binary` (CGO_ENABLED=0)")
+	fs.StringVar(&cfg.Createos, "createos", "", "static createos `binary` (CGO_ENABLED=0), put on the guest's PATH")
 	fs.StringVar(&cfg.Kernel, "kernel", guestimage.DefaultKernel, "guest kernel: 6.12-cloud or 6.1")
 	fs.IntVar(&cfg.Keep, "keep", guestimage.DefaultKeep, "image directories to keep")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -52,8 +53,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if cfg.Guestd == "" || cfg.Init == "" {
-		return errors.New("--guestd and --init are required\n" + usage)
+	if cfg.Guestd == "" || cfg.Init == "" || cfg.Createos == "" {
+		return errors.New("--guestd, --init and --createos are required\n" + usage)
 	}
 	cfg.Log = stderr
 	img, err := guestimage.Build(ctx, cfg)
