@@ -808,13 +808,17 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 	// cold boot's wait their turn: its guest answers seconds later.
 	booted := make(chan error, 1)
 	var answeredIn, credentialsIn time.Duration
+	// A boot that fails ends the credentials' call rather than wait
+	// for it (a guest that never answers would hold it to its timeout).
+	bctx, endCredentials := context.WithCancel(ctx)
+	defer endCredentials()
 	sendCredentials := func() {
 		if m.cfg.Booted == nil {
 			booted <- nil
 			return
 		}
 		go func() {
-			err := m.cfg.Booted(ctx, r)
+			err := m.cfg.Booted(bctx, r)
 			credentialsIn = time.Since(t0)
 			booted <- err
 		}()
@@ -830,6 +834,7 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 	}
 	if err := m.waitGuest(ctx, mc, what, probe); err != nil {
 		if cfg.Incoming {
+			endCredentials()
 			<-booted
 			err = fmt.Errorf("the guest's clock and RNG were not resynced: %w", err)
 		}
@@ -845,6 +850,7 @@ func (m *Manager) boot(ctx context.Context, id string, via State) {
 			r.Machine.Saved, r.Machine.LoadDisk, r.Machine.SavedTemplate = "", nil, nil
 			return nil
 		}); err != nil {
+			endCredentials()
 			<-booted
 			fail(errStartFailedOnHost, err)
 			return
