@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -455,17 +456,20 @@ func (m *Manager) ramFile(mach *Machine) *vmm.RAMFile {
 // needs memory. (FADV_WILLNEED reads the data alone, not the holes.)
 func (m *Manager) warmRAM(path string, offset, size int64) {
 	m.mu.Lock()
-	if _, ok := m.warmed[path]; ok {
-		m.mu.Unlock()
+	_, done := m.warmed[path]
+	m.warmed[path] = struct{}{}
+	others := slices.Collect(maps.Keys(m.warmed))
+	m.mu.Unlock()
+	if done {
 		return // the forks of one snapshot read it once
 	}
-	for p := range m.warmed {
+	for _, p := range others {
 		if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+			m.mu.Lock()
 			delete(m.warmed, p) // collected
+			m.mu.Unlock()
 		}
 	}
-	m.warmed[path] = struct{}{}
-	m.mu.Unlock()
 	f, err := os.Open(path)
 	if err != nil {
 		return

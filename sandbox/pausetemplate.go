@@ -133,7 +133,18 @@ func (m *Manager) makePauseTemplate(ctx context.Context, id string) error {
 	}
 	defer m.unreserve(key)
 	t0 := time.Now()
-	tpl, ram, dev, err := m.newPauseTemplate(ctx, id, snap)
+	// Made only where the state is mapped (no classic RAM file: the
+	// resume would load the whole state anyway).
+	tpl, ram, dev, err := m.newTemplate(ctx, snap, false, func(tpl Template) error {
+		_, err := m.cfg.Records.Update(ctx, id, func(rec *Record) error {
+			if !pausedOn(*rec, snap.State) {
+				return errPauseTemplateMoot
+			}
+			rec.Machine.SavedTemplate = &tpl
+			return nil
+		})
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -178,47 +189,6 @@ func (m *Manager) makePauseTemplate(ctx context.Context, id string) error {
 	done(true)
 	m.log.Info("pause template made", "sandbox", id, "took", time.Since(t0).Round(time.Millisecond), "devices_bytes", allocated(m.statePath(tpl.State)))
 	return nil
-}
-
-// newPauseTemplate makes a pause template's files and names them in the
-// record, building: the paused state, opened (its pages a load would not
-// read punched), a state for the devices, a scratch top for the disk.
-func (m *Manager) newPauseTemplate(ctx context.Context, id string, snap Snapshot) (Template, *os.File, *os.File, error) {
-	m.storeMu.RLock()
-	defer m.storeMu.RUnlock()
-	gid, release, err := m.allocGid(ctx)
-	if err != nil {
-		return Template{}, nil, nil, err
-	}
-	defer release()
-	ram, err := m.mappedRAM(snap)
-	if err != nil {
-		return Template{}, nil, nil, err
-	}
-	tpl := Template{RAM: snap.State, RAMOffset: ram.offset, Gid: gid, Building: true}
-	var dev *os.File
-	tpl.State, dev, err = m.newState()
-	if err == nil {
-		tpl.Scratch, err = m.newLayer(ctx, snap.BaseDisk, snap.Disk[0], m.diskBytes(snap.DiskGiB))
-	}
-	if err == nil {
-		_, err = m.cfg.Records.Update(ctx, id, func(rec *Record) error {
-			if !pausedOn(*rec, snap.State) {
-				return errPauseTemplateMoot
-			}
-			t := tpl
-			rec.Machine.SavedTemplate = &t
-			return nil
-		})
-	}
-	if err != nil {
-		ram.f.Close()
-		if dev != nil {
-			dev.Close()
-		}
-		return Template{}, nil, nil, err // the files are collected
-	}
-	return tpl, ram.f, dev, nil
 }
 
 // dropUnfinishedPauseTemplate forgets a pause template a crash left

@@ -14,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"strata/internal/fault"
 	"strata/sandbox"
@@ -1988,6 +1991,43 @@ func TestPauseTemplate(t *testing.T) {
 		t.Errorf("%d template QEMUs; want the pause's alone (v1 shares it)", n)
 	}
 	checkStore(t, m)
+	// The mapped state is read into the page cache once the machine
+	// runs, holes included (the fake state's RAM is all holes): a save
+	// of the resumed guest reads every page.
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(h.logs.String(), `msg="RAM file in the page cache" path=`+h.statePath(state)); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the resumed machine's RAM file was not read into the page cache")
+		}
+	}
+	if n := notCached(t, h.statePath(state), tpl.RAMOffset, int64(got.MemoryMiB)<<20); n > 0 {
+		t.Errorf("%d pages of the mapped state are not in the page cache after it was read in", n)
+	}
+
+	// A load through the template that fails leaves the sandbox paused
+	// on its whole state, which the next resume loads.
+	if _, err := m.Pause(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-1", sandbox.Paused)
+	broken := waitPauseTemplate(t, h, "sb-1")
+	if err := os.WriteFile(h.statePath(broken.State), []byte("not a state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Resume(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-1", sandbox.Paused)
+	if r := h.get("sb-1"); r.Machine.Saved != broken.RAM || r.Machine.SavedTemplate != nil || r.Machine.RAM != "" {
+		t.Fatalf("after a failed load through the pause template: %+v; want the whole state %s to load, no template, no RAM mapped", r.Machine, broken.RAM)
+	}
+	if _, err := m.Resume(ctx, "sb-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.waitState("sb-1", sandbox.Running)
+	if vm := h.drv.last("sb-1"); vm.cfg.RAM != nil || vm.loaded.Load() != "sb-1" {
+		t.Errorf("resumed after the failed load: RAM %+v, loaded %v; want the whole state loaded", vm.cfg.RAM, vm.loaded.Load())
+	}
+	checkStore(t, m)
 
 	// Paused again, its template forgotten: the whole state loads, and
 	// the state the first resume mapped goes with its QEMU.
@@ -2040,4 +2080,31 @@ func TestPauseTemplate(t *testing.T) {
 	}
 	h.waitState("sb-1", sandbox.Running)
 	checkStore(t, m)
+}
+
+// notCached counts the pages of path's [off, off+size) that are not in
+// the page cache.
+func notCached(t *testing.T, path string, off, size int64) int {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b, err := unix.Mmap(int(f.Fd()), off, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(b)
+	vec := make([]byte, (size+4095)/4096)
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Fatal(errno)
+	}
+	n := 0
+	for _, v := range vec {
+		if v&1 == 0 {
+			n++
+		}
+	}
+	return n
 }

@@ -203,7 +203,17 @@ func (m *Manager) template(ctx context.Context, r Record, from From) (Template, 
 	}
 	defer m.unreserve(key)
 	t0 := time.Now()
-	tpl, ram, dev, err := m.newTemplate(ctx, from, *snap)
+	tpl, ram, dev, err := m.newTemplate(ctx, *snap, true, func(tpl Template) error {
+		_, err := m.cfg.Records.Update(ctx, from.Sandbox, func(rec *Record) error {
+			s, ok := rec.Snapshot(from.Snapshot)
+			if !ok {
+				return ErrSnapshotNotFound.With("snapshot_id", from.Snapshot)
+			}
+			s.Template = &tpl
+			return nil
+		})
+		return err
+	})
 	if err != nil {
 		return Template{}, err
 	}
@@ -248,12 +258,14 @@ func (m *Manager) template(ctx context.Context, r Record, from From) (Template, 
 	return tpl, nil
 }
 
-// newTemplate makes a template's files and names them in the snapshot,
-// building: its RAM (the snapshot's state, opened to punch and later to
-// give it the template's group; or, for a state of QEMU's classic format,
-// an empty RAM file of the template's group), a state file for the
-// devices, and a scratch top for the disk the template QEMU opens.
-func (m *Manager) newTemplate(ctx context.Context, from From, snap Snapshot) (Template, *os.File, *os.File, error) {
+// newTemplate makes the files of snap's template and has name record it,
+// building: its RAM (snap's state, opened to punch and later to give it
+// the template's group; or, for a state of QEMU's classic format and
+// with classic, an empty RAM file of the template's group), a state file
+// for the devices, and a scratch top for the disk the template QEMU
+// opens. A snapshot's template and a pause's (pausetemplate.go) are made
+// so.
+func (m *Manager) newTemplate(ctx context.Context, snap Snapshot, classic bool, name func(Template) error) (Template, *os.File, *os.File, error) {
 	m.storeMu.RLock()
 	defer m.storeMu.RUnlock()
 	gid, release, err := m.allocGid(ctx)
@@ -265,7 +277,7 @@ func (m *Manager) newTemplate(ctx context.Context, from From, snap Snapshot) (Te
 	ram, err := m.mappedRAM(snap)
 	if err == nil {
 		tpl.RAM, tpl.RAMOffset = snap.State, ram.offset
-	} else {
+	} else if classic {
 		m.log.Debug("template: the snapshot's RAM is not mapped where it is", "snapshot", snap.ID, "why", err)
 		tpl.RAM = newFileID()
 		ram.f, err = os.OpenFile(m.ramPath(tpl.RAM, 0), os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o660)
@@ -281,15 +293,7 @@ func (m *Manager) newTemplate(ctx context.Context, from From, snap Snapshot) (Te
 		tpl.Scratch, err = m.newLayer(ctx, snap.BaseDisk, snap.Disk[0], m.diskBytes(snap.DiskGiB))
 	}
 	if err == nil {
-		_, err = m.cfg.Records.Update(ctx, from.Sandbox, func(rec *Record) error {
-			s, ok := rec.Snapshot(from.Snapshot)
-			if !ok {
-				return ErrSnapshotNotFound.With("snapshot_id", from.Snapshot)
-			}
-			t := tpl
-			s.Template = &t
-			return nil
-		})
+		err = name(tpl)
 	}
 	if err != nil {
 		if ram.f != nil {

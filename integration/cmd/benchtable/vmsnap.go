@@ -336,20 +336,10 @@ func (b *vmBench) wait(id, state string, timeout time.Duration) (map[string]any,
 // logged reads durations from hostproxy's log: the first group of the
 // last n lines that match pattern.
 func (b *vmBench) logged(pattern string, n int) ([]time.Duration, error) {
-	re := regexp.MustCompile(pattern)
-	f, err := os.Open(filepath.Join(b.base, "hostproxy.log"))
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
 	var all []time.Duration
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			if d, err := time.ParseDuration(m[1]); err == nil {
-				all = append(all, d)
-			}
+	for _, m := range b.logLines(pattern) {
+		if d, err := time.ParseDuration(m[1]); err == nil {
+			all = append(all, d)
 		}
 	}
 	if len(all) < n {
@@ -358,20 +348,21 @@ func (b *vmBench) logged(pattern string, n int) ([]time.Duration, error) {
 	return all[len(all)-n:], nil
 }
 
-// logLines are the lines of hostproxy's log that match pattern.
-func (b *vmBench) logLines(pattern string) []string {
+// logLines are the submatches of pattern in the lines of hostproxy's log
+// that match it.
+func (b *vmBench) logLines(pattern string) [][]string {
 	re := regexp.MustCompile(pattern)
 	f, err := os.Open(filepath.Join(b.base, "hostproxy.log"))
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
-	var lines []string
+	var lines [][]string
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		if re.MatchString(sc.Text()) {
-			lines = append(lines, sc.Text())
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			lines = append(lines, m)
 		}
 	}
 	return lines
