@@ -53,6 +53,11 @@
 //   - a pool (pool.go, Config.Pool) keeps sandboxes of one shape booted
 //     ahead, of no account; Create of that shape takes one (Records.Take)
 //     and answers it running, and the pool boots the next;
+//   - forks made ahead (forkahead.go, Config.ForksAhead): for the
+//     snapshots forked last, one fork is made, run until guestd answers,
+//     and its CPUs stopped; Fork of that snapshot takes it (Records.Take)
+//     and answers it running, and the next is made. An operation that
+//     admission refuses drops them all and tries again (giveWay);
 //   - the host's store (store.go) keeps every layer, state and template
 //     RAM file while a record names it, and collect deletes the rest, so
 //     forks never depend on their source, and Check (CheckStore for a

@@ -103,6 +103,10 @@ type Config struct {
 	Pool      int
 	PoolShape Shape
 	NewID     func() (string, error)
+	// ForksAhead is how many snapshots, the last forked host-wide, keep
+	// one fork made ahead for the next fork to take (ahead.go); 0: none.
+	// NewID names them.
+	ForksAhead int
 	// LazyTemplates makes a memory snapshot's template at its first fork
 	// instead of as soon as the snapshot is taken (templateLater): no
 	// template QEMU for snapshots never forked, a first fork slower by
@@ -181,12 +185,20 @@ type Manager struct {
 	workMu   sync.Mutex
 	work     map[string]bool
 
-	// poolTake serializes takes of pooled sandboxes; poolMu guards the
-	// filling's flags (pool.go).
-	poolTake    sync.Mutex
-	poolMu      sync.Mutex
-	poolFilling bool
-	poolAgain   bool
+	// poolTake serializes takes of pooled sandboxes; poolFill runs the
+	// pool's filling (pool.go).
+	poolTake sync.Mutex
+	poolFill refill
+
+	// forkAheadTake serializes takes of forks made ahead, and
+	// forksAheadFill runs their filling; forkAheadMu guards the
+	// snapshots that want one and the forks made ahead whose CPUs are
+	// stopped (forkahead.go).
+	forkAheadTake  sync.Mutex
+	forksAheadFill refill
+	forkAheadMu    sync.Mutex
+	forksWanted    []From
+	stoppedAhead   map[string]bool
 }
 
 // machine is a sandbox whose QEMU runs.
@@ -271,6 +283,9 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Pool < 0 || cfg.Pool > MaxPool || cfg.Pool > 0 && (cfg.NewID == nil || cfg.PoolShape.MemoryMiB <= 0 || cfg.PoolShape.VCPUs <= 0 || cfg.PoolShape.DiskGiB <= 0) {
 		return nil, fmt.Errorf("sandbox: Pool %d: want 0 to %d, and with a pool, NewID and a PoolShape", cfg.Pool, MaxPool)
 	}
+	if cfg.ForksAhead < 0 || cfg.ForksAhead > MaxForksAhead || cfg.ForksAhead > 0 && cfg.NewID == nil {
+		return nil, fmt.Errorf("sandbox: ForksAhead %d: want 0 to %d, and with forks ahead, NewID", cfg.ForksAhead, MaxForksAhead)
+	}
 	if cfg.StoreReserveBytes == 0 {
 		cfg.StoreReserveBytes = DefaultStoreReserveBytes
 	}
@@ -303,7 +318,7 @@ func New(cfg Config) (*Manager, error) {
 	cfg.UIDBase = ids.Base
 	cfg.Log.Info("sandbox ids", "dir", cfg.Dir, "range", ids.String(), "claims", cfg.IDClaims)
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, aheadLatest: map[string]string{}, aheadSlot: make(chan struct{}, 1), pauseTemplates: map[string]*pauseTemplate{}, warmed: map[string]struct{}{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, aheadLatest: map[string]string{}, aheadSlot: make(chan struct{}, 1), stoppedAhead: map[string]bool{}, pauseTemplates: map[string]*pauseTemplate{}, warmed: map[string]struct{}{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
 }
 
 // checkTraversable fails when an unprivileged uid could not reach dir:
@@ -594,7 +609,7 @@ func (m *Manager) Create(ctx context.Context, r Record) (Record, error) {
 	if taken, ok, err := m.takePooled(ctx, r); ok {
 		return taken, err
 	}
-	return m.bootNew(ctx, r)
+	return giveWay(ctx, m, func() (Record, error) { return m.bootNew(ctx, r) })
 }
 
 // bootNew is Create that boots: a new sandbox from the image.
@@ -641,6 +656,10 @@ func (m *Manager) create(ctx context.Context, r Record, mach Machine) (Record, e
 // Start boots a stopped sandbox, or one in error, from its disk: a cold
 // boot. A sandbox already creating or running is returned as it is.
 func (m *Manager) Start(ctx context.Context, id string) (Record, error) {
+	return giveWay(ctx, m, func() (Record, error) { return m.start(ctx, id) })
+}
+
+func (m *Manager) start(ctx context.Context, id string) (Record, error) {
 	if r, err := m.cfg.Records.Get(ctx, id); err == nil && r.Machine != nil && m.machineOf(id) == nil && (r.State == Stopped || r.State == Error) {
 		if err := m.checkDisks(ctx, id, r.DiskGiB, topOf(r)); err != nil {
 			return Record{}, err
@@ -1221,6 +1240,10 @@ func (m *Manager) saveAndQuit(ctx context.Context, mc *machine) error {
 // Resume brings a paused sandbox back: from its saved memory (a pause
 // that freed it), or by starting the CPUs of a QEMU that kept it.
 func (m *Manager) Resume(ctx context.Context, id string) (Record, error) {
+	return giveWay(ctx, m, func() (Record, error) { return m.resume(ctx, id) })
+}
+
+func (m *Manager) resume(ctx context.Context, id string) (Record, error) {
 	r, err := m.cfg.Records.Get(ctx, id)
 	if err != nil {
 		return Record{}, err
@@ -1429,6 +1452,7 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 
 func (m *Manager) destroy(ctx context.Context, id string) error {
 	m.teardown(id)
+	m.setForkAheadStopped(id, false)
 	if err := os.RemoveAll(m.dir(id)); err != nil {
 		return err
 	}
@@ -1560,6 +1584,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 	}
 	m.poolLater()
+	m.forksAheadLater() // drops those left: no snapshot wants one yet
 	return ctx.Err()
 }
 

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 )
 
@@ -116,38 +117,47 @@ func (m *Manager) take(ctx context.Context, p, r Record) (Record, error) {
 // poolable tells whether pooled sandbox p may stay in the pool: of the
 // Manager's image and the pool's shape, booting or running.
 func (m *Manager) poolable(p Record) bool {
-	return p.Machine != nil && p.Machine.Image == m.cfg.Image.Key && shapeOf(p) == m.cfg.PoolShape &&
+	return p.Ahead == nil && p.Machine != nil && p.Machine.Image == m.cfg.Image.Key && shapeOf(p) == m.cfg.PoolShape &&
 		(p.State == Creating || p.State == Running)
 }
 
-// poolLater fills the pool in the background (fillPool), once at a time:
-// a call while it runs makes it run once more.
-func (m *Manager) poolLater() {
-	m.poolMu.Lock()
-	if m.poolFilling {
-		m.poolAgain = true
-		m.poolMu.Unlock()
+// poolLater fills the pool in the background (fillPool), once at a time.
+func (m *Manager) poolLater() { m.poolFill.later(m, m.fillPool) }
+
+// refill runs a filling in the background once at a time: a call while
+// it runs makes it run once more after (the pool's, the forks made
+// ahead's).
+type refill struct {
+	mu             sync.Mutex
+	running, again bool
+}
+
+func (f *refill) later(m *Manager, fill func(context.Context)) {
+	f.mu.Lock()
+	if f.running {
+		f.again = true
+		f.mu.Unlock()
 		return
 	}
-	m.poolFilling = true
-	m.poolMu.Unlock()
+	f.running = true
+	f.mu.Unlock()
 	run := func() {
 		for {
-			m.fillPool(m.ctx)
-			m.poolMu.Lock()
-			if !m.poolAgain || m.ctx.Err() != nil {
-				m.poolFilling = false
-				m.poolMu.Unlock()
+			fill(m.ctx)
+			f.mu.Lock()
+			if !f.again || m.ctx.Err() != nil {
+				f.running = false
+				f.mu.Unlock()
 				return
 			}
-			m.poolAgain = false
-			m.poolMu.Unlock()
+			f.again = false
+			f.mu.Unlock()
 		}
 	}
 	if !m.goAfter(run) {
-		m.poolMu.Lock()
-		m.poolFilling = false
-		m.poolMu.Unlock()
+		f.mu.Lock()
+		f.running = false
+		f.mu.Unlock()
 	}
 }
 
@@ -163,7 +173,7 @@ func (m *Manager) fillPool(ctx context.Context) {
 	}
 	keep := 0
 	for _, p := range records {
-		if !p.Pooled || p.State == Destroyed {
+		if !p.Pooled || p.Ahead != nil || p.State == Destroyed {
 			continue
 		}
 		if keep < m.cfg.Pool && m.poolable(p) {

@@ -58,6 +58,9 @@ type Record struct {
 	// Pooled marks a sandbox booted ahead for the pool (pool.go): of no
 	// account, until a create takes it.
 	Pooled bool `json:"pooled,omitempty"`
+	// Ahead is the snapshot a pooled sandbox is a fork made ahead of
+	// (ahead.go), for the next fork of it to take.
+	Ahead *From `json:"ahead,omitempty"`
 	// Error says what went wrong, in state error.
 	Error string `json:"error,omitempty"`
 	// UnresponsiveSince is when the guest stopped answering, in state

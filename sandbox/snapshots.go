@@ -26,6 +26,7 @@ const (
 	FailpointRestoreRecorded     = "vm.restore.recorded"      // the record is the snapshot's
 	FailpointRestoreEnded        = "vm.restore.ended"         // the old QEMU ended
 	FailpointForkRecorded        = "vm.fork.recorded"         // the fork's record inserted
+	FailpointForkAheadResynced   = "vm.fork.ahead.resynced"   // a fork made ahead taken: its CPUs started, its guest resynced, not yet the account's
 	FailpointBootLoaded          = "vm.boot.loaded"           // a saved state loaded, guest running
 	FailpointPauseSaved          = "vm.pause.saved"           // memory written, not yet named
 	FailpointTemplateFilled      = "vm.template.filled"       // a template's devices saved, its RAM not yet the forks' to read
@@ -579,6 +580,10 @@ func (m *Manager) loadable(s *Snapshot, withMemory bool) error {
 // memory unless diskOnly or it has none. It answers once the sandbox
 // runs again.
 func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool) (RestoreResult, error) {
+	return giveWay(ctx, m, func() (RestoreResult, error) { return m.restore(ctx, id, snapID, diskOnly) })
+}
+
+func (m *Manager) restore(ctx context.Context, id, snapID string, diskOnly bool) (RestoreResult, error) {
 	done, err := m.begin(id)
 	if err != nil {
 		return RestoreResult{}, err
@@ -740,8 +745,26 @@ func (m *Manager) Restore(ctx context.Context, id, snapID string, diskOnly bool)
 // sandbox's id, account and name; its size is the snapshot's. The fork
 // names the snapshot's files in its own record, so it does not depend on
 // the source sandbox or the snapshot staying. It boots in the background
-// (loading the snapshot's memory when it has one) as a create does.
+// (loading the snapshot's memory when it has one) as a create does, or
+// is a fork made ahead of that snapshot, taken running under its own id
+// (ahead.go).
 func (m *Manager) Fork(ctx context.Context, srcID, snapID string, r Record) (Record, error) {
+	key := From{Sandbox: srcID, Snapshot: snapID}
+	if taken, ok, err := m.takeForkAhead(ctx, key, r); ok {
+		if err == nil {
+			m.forksAheadLater(key)
+		}
+		return taken, err
+	}
+	f, err := giveWay(ctx, m, func() (Record, error) { return m.forkNew(ctx, srcID, snapID, r) })
+	if err == nil {
+		m.forksAheadLater(key)
+	}
+	return f, err
+}
+
+// forkNew is Fork that boots a new QEMU.
+func (m *Manager) forkNew(ctx context.Context, srcID, snapID string, r Record) (Record, error) {
 	m.awaitWritten(ctx, srcID, snapID)
 	// What the fork loads is on disk first: a power cut after the fork
 	// answers never leaves it a torn state.

@@ -225,6 +225,9 @@ func (m *Manager) collect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if staleForksAhead(records) {
+		m.forksAheadLater() // their snapshot is gone: dropped
+	}
 	refs := references(records)
 	m.mu.Lock()
 	for name := range m.claimed {

@@ -1,0 +1,311 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"strata/internal/failpoint"
+	"strata/internal/fault"
+)
+
+// Forks made ahead: for the snapshots forked last (Config.ForksAhead of
+// them, host-wide), one fork is made in the background, run until its
+// guest answers, and stopped (its CPUs; QEMU keeps it); the next fork of
+// that snapshot takes it instead of starting a QEMU.
+//
+// Why: under TCG a new QEMU translates every guest instruction it runs
+// for the first time. A fork's QEMU starts in tens of milliseconds, but
+// its guest then spends some 400 ms of CPU time on translation before
+// guestd answers the resync (docs/performance.md). A fork made ahead has
+// run that path once: a take is its CPUs started again, one resync
+// through the channel (its clock, its RNG reseeded again, its name) and
+// one transaction. Its guest's time is stopped while it waits, so what
+// runs in it at the take is the snapshot's moment plus the fork's own
+// start, as in any fork; its RNG was seeded for it alone.
+//
+// A fork made ahead is an ordinary sandbox of no account (Record.Pooled,
+// with Record.Ahead naming the snapshot): forked and admitted as any
+// fork, its own uid, disk top and QEMU, counted in the host's memory and
+// disk. The take is Records.Take: the account, name and creation time in
+// one transaction that also checks the name and the create's claim; the
+// fork keeps its id. A create, fork, start, resume or restore that admission
+// refuses drops every fork made ahead and forgets which snapshots
+// wanted one (giveWay): a fork made ahead never keeps a user's sandbox
+// from the host.
+//
+// One is dropped (deleted as any sandbox) when its snapshot is no longer
+// ready (deleted, or its sandbox), when its snapshot is no longer among
+// the last forked, and at Recover (which snapshots want one is not
+// recorded: the next fork says again).
+
+// MaxForksAhead bounds Config.ForksAhead.
+const MaxForksAhead = 16
+
+// takeForkAhead gives r's account the fork made ahead of key, if one is
+// stopped and ready: ok false means none (the caller forks).
+func (m *Manager) takeForkAhead(ctx context.Context, key From, r Record) (Record, bool, error) {
+	if m.cfg.ForksAhead <= 0 {
+		return Record{}, false, nil
+	}
+	m.forkAheadTake.Lock()
+	defer m.forkAheadTake.Unlock()
+	records, err := m.cfg.Records.List(ctx)
+	if err != nil {
+		return Record{}, false, err
+	}
+	if !snapshotReady(records, key) {
+		return Record{}, false, nil // the fork answers why
+	}
+	for _, p := range records {
+		if p.Ahead == nil || *p.Ahead != key || !p.Pooled || p.State != Running || !m.forkAheadStopped(p.ID) {
+			continue
+		}
+		taken, err := m.takeFork(ctx, p, r)
+		if errors.Is(err, errPoolMiss) {
+			continue
+		}
+		return taken, true, err
+	}
+	return Record{}, false, nil
+}
+
+// takeFork gives fork p, made ahead, to r's account.
+func (m *Manager) takeFork(ctx context.Context, p, r Record) (Record, error) {
+	done, err := m.begin(p.ID)
+	if err != nil {
+		return Record{}, errPoolMiss // being stopped, or dropped
+	}
+	defer done()
+	mc := m.machineOf(p.ID)
+	if mc == nil {
+		return Record{}, errPoolMiss
+	}
+	t0 := time.Now()
+	m.setForkAheadStopped(p.ID, false)
+	named := p
+	named.Name = r.Name
+	err = mc.vm.Resume(ctx)
+	if err == nil {
+		err = m.resync(ctx, mc, named)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return Record{}, ctx.Err()
+		}
+		m.log.Warn("fork made ahead not answering: dropped", "sandbox", p.ID, "err", err)
+		m.goAfter(func() { m.Delete(m.ctx, p.ID) })
+		return Record{}, errPoolMiss
+	}
+	failpoint.Hit(FailpointForkAheadResynced)
+	taken, err := m.cfg.Records.Take(ctx, p.ID, func(rec *Record) error {
+		if !rec.Pooled || rec.Ahead == nil || rec.State != Running {
+			return errPoolMiss
+		}
+		rec.Pooled, rec.Ahead = false, nil
+		rec.Account, rec.Name, rec.CreatedAt = r.Account, r.Name, r.CreatedAt
+		return nil
+	})
+	if err != nil {
+		// Refused (the name, the claim): it runs now; the filling
+		// stops it again.
+		m.forksAheadLater()
+		return Record{}, err
+	}
+	m.log.Info("sandbox forked", "sandbox", taken.ID, "account", taken.Account, "from", taken.From.Sandbox, "snapshot", taken.From.Snapshot, "ahead", true, "took", time.Since(t0).Round(time.Millisecond))
+	return taken, nil
+}
+
+// snapshotReady tells whether key's snapshot is ready in records.
+func snapshotReady(records []Record, key From) bool {
+	for _, r := range records {
+		if r.ID != key.Sandbox {
+			continue
+		}
+		if r.State == Destroying || r.State == Destroyed {
+			return false
+		}
+		s, ok := r.Snapshot(key.Snapshot)
+		return ok && s.Status == SnapshotReady
+	}
+	return false
+}
+
+// ForksAheadReady is how many forks made ahead are stopped, ready for a
+// fork of their snapshot to take.
+func (m *Manager) ForksAheadReady() int {
+	m.forkAheadMu.Lock()
+	defer m.forkAheadMu.Unlock()
+	return len(m.stoppedAhead)
+}
+
+// staleForksAhead tells whether records have a fork made ahead whose
+// snapshot is no longer ready.
+func staleForksAhead(records []Record) bool {
+	for _, p := range records {
+		if p.Ahead != nil && p.Pooled && p.State != Destroying && p.State != Destroyed && !snapshotReady(records, *p.Ahead) {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *Manager) forkAheadStopped(id string) bool {
+	m.forkAheadMu.Lock()
+	defer m.forkAheadMu.Unlock()
+	return m.stoppedAhead[id]
+}
+
+func (m *Manager) setForkAheadStopped(id string, stopped bool) {
+	m.forkAheadMu.Lock()
+	defer m.forkAheadMu.Unlock()
+	if stopped {
+		m.stoppedAhead[id] = true
+	} else {
+		delete(m.stoppedAhead, id)
+	}
+}
+
+// forksAheadLater makes keys the snapshots forked last (the last key the
+// most recent) and fills the forks made ahead in the background
+// (fillForksAhead), once at a time.
+func (m *Manager) forksAheadLater(keys ...From) {
+	if m.cfg.ForksAhead <= 0 {
+		return
+	}
+	m.forkAheadMu.Lock()
+	for _, k := range keys {
+		m.forksWanted = slices.DeleteFunc(m.forksWanted, func(w From) bool { return w == k })
+		m.forksWanted = append(m.forksWanted, k)
+	}
+	if n := len(m.forksWanted) - m.cfg.ForksAhead; n > 0 {
+		m.forksWanted = slices.Delete(m.forksWanted, 0, n)
+	}
+	m.forkAheadMu.Unlock()
+	m.forksAheadFill.later(m, m.fillForksAhead)
+}
+
+// fillForksAhead drops the forks made ahead that may not stay, stops the
+// CPUs of those that run, and makes one for each wanted snapshot that
+// has none. A fork that admission refuses ends the filling (logged).
+func (m *Manager) fillForksAhead(ctx context.Context) {
+	m.forkAheadMu.Lock()
+	want := slices.Clone(m.forksWanted)
+	m.forkAheadMu.Unlock()
+	records, err := m.cfg.Records.List(ctx)
+	if err != nil {
+		m.log.Warn("forks ahead not made", "err", err)
+		return
+	}
+	has := map[From]bool{}
+	for _, p := range records {
+		if p.Ahead == nil || !p.Pooled || p.State == Destroyed {
+			continue
+		}
+		key := *p.Ahead
+		if !has[key] && slices.Contains(want, key) && snapshotReady(records, key) && (p.State == Creating || p.State == Running) {
+			has[key] = true
+			if p.State == Running && !m.forkAheadStopped(p.ID) {
+				m.stopForkAhead(ctx, p.ID)
+			}
+			continue
+		}
+		m.log.Info("fork made ahead dropped", "sandbox", p.ID, "from", key.Sandbox, "snapshot", key.Snapshot, "state", p.State)
+		if err := m.Delete(ctx, p.ID); err != nil && ctx.Err() == nil {
+			m.log.Warn("fork made ahead not dropped", "sandbox", p.ID, "err", err)
+		}
+	}
+	for i := len(want) - 1; i >= 0 && ctx.Err() == nil; i-- {
+		key := want[i]
+		if has[key] || !snapshotReady(records, key) {
+			continue
+		}
+		id, err := m.cfg.NewID()
+		if err != nil {
+			m.log.Warn("forks ahead not made", "err", err)
+			return
+		}
+		r := Record{ID: id, Guest: GuestScheme + "://" + id, Pooled: true, Ahead: &key, CreatedAt: time.Now().UTC().Truncate(time.Second)}
+		t0 := time.Now()
+		if _, err := m.forkNew(ctx, key.Sandbox, key.Snapshot, r); err != nil {
+			m.log.Info("fork not made ahead", "from", key.Sandbox, "snapshot", key.Snapshot, "err", err)
+			return
+		}
+		if !m.waitBooted(ctx, id) {
+			continue // in error, or dropped: the next fork tries again
+		}
+		m.stopForkAhead(ctx, id)
+		m.log.Info("fork made ahead", "sandbox", id, "from", key.Sandbox, "snapshot", key.Snapshot, "took", time.Since(t0).Round(time.Millisecond))
+	}
+}
+
+// waitBooted waits until sandbox id is no longer creating, and tells
+// whether it runs.
+func (m *Manager) waitBooted(ctx context.Context, id string) bool {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		r, err := m.cfg.Records.Get(ctx, id)
+		if err != nil || r.State != Creating {
+			return err == nil && r.State == Running
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
+// stopForkAhead stops the CPUs of fork id, made ahead and running: from
+// then on a fork may take it.
+func (m *Manager) stopForkAhead(ctx context.Context, id string) {
+	done, err := m.begin(id)
+	if err != nil {
+		return
+	}
+	defer done()
+	mc := m.machineOf(id)
+	r, err := m.cfg.Records.Get(ctx, id)
+	if mc == nil || err != nil || !r.Pooled || r.Ahead == nil || r.State != Running {
+		return
+	}
+	if err := mc.vm.Pause(ctx); err != nil {
+		m.log.Warn("fork made ahead not stopped", "sandbox", id, "err", err)
+		return
+	}
+	m.setForkAheadStopped(id, true)
+}
+
+// giveWay runs f, an operation that admits a sandbox's memory (a
+// create, fork, start, resume or restore); when the
+// host has no room for it and forks made ahead take some, it drops them
+// all, forgets which snapshots wanted one, and runs f again.
+func giveWay[T any](ctx context.Context, m *Manager, f func() (T, error)) (T, error) {
+	r, err := f()
+	if fault.CodeOf(err) != ErrHostCapacity.Code || m.cfg.ForksAhead <= 0 {
+		return r, err
+	}
+	records, lerr := m.cfg.Records.List(ctx)
+	if lerr != nil {
+		return r, err
+	}
+	dropped := 0
+	m.forkAheadMu.Lock()
+	m.forksWanted = nil
+	m.forkAheadMu.Unlock()
+	for _, p := range records {
+		if p.Ahead == nil || !p.Pooled || p.State == Destroyed {
+			continue
+		}
+		if m.Delete(ctx, p.ID) == nil {
+			dropped++
+			m.log.Info("fork made ahead dropped: the host needs its room", "sandbox", p.ID)
+		}
+	}
+	if dropped == 0 {
+		return r, err
+	}
+	return f()
+}
