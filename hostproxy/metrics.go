@@ -32,6 +32,16 @@ func (m *metrics) poolReady(count func() float64) {
 	}, count))
 }
 
+// forksAheadReady registers strata_hostproxy_forks_ahead_ready: the
+// forks made ahead, stopped and ready for a fork of their snapshot to
+// take.
+func (m *metrics) forksAheadReady(count func() float64) {
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "strata", Subsystem: "hostproxy", Name: "forks_ahead_ready",
+		Help: "Forks made ahead, stopped, ready for the next fork of their snapshot to take (vms.forks_ahead).",
+	}, count))
+}
+
 func newMetrics() *metrics {
 	m := &metrics{
 		registry: prometheus.NewRegistry(),

@@ -74,6 +74,13 @@ type VMsConfig struct {
 	// hostproxy's --vms flag: 1). Each counts in admission as a running
 	// sandbox does.
 	Pool int `json:"pool,omitempty"`
+	// ForksAhead is for how many snapshots, the last forked on the host,
+	// one fork is kept made ahead and stopped, so that the next fork of
+	// such a snapshot takes it instead of starting a QEMU (default 0;
+	// hostproxy's --vms flag: 1). Each counts in admission as a running
+	// sandbox does, and is dropped when a create, fork, start, resume or
+	// restore finds no room.
+	ForksAhead int `json:"forks_ahead,omitempty"`
 	// LazyTemplates makes a memory snapshot's template (the devices'
 	// state its forks load) at its first fork instead of as soon as the
 	// snapshot is taken: no template QEMU for snapshots never forked,
@@ -132,6 +139,7 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 		Booted:             s.booted,
 		ServeGuest:         s.serveGuest,
 		Pool:               mc.Pool,
+		ForksAhead:         mc.ForksAhead,
 		LazyTemplates:      mc.LazyTemplates,
 		PoolShape:          sandbox.Shape{MemoryMiB: api.DefaultMemoryMiB, VCPUs: api.DefaultVCPUs, DiskGiB: api.DefaultDiskGiB},
 		NewID:              s.newSandboxID,
@@ -147,6 +155,7 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 		n, _ := m.PoolReady(ctx)
 		return float64(n)
 	})
+	s.metrics.forksAheadReady(func() float64 { return float64(m.ForksAheadReady()) })
 	s.log.Info("microVM sandboxes", "accel", probe.Accel, "why", probe.Reason, "image", img.Key, "dir", mc.Dir)
 	if err := m.Recover(ctx); err != nil {
 		m.Close()

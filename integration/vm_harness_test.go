@@ -200,6 +200,14 @@ func (s *vmStack) stop() {
 // killQEMUsUnder kills every QEMU that runs below dir: nothing a
 // test starts outlives it.
 func killQEMUsUnder(dir string) {
+	for _, pid := range qemusUnder(dir) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// qemusUnder are the pids of the QEMUs that run below dir.
+func qemusUnder(dir string) []int {
+	var pids []int
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
 		pid, err := strconv.Atoi(p.Name())
@@ -211,9 +219,10 @@ func killQEMUsUnder(dir string) {
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
 		cwd, _ := vmm.RunDirOf(pid)
 		if bytes.Contains(cmdline, []byte("qemu-system")) && strings.HasPrefix(cwd, dir+"/") {
-			syscall.Kill(pid, syscall.SIGKILL)
+			pids = append(pids, pid)
 		}
 	}
+	return pids
 }
 
 // call sends one request with key; a transport error fails the test.

@@ -1,9 +1,7 @@
 package integration
 
 import (
-	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +15,7 @@ import (
 // as before. (Issue 18, item 5: a create took a whole boot, about 5 s.)
 func TestVMPool(t *testing.T) {
 	s := startVMStackWith(t, "60s", map[string]any{"pool": 1})
-	s.waitPoolReady(1, 4*time.Minute)
+	s.waitMetric("strata_hostproxy_pool_ready", 1, 4*time.Minute)
 	for _, account := range []string{"acct-a", "acct-b"} {
 		if ids := s.sandboxes(account); len(ids) != 0 {
 			t.Fatalf("an account sees the pooled sandbox: %v", ids)
@@ -46,7 +44,7 @@ func TestVMPool(t *testing.T) {
 	}
 
 	// The pool boots its next one.
-	s.waitPoolReady(1, 4*time.Minute)
+	s.waitMetric("strata_hostproxy_pool_ready", 1, 4*time.Minute)
 
 	// Other resources: a boot, as before.
 	r = s.call(s.key, "POST", "/v1/sandboxes", `{"memory_mib":384}`)
@@ -57,29 +55,5 @@ func TestVMPool(t *testing.T) {
 	s.waitState(s.key, other, "running", 4*time.Minute)
 	if out := strings.TrimSpace(s.sh(other, "echo ok")); out != "ok" {
 		t.Fatalf("in the booted sandbox: %q", out)
-	}
-}
-
-// waitPoolReady waits until hostproxy's metrics say n pooled sandboxes run.
-func (s *vmStack) waitPoolReady(n int, timeout time.Duration) {
-	s.t.Helper()
-	want := "strata_hostproxy_pool_ready " + strconv.Itoa(n)
-	deadline := time.Now().Add(timeout)
-	for {
-		resp, err := s.client.Get(s.url + "/metrics")
-		if err != nil {
-			s.t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		for _, line := range strings.Split(string(b), "\n") {
-			if line == want {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("no %q in the metrics after %v", want, timeout)
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 }

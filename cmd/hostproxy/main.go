@@ -75,6 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		image      = fs.String("image", "", "guest image `directory` of the microVM sandboxes (strata-image build prints it)")
 		accel      = fs.String("accel", "", "accelerator of the microVM sandboxes: tcg or kvm (default: probe the host)")
 		pool       = fs.Int("pool", 1, "with --vms: keep this many sandboxes of the default resources booted ahead, for creates to take")
+		forksAhead = fs.Int("forks-ahead", 1, "with --vms: keep one fork made ahead for each of this many snapshots, the last forked, for the next fork to take")
 		sandboxes  sandboxFlags
 		logOpts    logx.Options
 	)
@@ -123,7 +124,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		if *pool < 0 || *pool > sandbox.MaxPool {
 			return fmt.Errorf("--pool %d: want 0 to %d", *pool, sandbox.MaxPool)
 		}
-		cfg.VMs = &hostproxy.VMsConfig{Dir: *vmDir, Image: *image, Accel: *accel, Pool: *pool}
+		if *forksAhead < 0 || *forksAhead > sandbox.MaxForksAhead {
+			return fmt.Errorf("--forks-ahead %d: want 0 to %d", *forksAhead, sandbox.MaxForksAhead)
+		}
+		cfg.VMs = &hostproxy.VMsConfig{Dir: *vmDir, Image: *image, Accel: *accel, Pool: *pool, ForksAhead: *forksAhead}
 	}
 	if *publicURL != "" {
 		cfg.PublicURL = *publicURL
