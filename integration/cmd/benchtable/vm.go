@@ -184,7 +184,7 @@ func (b *vmBench) startWith(bin string, pool int) error {
 		"listen": addr, "data_dir": filepath.Join(b.base, "data"),
 		"accounts":   []any{map[string]any{"id": "bench", "keys": []any{map[string]any{"id": "bench", "env": "BENCH_KEY"}}}},
 		"rate_limit": map[string]any{"per_second": 10000, "burst": 10000},
-		"vms":        map[string]any{"dir": filepath.Join(b.base, "vms"), "image": *vmImage, "pool": pool},
+		"vms":        map[string]any{"dir": filepath.Join(b.base, "vms"), "image": *vmImage, "pool": pool, "forks_ahead": 1},
 	})
 	cfgPath := filepath.Join(b.base, "hostproxy.json")
 	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
