@@ -3,6 +3,7 @@ package hostproxy
 import (
 	"context"
 	"net/http"
+	"sync"
 
 	"github.com/labstack/echo/v4"
 
@@ -181,9 +182,12 @@ func (s *Server) restoreSnapshot(c echo.Context) (any, error) {
 	return api.SnapshotRestore{SnapshotID: res.SnapshotID, AutoID: res.AutoID, State: string(res.State)}, nil
 }
 
+// forksAtOnce is how many forks of one request are made at once.
+const forksAtOnce = 4
+
 // forkSnapshot is POST …/snapshots/{snapshot}/fork: count forks, each
-// made or refused on its own. When none is made, the first refusal is the
-// answer.
+// made or refused on its own (admitted on its own, forksAtOnce at a
+// time). When none is made, the first refusal is the answer.
 func (s *Server) forkSnapshot(c echo.Context) error {
 	p, err := s.accountRoute(c)
 	if err != nil {
@@ -194,16 +198,28 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	r := c.Request()
+	// Made a few at a time: each fork's own steps (its disk's top, its
+	// record, admission) overlap, and its boot runs in the background.
+	recs, errs := make([]Sandbox, req.Count), make([]error, req.Count)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, forksAtOnce)
+	for i := range req.Count {
+		name := ""
+		if req.NamePrefix != nil {
+			name = api.ForkName(*req.NamePrefix, i+1)
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			recs[i], errs[i] = s.fork(c.Request().Context(), p, sb.ID, sn.ID, name)
+		}()
+	}
+	wg.Wait()
 	made := []api.Sandbox{}
 	var failed []map[string]any
 	var first error
-	for i := 1; i <= req.Count; i++ {
-		name := ""
-		if req.NamePrefix != nil {
-			name = api.ForkName(*req.NamePrefix, i)
-		}
-		rec, err := s.fork(r.Context(), p, sb.ID, sn.ID, name)
+	for i, err := range errs {
 		if err != nil {
 			if first == nil {
 				first = err
@@ -216,7 +232,7 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 			failed = append(failed, map[string]any{"code": fe.Code, "message": fe.Message})
 			continue
 		}
-		made = append(made, sandboxView(rec))
+		made = append(made, sandboxView(recs[i]))
 	}
 	if len(made) == 0 {
 		return first

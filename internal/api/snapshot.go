@@ -36,7 +36,7 @@ type SnapshotRestore struct {
 const (
 	MaxSnapshotComment = 256
 	MaxRetentionCount  = 100
-	MaxForkCount       = 20
+	MaxForkCount       = 100
 )
 
 // SnapshotCreateRequest is the body of POST /v1/sandboxes/{id}/snapshots.

@@ -47,10 +47,12 @@ func TestParseFork(t *testing.T) {
 		body, field string
 	}{
 		{body: `{"count":1}`},
-		{body: `{"count":20,"name_prefix":"worker"}`},
+		{body: `{"count":100,"name_prefix":"worker"}`},
+		{body: `{"count":2,"name_prefix":"` + strings.Repeat("a", 59) + `"}`},
 		{body: `{"count":0}`, field: "count"},
 		{body: `{}`, field: "count"},
-		{body: `{"count":21}`, field: "count"},
+		{body: `{"count":101}`, field: "count"},
+		{body: `{"count":2,"name_prefix":"` + strings.Repeat("a", 60) + `"}`, field: "name_prefix"},
 		{body: `{"count":2,"name_prefix":"bad name"}`, field: "name_prefix"},
 		{body: `{"count":2,"name_prefix":"` + strings.Repeat("a", 63) + `"}`, field: "name_prefix"},
 	} {

@@ -30,7 +30,7 @@ its resources from the snapshot. createos waits until it runs, as create
 does; --no-wait prints the record in state creating at once.
 
 NAME is optional and follows the rule of create's. With --count N (1 to
-20), N forks are made in one call, each made or refused on its own, and
+100), N forks are made in one call, each made or refused on its own, and
 NAME is sent as their name_prefix (they are named NAME-1, NAME-2, …);
 createos then waits for each, prints them all, and fails (exit 1) when any
 did not come to run.`,
@@ -52,7 +52,7 @@ did not come to run.`,
 			return a.forkMany(cmd.Context(), from, ForkRequest{Count: count, NamePrefix: name}, &w)
 		},
 	}
-	cmd.Flags().IntVar(&count, "count", 1, "make N forks in one call (1 to 20); NAME is then their name prefix")
+	cmd.Flags().IntVar(&count, "count", 1, "make N forks in one call (1 to 100); NAME is then their name prefix")
 	w.add(cmd, "runs")
 	cmd.ValidArgsFunction = a.completeSnapshot
 	return cmd
