@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"time"
 
@@ -25,23 +26,31 @@ import (
 // runs in it at the take is the snapshot's moment plus the fork's own
 // start, as in any fork; its RNG was seeded for it alone.
 //
-// A fork made ahead is an ordinary sandbox of no account (Record.Pooled,
-// with Record.Ahead naming the snapshot): forked and admitted as any
-// fork, its own uid, disk top and QEMU, counted in the host's memory and
-// disk. The take is Records.Take: the account, name and creation time in
-// one transaction that also checks the name and the create's claim; the
-// fork keeps its id. A create, fork, start, resume or restore that admission
-// refuses drops every fork made ahead and forgets which snapshots
-// wanted one (giveWay): a fork made ahead never keeps a user's sandbox
-// from the host.
+// A fork made ahead is an ordinary sandbox of no account (Record.Ahead
+// names the snapshot; it is not Pooled, so that no create, nor an older
+// hostproxy's pool, ever takes it): forked and admitted as any fork, its
+// own uid, disk top and QEMU, counted in the host's memory and disk. The
+// take is Records.Take: the account, name and creation time in one
+// transaction that also checks the name and the create's claim; the fork
+// keeps its id. A create, fork, start, resume or restore that admission
+// refuses (host_capacity, or insufficient_storage: the disks' growth
+// counts theirs) drops every fork made ahead, forgets which snapshots
+// wanted one, makes none for aheadHold, and tries again (giveWay): a fork
+// made ahead never keeps a user's sandbox from the host.
 //
-// One is dropped (deleted as any sandbox) when its snapshot is no longer
-// ready (deleted, or its sandbox), when its snapshot is no longer among
-// the last forked, and at Recover (which snapshots want one is not
-// recorded: the next fork says again).
+// One is dropped (dropForkAhead: deleted, unless a take made it the
+// account's meanwhile) when its snapshot is no longer ready (deleted, or
+// its sandbox), when its snapshot is no longer among the last forked, and
+// at Recover whatever Config.ForksAhead says (which snapshots want one is
+// not recorded: the next fork says again).
 
 // MaxForksAhead bounds Config.ForksAhead.
 const MaxForksAhead = 16
+
+// aheadHold is how long no fork is made ahead after the host needed the
+// room of those there were (giveWay): a batch of forks near the host's
+// capacity does not make and drop one per fork.
+const aheadHold = time.Minute
 
 // takeForkAhead gives r's account the fork made ahead of key, if one is
 // stopped and ready: ok false means none (the caller forks).
@@ -59,7 +68,7 @@ func (m *Manager) takeForkAhead(ctx context.Context, key From, r Record) (Record
 		return Record{}, false, nil // the fork answers why
 	}
 	for _, p := range records {
-		if p.Ahead == nil || *p.Ahead != key || !p.Pooled || p.State != Running || !m.forkAheadStopped(p.ID) {
+		if p.Ahead == nil || *p.Ahead != key || p.State != Running || !m.forkAheadStopped(p.ID) {
 			continue
 		}
 		taken, err := m.takeFork(ctx, p, r)
@@ -91,19 +100,21 @@ func (m *Manager) takeFork(ctx context.Context, p, r Record) (Record, error) {
 		err = m.resync(ctx, mc, named)
 	}
 	if err != nil {
+		// It may run now: the filling stops it again, or drops it.
 		if ctx.Err() != nil {
+			m.forksAheadLater()
 			return Record{}, ctx.Err()
 		}
 		m.log.Warn("fork made ahead not answering: dropped", "sandbox", p.ID, "err", err)
-		m.goAfter(func() { m.Delete(m.ctx, p.ID) })
+		m.goAfter(func() { m.dropForkAhead(m.ctx, p.ID) })
 		return Record{}, errPoolMiss
 	}
 	failpoint.Hit(FailpointForkAheadResynced)
 	taken, err := m.cfg.Records.Take(ctx, p.ID, func(rec *Record) error {
-		if !rec.Pooled || rec.Ahead == nil || rec.State != Running {
+		if rec.Ahead == nil || rec.Account != "" || rec.State != Running {
 			return errPoolMiss
 		}
-		rec.Pooled, rec.Ahead = false, nil
+		rec.Ahead = nil
 		rec.Account, rec.Name, rec.CreatedAt = r.Account, r.Name, r.CreatedAt
 		return nil
 	})
@@ -136,15 +147,22 @@ func snapshotReady(records []Record, key From) bool {
 // fork of their snapshot to take.
 func (m *Manager) ForksAheadReady() int {
 	m.forkAheadMu.Lock()
-	defer m.forkAheadMu.Unlock()
-	return len(m.stoppedAhead)
+	ids := slices.Collect(maps.Keys(m.stoppedAhead))
+	m.forkAheadMu.Unlock()
+	n := 0
+	for _, id := range ids {
+		if m.machineOf(id) != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // staleForksAhead tells whether records have a fork made ahead whose
 // snapshot is no longer ready.
 func staleForksAhead(records []Record) bool {
 	for _, p := range records {
-		if p.Ahead != nil && p.Pooled && p.State != Destroying && p.State != Destroyed && !snapshotReady(records, *p.Ahead) {
+		if p.Ahead != nil && p.State != Destroying && p.State != Destroyed && !snapshotReady(records, *p.Ahead) {
 			return true
 		}
 	}
@@ -190,17 +208,15 @@ func (m *Manager) forksAheadLater(keys ...From) {
 // CPUs of those that run, and makes one for each wanted snapshot that
 // has none. A fork that admission refuses ends the filling (logged).
 func (m *Manager) fillForksAhead(ctx context.Context) {
-	m.forkAheadMu.Lock()
-	want := slices.Clone(m.forksWanted)
-	m.forkAheadMu.Unlock()
 	records, err := m.cfg.Records.List(ctx)
 	if err != nil {
 		m.log.Warn("forks ahead not made", "err", err)
 		return
 	}
+	want := m.wantedAhead()
 	has := map[From]bool{}
 	for _, p := range records {
-		if p.Ahead == nil || !p.Pooled || p.State == Destroyed {
+		if p.Ahead == nil || p.State == Destroyed {
 			continue
 		}
 		key := *p.Ahead
@@ -212,21 +228,28 @@ func (m *Manager) fillForksAhead(ctx context.Context) {
 			continue
 		}
 		m.log.Info("fork made ahead dropped", "sandbox", p.ID, "from", key.Sandbox, "snapshot", key.Snapshot, "state", p.State)
-		if err := m.Delete(ctx, p.ID); err != nil && ctx.Err() == nil {
-			m.log.Warn("fork made ahead not dropped", "sandbox", p.ID, "err", err)
-		}
+		m.dropForkAhead(ctx, p.ID)
 	}
-	for i := len(want) - 1; i >= 0 && ctx.Err() == nil; i-- {
-		key := want[i]
-		if has[key] || !snapshotReady(records, key) {
-			continue
+	for ctx.Err() == nil {
+		// The wish as it is now: a giveWay may have cleared it.
+		var key From
+		found := false
+		for _, k := range slices.Backward(m.wantedAhead()) {
+			if !has[k] && snapshotReady(records, k) {
+				key, found = k, true
+				break
+			}
 		}
+		if !found {
+			return
+		}
+		has[key] = true
 		id, err := m.cfg.NewID()
 		if err != nil {
 			m.log.Warn("forks ahead not made", "err", err)
 			return
 		}
-		r := Record{ID: id, Guest: GuestScheme + "://" + id, Pooled: true, Ahead: &key, CreatedAt: time.Now().UTC().Truncate(time.Second)}
+		r := Record{ID: id, Guest: GuestScheme + "://" + id, Ahead: &key, CreatedAt: time.Now().UTC().Truncate(time.Second)}
 		t0 := time.Now()
 		if _, err := m.forkNew(ctx, key.Sandbox, key.Snapshot, r); err != nil {
 			m.log.Info("fork not made ahead", "from", key.Sandbox, "snapshot", key.Snapshot, "err", err)
@@ -235,9 +258,21 @@ func (m *Manager) fillForksAhead(ctx context.Context) {
 		if !m.waitBooted(ctx, id) {
 			continue // in error, or dropped: the next fork tries again
 		}
-		m.stopForkAhead(ctx, id)
-		m.log.Info("fork made ahead", "sandbox", id, "from", key.Sandbox, "snapshot", key.Snapshot, "took", time.Since(t0).Round(time.Millisecond))
+		if m.stopForkAhead(ctx, id) {
+			m.log.Info("fork made ahead", "sandbox", id, "from", key.Sandbox, "snapshot", key.Snapshot, "took", time.Since(t0).Round(time.Millisecond))
+		}
 	}
+}
+
+// wantedAhead is the snapshots that want a fork made ahead, the most
+// recent last; none during aheadHold after a giveWay.
+func (m *Manager) wantedAhead() []From {
+	m.forkAheadMu.Lock()
+	defer m.forkAheadMu.Unlock()
+	if time.Now().Before(m.aheadHeld) {
+		return nil
+	}
+	return slices.Clone(m.forksWanted)
 }
 
 // waitBooted waits until sandbox id is no longer creating, and tells
@@ -259,53 +294,90 @@ func (m *Manager) waitBooted(ctx context.Context, id string) bool {
 }
 
 // stopForkAhead stops the CPUs of fork id, made ahead and running: from
-// then on a fork may take it.
-func (m *Manager) stopForkAhead(ctx context.Context, id string) {
+// then on a fork may take it. It waits a moment for the busy mark a boot
+// releases just after it recorded the sandbox running; it tells whether
+// the fork is stopped.
+func (m *Manager) stopForkAhead(ctx context.Context, id string) bool {
 	done, err := m.begin(id)
+	for i := 0; errors.Is(err, ErrInProgress) && i < 250 && ctx.Err() == nil; i++ {
+		time.Sleep(20 * time.Millisecond)
+		done, err = m.begin(id)
+	}
 	if err != nil {
-		return
+		m.log.Warn("fork made ahead not stopped", "sandbox", id, "err", err)
+		return false
 	}
 	defer done()
 	mc := m.machineOf(id)
 	r, err := m.cfg.Records.Get(ctx, id)
-	if mc == nil || err != nil || !r.Pooled || r.Ahead == nil || r.State != Running {
-		return
+	if mc == nil || err != nil || r.Ahead == nil || r.State != Running {
+		return false
 	}
 	if err := mc.vm.Pause(ctx); err != nil {
 		m.log.Warn("fork made ahead not stopped", "sandbox", id, "err", err)
-		return
+		return false
 	}
 	m.setForkAheadStopped(id, true)
+	return true
 }
 
-// giveWay runs f, an operation that admits a sandbox's memory (a
-// create, fork, start, resume or restore); when the
-// host has no room for it and forks made ahead take some, it drops them
-// all, forgets which snapshots wanted one, and runs f again.
-func giveWay[T any](ctx context.Context, m *Manager, f func() (T, error)) (T, error) {
-	r, err := f()
-	if fault.CodeOf(err) != ErrHostCapacity.Code || m.cfg.ForksAhead <= 0 {
-		return r, err
+// errNotAhead: the sandbox a drop was for is no longer a fork made ahead
+// (a take gave it to an account).
+var errNotAhead = errors.New("no longer a fork made ahead")
+
+// dropForkAhead deletes sandbox id if it is still a fork made ahead,
+// checked in the transaction that marks it destroying: a take that made
+// it an account's first is never undone. It tells whether it was
+// dropped.
+func (m *Manager) dropForkAhead(ctx context.Context, id string) bool {
+	err := m.deleteIf(ctx, id, func(r *Record) error {
+		if r.Ahead == nil || r.Account != "" {
+			return errNotAhead
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errNotAhead) && fault.CodeOf(err) != "sandbox_not_found" && ctx.Err() == nil {
+		m.log.Warn("fork made ahead not dropped", "sandbox", id, "err", err)
 	}
-	records, lerr := m.cfg.Records.List(ctx)
-	if lerr != nil {
-		return r, err
+	return err == nil
+}
+
+// dropForksAhead drops every fork made ahead there is, and tells whether
+// there was one.
+func (m *Manager) dropForksAhead(ctx context.Context) bool {
+	records, err := m.cfg.Records.List(ctx)
+	if err != nil {
+		return false
 	}
-	dropped := 0
-	m.forkAheadMu.Lock()
-	m.forksWanted = nil
-	m.forkAheadMu.Unlock()
+	found := false
 	for _, p := range records {
-		if p.Ahead == nil || !p.Pooled || p.State == Destroyed {
+		if p.Ahead == nil || p.State == Destroyed {
 			continue
 		}
-		if m.Delete(ctx, p.ID) == nil {
-			dropped++
-			m.log.Info("fork made ahead dropped: the host needs its room", "sandbox", p.ID)
+		found = true
+		if m.dropForkAhead(ctx, p.ID) {
+			m.log.Info("fork made ahead dropped", "sandbox", p.ID, "state", p.State)
 		}
 	}
-	if dropped == 0 {
+	return found
+}
+
+// giveWay runs f, an operation that admits a sandbox's memory and disk (a
+// create, fork, start, resume or restore); when the host has no room for
+// it and there are forks made ahead, it drops them all, forgets which
+// snapshots wanted one, holds the making of others for aheadHold, and
+// runs f again.
+func giveWay[T any](ctx context.Context, m *Manager, f func() (T, error)) (T, error) {
+	r, err := f()
+	if code := fault.CodeOf(err); code != ErrHostCapacity.Code && code != ErrInsufficientStorage.Code {
 		return r, err
 	}
+	m.forkAheadMu.Lock()
+	m.forksWanted, m.aheadHeld = nil, time.Now().Add(aheadHold)
+	m.forkAheadMu.Unlock()
+	if !m.dropForksAhead(ctx) {
+		return r, err
+	}
+	m.log.Info("forks made ahead dropped: the host needs their room")
 	return f()
 }

@@ -42,7 +42,7 @@ func TestForksAhead(t *testing.T) {
 	}
 	h.waitState("sb-f1", sandbox.Running)
 	a := waitStopped(t, h, "sb-ahead1")
-	if want := (sandbox.From{Sandbox: "sb-1", Snapshot: "v1"}); !a.Pooled || a.Account != "" || a.Ahead == nil || *a.Ahead != want || a.From == nil || *a.From != want {
+	if want := (sandbox.From{Sandbox: "sb-1", Snapshot: "v1"}); a.Pooled || a.Account != "" || a.Ahead == nil || *a.Ahead != want || a.From == nil || *a.From != want {
 		t.Fatalf("fork made ahead: %+v", a)
 	}
 	if fm := h.drv.last("sb-ahead1"); fm.loaded.Load() != "sb-1" || fm.resyncs.Load() != 1 {
@@ -86,8 +86,11 @@ func TestForksAhead(t *testing.T) {
 	if f, err := m.Fork(ctx, "sb-1", "v1", dup); err == nil {
 		t.Fatalf("Fork with a name the account has: %+v", f)
 	}
-	if p := waitStopped(t, h, "sb-ahead2"); !p.Pooled || p.Account != "" {
+	if p := waitStopped(t, h, "sb-ahead2"); p.Account != "" || p.Ahead == nil {
 		t.Fatalf("after a refused take: %+v", p)
+	}
+	if fm := h.drv.last("sb-ahead2"); fm.resyncs.Load() != 2 {
+		t.Errorf("the fork made ahead was resynced %d times; want 2 (its boot, the refused take)", fm.resyncs.Load())
 	}
 
 	// Its snapshot deleted: dropped; the taken fork runs on.
@@ -118,29 +121,44 @@ func TestForksAhead(t *testing.T) {
 	}
 	waitGone(t, h, "sb-ahead3")
 	h.waitState("sb-2", sandbox.Running)
-	// Forgotten until v2 is forked again.
-	if _, err := h.recs.Get(ctx, "sb-ahead4"); err == nil {
-		t.Error("a fork was made ahead again while no fork asked for one")
-	}
+	// None is made again while the host needed the room (aheadHold),
+	// though v2 is forked again.
 	total.Store(1 << 20)
-
-	// A restart drops the forks made ahead it finds.
 	if _, err := m.Fork(ctx, "sb-1", "v2", sandbox.Record{ID: "sb-f5", Account: "acct"}); err != nil {
 		t.Fatal(err)
 	}
-	waitStopped(t, h, "sb-ahead4")
+	h.waitState("sb-f5", sandbox.Running)
+	time.Sleep(300 * time.Millisecond)
+	if _, err := h.recs.Get(ctx, "sb-ahead4"); err == nil {
+		t.Error("a fork was made ahead again right after the host needed the room")
+	}
+
+	// After a restart, a fork makes one again; a restart without forks
+	// ahead drops it.
 	m.Close()
 	m2 := h.manager(config)
 	if err := m2.Recover(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := m2.Fork(ctx, "sb-1", "v2", sandbox.Record{ID: "sb-f6", Account: "acct"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStopped(t, h, "sb-ahead4")
+	m2.Close()
+	m3 := h.manager(func(c *sandbox.Config) {
+		config(c)
+		c.ForksAhead = 0
+	})
+	if err := m3.Recover(ctx); err != nil {
+		t.Fatal(err)
+	}
 	waitGone(t, h, "sb-ahead4")
-	for _, id := range []string{"sb-1", "sb-f1", "sb-ahead1", "sb-f4", "sb-2", "sb-f5"} {
+	for _, id := range []string{"sb-1", "sb-f1", "sb-ahead1", "sb-f4", "sb-2", "sb-f5", "sb-f6"} {
 		if r := h.get(id); r.State != sandbox.Running {
 			t.Errorf("%s is %s after the restart", id, r.State)
 		}
 	}
-	checkStore(t, m2)
+	checkStore(t, m3)
 }
 
 // waitStopped waits until sandbox id is a fork made ahead whose CPUs

@@ -198,6 +198,7 @@ type Manager struct {
 	forksAheadFill refill
 	forkAheadMu    sync.Mutex
 	forksWanted    []From
+	aheadHeld      time.Time
 	stoppedAhead   map[string]bool
 }
 
@@ -1422,6 +1423,12 @@ func (m *Manager) teardown(id string) {
 // Delete ends the sandbox's QEMU, deletes its disk and run directory, and
 // then its record.
 func (m *Manager) Delete(ctx context.Context, id string) error {
+	return m.deleteIf(ctx, id, func(*Record) error { return nil })
+}
+
+// deleteIf is Delete of a sandbox whose record check lets it, checked in
+// the transaction that marks it destroying.
+func (m *Manager) deleteIf(ctx context.Context, id string, check func(*Record) error) error {
 	done, err := m.begin(id)
 	if errors.Is(err, ErrInProgress) {
 		// A boot, pause or resume in the background gives way to a
@@ -1439,6 +1446,9 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if _, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
 		if r.Machine == nil {
 			return ErrNotAMachine
+		}
+		if err := check(r); err != nil {
+			return err
 		}
 		r.State = Destroying
 		return nil
@@ -1584,7 +1594,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 		}
 	}
 	m.poolLater()
-	m.forksAheadLater() // drops those left: no snapshot wants one yet
+	// Those left are dropped, whatever Config.ForksAhead says: no
+	// snapshot wants one yet.
+	m.goAfter(func() { m.dropForksAhead(m.ctx) })
 	return ctx.Err()
 }
 

@@ -100,7 +100,7 @@ func (m *Manager) take(ctx context.Context, p, r Record) (Record, error) {
 		return Record{}, errPoolMiss
 	}
 	taken, err := m.cfg.Records.Take(ctx, p.ID, func(rec *Record) error {
-		if !rec.Pooled || rec.State != Running {
+		if !rec.Pooled || rec.Ahead != nil || rec.State != Running {
 			return errPoolMiss
 		}
 		rec.Pooled = false
