@@ -3,7 +3,9 @@ module strata
 go 1.26.0
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/containerd/continuity v0.5.0
+	github.com/creack/pty v1.1.24
 	github.com/hashicorp/yamux v0.1.2
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/moby/sys/mountinfo v0.7.3
@@ -14,6 +16,7 @@ require (
 	golang.org/x/net v0.59.0
 	golang.org/x/sync v0.23.0
 	golang.org/x/sys v0.50.0
+	golang.org/x/term v0.48.0
 	golang.org/x/time v0.16.0
 )
 

@@ -21,7 +21,10 @@
 // POST /v1/exec (a program run without a shell in its own process group
 // and, inside a microVM, its own cgroup with limits that leave guestd its
 // share of the guest, see cgroup.go; output capped; killed whole at its
-// timeout), GET /v1/check (the open
+// timeout), /v1/sessions (exec sessions: programs that run on their own,
+// with pipes or a terminal, their output in a buffer of at least 1 MiB
+// that WebSocket attachments read from their own offsets; session.go),
+// GET /v1/check (the open
 // stores' consistency report, for tests and support), GET /v1/health and
 // GET /metrics (Prometheus). Inside a strata microVM (Config.PowerOff set,
 // guestd --vm) POST /v1/shutdown is the host's clean stop; POST /v1/resync

@@ -184,14 +184,14 @@ func runExec(ctx context.Context, req api.ExecRequest, env []string, cg *execCgr
 	}
 	if exited {
 		err = p.cmd.Wait() // reaps the leader: after the kill, so its pgid was still its own
-		p.cleanup(group, killed)
+		cleanupGroup(group, killed)
 	} else {
 		// Not dead within the grace (stuck in the kernel): reaped, and its
 		// cgroup removed, when it dies.
 		go func() {
 			<-p.exited
 			p.cmd.Wait()
-			p.cleanup(group, true)
+			cleanupGroup(group, true)
 		}()
 	}
 	if ctx.Err() != nil && !timedOut {
@@ -365,11 +365,11 @@ func (p *execProcess) stop() bool {
 	}
 }
 
-// cleanup removes the exec's cgroup once its program is reaped. Its
-// background processes keep it (it is removed by a sweep once they end);
-// after a kill it is empty within moments, and its removal is retried
-// for a while.
-func (p *execProcess) cleanup(group *execCgroup, killed bool) {
+// cleanupGroup removes an exec's (or a session's) cgroup once its
+// program is reaped. Its background processes keep it (it is removed by a
+// sweep once they end); after a kill it is empty within moments, and its
+// removal is retried for a while.
+func cleanupGroup(group *execCgroup, killed bool) {
 	if group == nil {
 		return
 	}

@@ -87,6 +87,9 @@ type Server struct {
 	// cgroups, when set, are the exec cgroups (Config.Cgroup).
 	cgroups *execCgroups
 
+	// sessions are the exec sessions (session.go).
+	sessions *sessionSet
+
 	// kernel is what POST /v1/resync changes; resyncMu serializes it.
 	kernel   resyncKernel
 	resyncMu sync.Mutex
@@ -218,6 +221,7 @@ func (l *unlinkOnClose) Close() error {
 }
 
 func (s *Server) routes() http.Handler {
+	s.sessions = &sessionSet{cg: s.cgroups, credentialsPath: s.credentialsPath, log: s.log, byID: map[string]*session{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/checkpoints", s.method(map[string]handler{
 		http.MethodPost: s.create,
@@ -237,6 +241,16 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/directories", s.method(map[string]handler{http.MethodGet: s.directories}))
 	mux.HandleFunc("/v1/check", s.method(map[string]handler{http.MethodGet: s.check}))
 	mux.HandleFunc("/v1/exec", s.method(map[string]handler{http.MethodPost: s.execute}))
+	mux.HandleFunc("/v1/sessions", s.method(map[string]handler{http.MethodPost: s.sessions.start, http.MethodGet: s.sessions.list}))
+	mux.HandleFunc("/v1/sessions/{sid}", s.method(map[string]handler{http.MethodGet: s.sessions.get, http.MethodDelete: s.sessions.end}))
+	mux.HandleFunc("/v1/sessions/{sid}/attach", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			w.Header().Set("Allow", http.MethodGet)
+			httpx.WriteError(w, r, httpx.ErrMethodNotAllowed)
+			return
+		}
+		s.sessions.attach(w, r)
+	})
 	mux.HandleFunc("/v1/health", s.method(map[string]handler{http.MethodGet: s.health}))
 	if s.powerOff != nil {
 		mux.HandleFunc("/v1/shutdown", s.method(map[string]handler{http.MethodPost: s.shutdown}))

@@ -31,7 +31,10 @@
 //     request, and shuts down gracefully, finishing requests in flight;
 //   - with a vms configuration, serves the sandbox lifecycle
 //     (/v1/sandboxes: create, list, get, delete, pause, resume, stop, start,
-//     exec; account keys only, a token is 403 on every one) through package
+//     exec; account keys only, a token is 403 on every one) and exec
+//     sessions (a token may use its own sandbox's; an attachment is the
+//     client's WebSocket joined to one to guestd, frame by frame, each
+//     bounded, at most 16 per sandbox; sessions.go) through package
 //     sandbox, keeps the microVMs' records in its registry, reaches their
 //     guestd through each VM's channel (the vm:// guest address; execs on a
 //     connection pool of their own), and serves the calls processes inside

@@ -500,6 +500,7 @@ func (s *Server) deleteSandbox(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.endAttachments(sb.ID, "the sandbox is being deleted")
 	// The record already says destroying: a client that hangs up must not
 	// leave the deletion half-done.
 	if err := s.machines.Delete(context.WithoutCancel(c.Request().Context()), sb.ID); err != nil {
@@ -536,6 +537,7 @@ func (s *Server) stopSandbox(c echo.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.endAttachments(sb.ID, "the sandbox is stopping")
 	rec, err := s.machines.Stop(c.Request().Context(), sb.ID)
 	if err != nil {
 		return nil, err
@@ -567,6 +569,7 @@ func (s *Server) execInSandbox(c echo.Context) (any, error) {
 }
 
 func (s *Server) pauseSandbox(ctx context.Context, id string) (Sandbox, error) {
+	s.endAttachments(id, "the sandbox is pausing")
 	return s.machines.Pause(ctx, id)
 }
 

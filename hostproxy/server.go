@@ -42,6 +42,9 @@ type Options struct {
 
 // Server is hostproxy: the registry, the guest client and the HTTP API.
 type Server struct {
+	// attached are the exec sessions' attachments open (sessions.go).
+	attached attachments
+
 	log      *slog.Logger
 	reg      *Registry
 	guests   *GuestClient
@@ -248,6 +251,11 @@ func (s *Server) routes() http.Handler {
 	e.POST(sb+"/start", s.lifecycle(s.startSandbox, sandbox.Running), auth)
 	e.POST(sb+"/stop", s.data(s.stopSandbox), auth)
 	e.POST(sb+"/exec", s.data(s.execInSandbox), auth)
+	e.POST(sb+"/sessions", s.startSession, auth)
+	e.GET(sb+"/sessions", s.data(s.sessionCall(http.MethodGet, false)), auth)
+	e.GET(sb+"/sessions/:sid", s.data(s.sessionCall(http.MethodGet, true)), auth)
+	e.DELETE(sb+"/sessions/:sid", s.data(s.sessionCall(http.MethodDelete, true)), auth)
+	e.GET(sb+"/sessions/:sid/attach", s.attachSession, auth)
 	const snap = sb + "/snapshots/:snapshot"
 	e.POST(sb+"/snapshots", s.data(s.createSnapshot), auth)
 	e.GET(sb+"/snapshots", s.data(s.listSnapshots), auth)
@@ -375,7 +383,7 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		if limited, wait := s.failures.blocked(addr, now); limited {
 			return s.rateLimited(c, errLoginsLimited, wait)
 		}
-		p, err := s.principal(ctx, c.Request().Header.Values("X-Api-Key"))
+		p, err := s.principal(ctx, apiKeys(c.Request()))
 		if err != nil {
 			if fault.KindOf(err) == fault.Unauthorized {
 				if ok, wait := s.failures.allow(addr, now); !ok {
@@ -395,6 +403,24 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		return next(c)
 	}
+}
+
+// apiKeys are the request's X-Api-Key headers; a WebSocket upgrade
+// without one may carry its key as a subprotocol "key.<key>" (a browser's
+// or Node's WebSocket cannot send headers).
+func apiKeys(r *http.Request) []string {
+	keys := r.Header.Values("X-Api-Key")
+	if len(keys) > 0 || !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		return keys
+	}
+	for _, v := range r.Header.Values("Sec-WebSocket-Protocol") {
+		for _, p := range strings.Split(v, ",") {
+			if k, ok := strings.CutPrefix(strings.TrimSpace(p), keyProtocol); ok {
+				keys = append(keys, k)
+			}
+		}
+	}
+	return keys
 }
 
 // principal authenticates the X-Api-Key header, which must be sent

@@ -110,6 +110,9 @@ func (s *Server) createSnapshot(c echo.Context) (any, error) {
 		}
 		sr.RetentionMax = req.Retention.MaxCount
 	}
+	if sr.Memory {
+		s.endAttachments(sb.ID, "the sandbox is taking a memory snapshot")
+	}
 	// Once begun, a snapshot runs to its end even if the caller hangs up.
 	sn, err := s.machines.Snapshot(context.WithoutCancel(r.Context()), sb.ID, sr)
 	if err != nil {
@@ -173,6 +176,7 @@ func (s *Server) restoreSnapshot(c echo.Context) (any, error) {
 		return nil, err
 	}
 	r := c.Request()
+	s.endAttachments(sb.ID, "the sandbox is being restored")
 	res, err := s.machines.Restore(r.Context(), sb.ID, sn.ID, req.DiskOnly)
 	// The guest's connections were the old machine's.
 	s.guests.Forget(sb.Guest)

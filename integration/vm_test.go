@@ -90,6 +90,11 @@ func TestSandboxEndToEnd(t *testing.T) {
 		t.Fatalf("createos checkpoint diff --live from inside: %q", out)
 	}
 	s.sh(id, `createos sandbox checkpoint restore `+insideCp.ID+` && createos sandbox checkpoint delete `+insideCp.ID)
+	// A session from inside, through the channel both ways (its token
+	// may use sessions of its own sandbox).
+	if out := s.sh(id, `createos sandbox exec $CREATEOS_SANDBOX_ID -- sh -c 'echo inside; echo err >&2' 2>&1`); out != "inside\nerr\n" {
+		t.Fatalf("createos sandbox exec from inside: %q", out)
+	}
 	if out := s.sh(id, "ls /workspace/project; readlink /usr/local/bin/createos"); out != "main.go\nnotes\n/run/strata/bin/createos\n" {
 		t.Fatalf("after createos restored and deleted its checkpoint: %q", out)
 	}

@@ -102,6 +102,12 @@ func New(dial Dial, lim Limits, budget *Budget) *Client {
 	}
 }
 
+// HTTPClient is an HTTP client of the guest's transport, for an upgrade
+// (a WebSocket): its answer's header is bounded as every call's, and
+// nothing else of the client's limits applies (the caller bounds what
+// the connection carries).
+func (c *Client) HTTPClient() *http.Client { return &http.Client{Transport: c.t} }
+
 // Request is one call.
 type Request struct {
 	Method, Path string

@@ -101,6 +101,13 @@ func (c *Client) callWith(ctx context.Context, method, path string, header http.
 	if err != nil {
 		return nil, err
 	}
+	return parseAnswer(method, path, resp, raw, out)
+}
+
+// parseAnswer turns a JSend answer into data (decoded into out when not
+// nil) or an *APIError. A success is 200, 201 for a session started, or
+// 202 for an operation that goes on after the answer.
+func parseAnswer(method, path string, resp *http.Response, raw []byte, out any) (json.RawMessage, error) {
 	var env struct {
 		Status  string          `json:"status"`
 		Data    json.RawMessage `json:"data"`
@@ -112,7 +119,7 @@ func (c *Client) callWith(ctx context.Context, method, path string, header http.
 	}
 	switch env.Status {
 	case "success":
-		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
+		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusAccepted {
 			break
 		}
 		if out != nil {

@@ -150,7 +150,7 @@ func (a *app) sandboxCommands() []*cobra.Command {
 	} {
 		cmds = append(cmds, a.sandboxOpCommand(o.op, o.target, o.short))
 	}
-	return append(cmds, a.execCommand(), a.forkCommand())
+	return append(cmds, a.execCommand(), a.sessionCommand(), a.forkCommand())
 }
 
 // waitFlags are --no-wait and --wait-timeout.
@@ -472,24 +472,35 @@ func (a *app) execCommand() *cobra.Command {
 	var cwd, stdinFile string
 	var env []string
 	var timeout execTimeout
+	var interactive, tty, detach bool
 	cmd := &cobra.Command{
-		Use:   "exec SANDBOX [--cwd DIR] [--env K=V]... [--timeout S] [--stdin-file FILE] -- COMMAND [ARG]...",
-		Short: "Run a command in a sandbox and exit with its status",
+		Use:   "exec SANDBOX [-i] [-t] [--detach] [--cwd DIR] [--env K=V]... [--timeout S] [--stdin-file FILE] -- COMMAND [ARG]...",
+		Short: "Run a command in a sandbox, streaming its output, and exit with its status",
 		Long: `Run a command in a running sandbox, without a shell (give "sh -c '…'" for
-one), and copy its stdout and stderr here byte for byte. createos exits with
-the command's exit status (128+N when signal N killed it); when --timeout
-passes, the command's whole process group is killed and createos exits 124.
-Each stream keeps its first MiB; a note on stderr says when one was cut.
+one), and copy its stdout and stderr here as they come, byte for byte.
+createos exits with the command's exit status (128+N when signal N killed
+it); when --timeout passes, the command's whole process group is killed and
+createos exits 124.
 
 Put -- before the command, so that its own flags are not taken for
-createos's. --timeout is the command's (default 60 s, at most 3600); the
-call waits that long plus a minute. The command's stdin is empty unless
---stdin-file gives a file of UTF-8 text up to 1 MiB (/dev/stdin passes
-createos's own). With -o json the API's answer is printed as is, stdout
-and stderr base64-encoded.`,
+createos's. --timeout is the command's (at most 3600 s; default 60 s, and
+none with -i, -t or --detach). -i
+sends createos's standard input to the command (its end closes the
+command's); -t gives the command a terminal, this one's size (raw mode
+here when standard input is a terminal; its size changes follow). The
+command runs as an exec session (createos sandbox session): if createos
+is cut off, the command gets SIGHUP. --detach starts it as a session that
+stays, prints its id and returns at once (attach with 'createos sandbox
+session attach').
+
+With -o json or --stdin-file (a file of UTF-8 text up to 1 MiB), the
+command runs as one call instead: its output comes at the end, each
+stream up to 1 MiB (a note says when one was cut); -o json prints the
+API's answer as is, stdout and stderr base64-encoded.`,
 		Example: "  createos sandbox exec sb-local -- uname -a\n" +
 			"  createos sandbox exec sb-local --cwd /workspace --env CI=1 --timeout 10m -- make test\n" +
-			"  createos sandbox exec sb-local -- tar -C /workspace -cz . > workspace.tgz",
+			"  createos sandbox exec -it sb-local -- bash\n" +
+			"  createos sandbox exec -i sb-local -- tar -C /workspace -xz < workspace.tgz",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) < 2 {
 				return errors.New("give SANDBOX, then -- and the command to run")
@@ -508,6 +519,10 @@ and stderr base64-encoded.`,
 				}
 				req.Env[k] = v
 			}
+			oneCall := a.output == "json" || stdinFile != ""
+			if oneCall && (interactive || tty || detach) {
+				return errors.New("-i, -t and --detach stream through a session: not with -o json or --stdin-file")
+			}
 			if stdinFile != "" {
 				in, err := readStdinFile(stdinFile)
 				if err != nil {
@@ -523,6 +538,21 @@ and stderr base64-encoded.`,
 			if timeout != 0 {
 				wait = time.Duration(timeout) * time.Second
 			}
+			if !oneCall {
+				sreq := api.SessionRequest{Cmd: req.Cmd, Cwd: req.Cwd, Env: req.Env, TTY: tty, Detachable: detach, TimeoutS: int(wait / time.Second)}
+				if timeout == 0 && (interactive || tty || detach) {
+					sreq.TimeoutS = 0 // a shell, or a command that stays: none unless given
+				}
+				if detach {
+					se, _, err := c.StartSession(cmd.Context(), args[0], sreq)
+					if err != nil {
+						return wrap(err)
+					}
+					fmt.Fprintln(a.stdout, se.ID)
+					return nil
+				}
+				return a.runSession(cmd.Context(), c, args[0], sreq, interactive)
+			}
 			c.HTTP = newHTTPClient(wait + execCallMargin)
 			res, raw, err := c.Exec(cmd.Context(), args[0], req)
 			if err != nil {
@@ -535,23 +565,20 @@ and stderr base64-encoded.`,
 			} else if err := a.copyOutput(res); err != nil {
 				return err
 			}
-			switch {
-			case res.TimedOut:
-				fmt.Fprintf(a.stderr, "createos: the command timed out after %d s; every process it started was killed\n", int(wait/time.Second))
-				return &exitStatus{124}
-			case res.ExitCode == 0:
-				return nil
-			case res.ExitCode < 0 || res.ExitCode > 255:
-				return &exitStatus{1}
+			if res.TimedOut {
+				return a.exitWith(-1, int(wait/time.Second))
 			}
-			return &exitStatus{res.ExitCode}
+			return a.exitWith(res.ExitCode, 0)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&cwd, "cwd", "", "absolute working directory of the command (default /)")
 	f.StringArrayVar(&env, "env", nil, "NAME=VALUE added to the command's environment (repeat for more)")
 	f.Var(&timeout, "timeout", "kill the command after this many seconds, or a duration such as 5m (1 to 3600; default 60)")
-	f.StringVar(&stdinFile, "stdin-file", "", "send this file (UTF-8 text, at most 1 MiB) as the command's stdin")
+	f.StringVar(&stdinFile, "stdin-file", "", "send this file (UTF-8 text, at most 1 MiB) as the command's stdin, in one call")
+	f.BoolVarP(&interactive, "interactive", "i", false, "send standard input to the command")
+	f.BoolVarP(&tty, "tty", "t", false, "give the command a terminal")
+	f.BoolVar(&detach, "detach", false, "start the command as a session that stays, print its id and return")
 	_ = cmd.MarkFlagFilename("stdin-file")
 	return cmd
 }

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+
 	"strata/internal/api"
 	"strata/internal/fault"
 	"strata/internal/jsend"
@@ -54,6 +56,8 @@ type fakeAPI struct {
 	polls     int      // GETs a transition takes
 	pollAfter string   // X-Poll-After of 202 answers and GETs in a transient state
 	exec      func(req api.ExecRequest) (api.ExecResult, error)
+	// sessions run exec at their start; an attachment gets its result.
+	sessions map[string]api.ExecResult
 
 	snaps        map[string]*fakeSnapshots // by sandbox id
 	snapLimit    map[bool]int              // by memory: 10 memory, 100 disk-only
@@ -63,7 +67,7 @@ type fakeAPI struct {
 
 func startFakeAPI(t *testing.T) *fakeAPI {
 	f := &fakeAPI{t: t, sandboxes: map[string]*api.Sandbox{}, pending: map[string]*pending{}, polls: 2, pollAfter: "0",
-		snaps: map[string]*fakeSnapshots{}, snapLimit: map[bool]int{true: 10, false: 100}, snapStatus: "ready"}
+		snaps: map[string]*fakeSnapshots{}, sessions: map[string]api.ExecResult{}, snapLimit: map[bool]int{true: 10, false: 100}, snapStatus: "ready"}
 	srv := httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
@@ -114,6 +118,10 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 		jsend.Error(w, nil, "", fault.New(fault.Unauthorized, "unauthorized", "a valid account API key is required"))
 		return
 	}
+	if strings.Contains(r.URL.Path, "/sessions") {
+		f.session(w, r, body)
+		return
+	}
 	data, status, err := f.route(r, body)
 	switch {
 	case err != nil:
@@ -132,6 +140,67 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 }
 
 var errNoSandbox = fault.New(fault.NotFound, "sandbox_not_found", "no such sandbox")
+
+// session is POST …/sessions (the command run by f.exec at once) and GET
+// …/sessions/{sid}/attach (a WebSocket with the command's stdout, stderr
+// and exit), with f.mu held until the attachment is accepted.
+func (f *fakeAPI) session(w http.ResponseWriter, r *http.Request, body []byte) {
+	parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"), "/")
+	sb := f.sandboxes[parts[0]]
+	switch {
+	case sb == nil:
+		jsend.Error(w, nil, "", errNoSandbox)
+	case sb.State != api.SandboxRunning:
+		jsend.Error(w, nil, "", fault.New(fault.Conflict, "sandbox_not_running", "the sandbox is not running").With("state", sb.State))
+	case len(parts) == 2 && r.Method == http.MethodPost:
+		req, err := api.ParseSession(body)
+		if err != nil {
+			jsend.Error(w, nil, "", err)
+			return
+		}
+		res, err := f.exec(api.ExecRequest{Cmd: req.Cmd, Cwd: req.Cwd, Env: req.Env, TimeoutS: req.TimeoutS})
+		if err != nil {
+			jsend.Error(w, nil, "", err)
+			return
+		}
+		id := fmt.Sprintf("se-%016x", len(f.sessions)+1)
+		f.sessions[id] = res
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		json.NewEncoder(w).Encode(map[string]any{"status": "success", "data": api.Session{ID: id, Sandbox: sb.ID, Cmd: req.Cmd, TTY: req.TTY, State: api.SessionRunning}})
+	case len(parts) == 4 && parts[3] == "attach":
+		res, ok := f.sessions[parts[2]]
+		if !ok {
+			jsend.Error(w, nil, "", api.ErrSessionNotFound)
+			return
+		}
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		f.mu.Unlock()
+		defer f.mu.Lock()
+		ctx := r.Context()
+		for _, out := range []struct {
+			stream byte
+			data   string
+		}{{api.StreamStdout, res.Stdout}, {api.StreamStderr, res.Stderr}} {
+			b, _ := base64.StdEncoding.DecodeString(out.data)
+			if len(b) > 0 {
+				c.Write(ctx, websocket.MessageBinary, append([]byte{out.stream}, b...))
+			}
+		}
+		code := res.ExitCode
+		if res.TimedOut {
+			code = -1
+		}
+		m, _ := json.Marshal(api.SessionControl{Type: "exit", ExitCode: &code})
+		c.Write(ctx, websocket.MessageText, m)
+		c.Close(websocket.StatusNormalClosure, "exited")
+	default:
+		jsend.Error(w, nil, "", fault.New(fault.NotFound, "not_found", "no such route in the fake"))
+	}
+}
 
 // boot records a new sandbox with sb's resources, in state creating, on
 // its way to running (or to error, for a name starting with "broken").
@@ -461,7 +530,8 @@ func TestSandboxList(t *testing.T) {
 	}
 }
 
-// TestSandboxExec: exec sends the command as the API's exec body (base64
+// TestSandboxExec: exec starts the command as a session and streams its
+// attachment (with -o json or --stdin-file: the API's one-shot exec, base64
 // asked for), writes stdout and stderr byte for byte, and exits with the
 // command's status; 124 on a timeout.
 func TestSandboxExec(t *testing.T) {
@@ -509,7 +579,20 @@ func TestSandboxExec(t *testing.T) {
 				}
 			}},
 		{name: "defaults", args: []string{"sb-a1", "--", "true"}, stdout: "true", check: func(t *testing.T) {
-			if body := f.lastBody("POST /v1/sandboxes/sb-a1/exec"); body != `{"cmd":["true"],"encoding":"base64"}` {
+			if body := f.lastBody("POST /v1/sandboxes/sb-a1/sessions"); body != `{"cmd":["true"],"timeout_s":60}` {
+				t.Errorf("sent %s", body)
+			}
+			if log := f.log(); log[len(log)-1] != "GET /v1/sandboxes/sb-a1/sessions/se-"+fmt.Sprintf("%016x", len(f.sessions))+"/attach?since=0" {
+				t.Errorf("then %s", log[len(log)-1])
+			}
+		}},
+		{name: "interactive, no timeout", args: []string{"sb-a1", "-i", "--", "cat"}, stdout: "cat", check: func(t *testing.T) {
+			if body := f.lastBody("POST /v1/sandboxes/sb-a1/sessions"); body != `{"cmd":["cat"]}` {
+				t.Errorf("sent %s", body)
+			}
+		}},
+		{name: "detach", args: []string{"sb-a1", "--detach", "--", "sleep", "9"}, stdout: "se-0000000000000003\n", check: func(t *testing.T) {
+			if body := f.lastBody("POST /v1/sandboxes/sb-a1/sessions"); body != `{"cmd":["sleep","9"],"detachable":true}` {
 				t.Errorf("sent %s", body)
 			}
 		}},
@@ -523,7 +606,7 @@ func TestSandboxExec(t *testing.T) {
 		{name: "killed by a signal", args: []string{"sb-a1", "--", "killed"}, code: 137},
 		{name: "timed out", args: []string{"sb-a1", "--timeout", "5", "--", "slow"}, code: 124, stdout: "partial",
 			stderr: "createos: the command timed out after 5 s; every process it started was killed\n"},
-		{name: "truncated", args: []string{"sb-a1", "--", "big"}, stdout: "x", stderr: "createos: the output was cut at 1048576 bytes per stream (truncated)\n"},
+		{name: "truncated, in one call", args: []string{"sb-a1", "--stdin-file", stdin, "--", "big"}, stdout: "x", stderr: "createos: the output was cut at 1048576 bytes per stream (truncated)\n"},
 		{name: "exec_failed", args: []string{"sb-a1", "--", "nope"}, code: 1,
 			stderr: "createos: exec_failed: program nope is not found in PATH (/usr/bin)\n  program: nope\n"},
 		{name: "not running", args: []string{"sb-off", "--", "true"}, code: 1,

@@ -1,0 +1,371 @@
+package hostproxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/coder/websocket"
+	"github.com/labstack/echo/v4"
+
+	"strata/internal/api"
+	"strata/internal/fault"
+	"strata/internal/jsend"
+)
+
+// Exec sessions (api.SessionRequest): records are guestd's, passed on
+// with the sandbox's id added; an attachment is two WebSockets, the
+// client's and one to guestd through the channel, whose frames hostproxy
+// passes on one at a time (each at most api.MaxSessionFrame bytes: what
+// one attachment makes hostproxy hold is four frames, whatever the guest
+// sends). A sandbox has at most maxAttachments at once, the host
+// maxAllAttachments. A memory snapshot, pause, restore, stop or delete of
+// the sandbox ends its attachments first with close code 1011 and a
+// reason (endAttachments): its guest is about to stop, or to become
+// another moment's.
+
+const (
+	maxAttachments    = 16
+	maxAllAttachments = 4096
+)
+
+// SessionProtocol is the WebSocket subprotocol of an attachment. A client
+// that cannot send the X-Api-Key header (a browser's or Node's
+// WebSocket) offers its key as one more subprotocol, "key." and the key.
+const SessionProtocol = "strata.v1"
+
+// keyProtocol is the prefix of a subprotocol that carries an API key.
+const keyProtocol = "key."
+
+var errAttachLimit = fault.New(fault.Conflict, "attach_limit", "the sandbox has as many attachments as it may; close one first").With("limit", maxAttachments)
+
+// attachments are the attachments open, by sandbox.
+type attachments struct {
+	mu    sync.Mutex
+	by    map[string]map[*attached]struct{}
+	total int
+}
+
+// attached is one open attachment: its end closes its client's side
+// with a code and reason, and the guest's. An end asked for before the
+// attachment is joined (arm) happens as it is joined.
+type attached struct {
+	mu      sync.Mutex
+	end     func(code websocket.StatusCode, reason string)
+	pending *websocket.CloseError
+}
+
+func (at *attached) arm(end func(code websocket.StatusCode, reason string)) {
+	at.mu.Lock()
+	at.end = end
+	p := at.pending
+	at.mu.Unlock()
+	if p != nil {
+		end(p.Code, p.Reason)
+	}
+}
+
+func (at *attached) stop(code websocket.StatusCode, reason string) {
+	at.mu.Lock()
+	end := at.end
+	if end == nil {
+		at.pending = &websocket.CloseError{Code: code, Reason: reason}
+	}
+	at.mu.Unlock()
+	if end != nil {
+		end(code, reason)
+	}
+}
+
+func (a *attachments) add(id string, at *attached) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.by == nil {
+		a.by = map[string]map[*attached]struct{}{}
+	}
+	if len(a.by[id]) >= maxAttachments || a.total >= maxAllAttachments {
+		return errAttachLimit
+	}
+	if a.by[id] == nil {
+		a.by[id] = map[*attached]struct{}{}
+	}
+	a.by[id][at] = struct{}{}
+	a.total++
+	return nil
+}
+
+func (a *attachments) remove(id string, at *attached) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.by[id][at]; ok {
+		delete(a.by[id], at)
+		a.total--
+		if len(a.by[id]) == 0 {
+			delete(a.by, id)
+		}
+	}
+}
+
+// endAttachments ends every attachment of sandbox id with close code
+// 1011 and reason.
+func (s *Server) endAttachments(id, reason string) {
+	s.attached.mu.Lock()
+	var all []*attached
+	for at := range s.attached.by[id] {
+		all = append(all, at)
+	}
+	s.attached.mu.Unlock()
+	for _, at := range all {
+		at.stop(websocket.StatusInternalError, reason)
+	}
+}
+
+// sessionRoute checks a session route: the sandbox (a token may, its
+// own), running.
+func (s *Server) sessionRoute(c echo.Context) (Sandbox, error) {
+	sb, err := s.sandbox(c, false)
+	if err != nil {
+		return sb, err
+	}
+	if sb.State != StateRunning {
+		return sb, errSandboxNotRunning.With("state", string(sb.State))
+	}
+	return sb, nil
+}
+
+// sessionID is the route's session id, or session_not_found.
+func sessionID(c echo.Context) (string, error) {
+	id := c.Param("sid")
+	if !api.ValidSessionID(id) {
+		return "", api.ErrSessionNotFound.With("session_id", id)
+	}
+	return id, nil
+}
+
+// withSandbox adds the sandbox's id to guestd's session record(s).
+func withSandbox(d *GuestData, id string, list bool) (any, error) {
+	defer d.Release()
+	if list {
+		var v struct {
+			Sessions []api.Session `json:"sessions"`
+		}
+		if err := json.Unmarshal(d.Data, &v); err != nil {
+			return nil, err
+		}
+		for i := range v.Sessions {
+			v.Sessions[i].Sandbox = id
+		}
+		if v.Sessions == nil {
+			v.Sessions = []api.Session{}
+		}
+		return v, nil
+	}
+	var v api.Session
+	if err := json.Unmarshal(d.Data, &v); err != nil {
+		return nil, err
+	}
+	v.Sandbox = id
+	return v, nil
+}
+
+// startSession is POST …/sessions: 201 and the record.
+func (s *Server) startSession(c echo.Context) error {
+	sb, err := s.sessionRoute(c)
+	if err != nil {
+		return err
+	}
+	_, body, err := api.ReadSession(c.Request())
+	if err != nil {
+		return err
+	}
+	v, err := s.guestCall(c, "session", func() (*GuestData, error) {
+		return s.guests.call(c.Request().Context(), sb.Guest, http.MethodPost, "/v1/sessions", body, "")
+	})
+	if err != nil {
+		return err
+	}
+	rec, err := withSandbox(v.(*GuestData), sb.ID, false)
+	if err != nil {
+		return err
+	}
+	c.Response().Header().Set("Content-Type", "application/json")
+	c.Response().WriteHeader(http.StatusCreated)
+	return json.NewEncoder(c.Response()).Encode(map[string]any{"status": "success", "data": rec})
+}
+
+// sessionCall is a list, get or delete of sessions: path is guestd's.
+func (s *Server) sessionCall(method string, one bool) func(c echo.Context) (any, error) {
+	return func(c echo.Context) (any, error) {
+		sb, err := s.sessionRoute(c)
+		if err != nil {
+			return nil, err
+		}
+		if err := jsend.RejectQueryAndBody(c.Request()); err != nil {
+			return nil, err
+		}
+		p := "/v1/sessions"
+		if one {
+			id, err := sessionID(c)
+			if err != nil {
+				return nil, err
+			}
+			p += "/" + id
+		}
+		v, err := s.guestCall(c, "session", func() (*GuestData, error) {
+			return s.guests.call(c.Request().Context(), sb.Guest, method, p, nil, "")
+		})
+		if err != nil {
+			return nil, err
+		}
+		return withSandbox(v.(*GuestData), sb.ID, !one)
+	}
+}
+
+// attachSession is GET …/sessions/{sid}/attach: the guest's attachment
+// is opened first (its refusal is the answer, as JSend), then the
+// client's WebSocket is accepted and the two are joined.
+func (s *Server) attachSession(c echo.Context) error {
+	sb, err := s.sessionRoute(c)
+	if err != nil {
+		return err
+	}
+	id, err := sessionID(c)
+	if err != nil {
+		return err
+	}
+	r := c.Request()
+	q := url.Values{}
+	for k, v := range r.URL.Query() {
+		if k != "since" || len(v) != 1 {
+			return jsend.InvalidField(k, "the only query parameter is since, once")
+		}
+		if n, err := strconv.ParseInt(v[0], 10, 64); err != nil || n < 0 {
+			return jsend.InvalidField("since", "since must be a byte offset of the output, 0 or more")
+		}
+		q.Set("since", v[0])
+	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		return jsend.InvalidField("upgrade", "attach is a WebSocket: send Upgrade: websocket")
+	}
+	at := &attached{}
+	if err := s.attached.add(sb.ID, at); err != nil {
+		return err
+	}
+	defer s.attached.remove(sb.ID, at)
+
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	defer cancel()
+	path := "/v1/sessions/" + id + "/attach"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	guest, err := s.guests.AttachSession(ctx, sb.Guest, path)
+	if err != nil {
+		return err
+	}
+	defer guest.CloseNow()
+	client, err := websocket.Accept(c.Response(), r, &websocket.AcceptOptions{Subprotocols: []string{SessionProtocol}, InsecureSkipVerify: true})
+	if err != nil {
+		return nil // Accept answered the client
+	}
+	defer client.CloseNow()
+	client.SetReadLimit(api.MaxSessionFrame)
+
+	var once sync.Once
+	end := func(code websocket.StatusCode, reason string) {
+		once.Do(func() {
+			client.Close(code, reason)
+			guest.Close(websocket.StatusNormalClosure, "")
+			cancel()
+		})
+	}
+	at.arm(end)
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		// The client's frames: stdin (binary, first byte 0) and control.
+		for {
+			typ, b, err := client.Read(ctx)
+			if err != nil {
+				end(websocket.StatusNormalClosure, "")
+				return
+			}
+			if typ == websocket.MessageBinary && (len(b) == 0 || b[0] != api.StreamStdin) {
+				end(websocket.StatusPolicyViolation, "a binary frame from the client must carry stdin (first byte 0)")
+				return
+			}
+			if guest.Write(ctx, typ, b) != nil {
+				end(websocket.StatusInternalError, "the guest's side of the attachment ended")
+				return
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for {
+			typ, b, err := guest.Read(ctx)
+			if err != nil {
+				if st := websocket.CloseStatus(err); st != -1 {
+					// guestd's own close (1000 after the exit, 1008):
+					// the same to the client.
+					end(st, closeReason(err))
+				} else {
+					end(websocket.StatusInternalError, "the guest's side of the attachment ended")
+				}
+				return
+			}
+			if client.Write(ctx, typ, b) != nil {
+				end(websocket.StatusNormalClosure, "")
+				return
+			}
+		}
+	}()
+	wg.Wait()
+	return nil
+}
+
+// closeReason is the reason of a close error.
+func closeReason(err error) string {
+	var ce websocket.CloseError
+	if errors.As(err, &ce) {
+		return ce.Reason
+	}
+	return ""
+}
+
+// AttachSession opens a WebSocket to guestd's path (a session's attach)
+// through the guest's exec client. A refusal (guestd's JSend fail, such
+// as session_not_found) is returned as the error it carries.
+func (g *GuestClient) AttachSession(ctx context.Context, guest, path string) (*websocket.Conn, error) {
+	c, err := g.client(guest, poolExec)
+	if err != nil {
+		return nil, fmt.Errorf("guest %s: %w", guest, err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, g.requestTimeout)
+	defer cancel()
+	h := http.Header{}
+	if id, ok := ctx.Value(requestIDKey{}).(string); ok {
+		h.Set(jsend.HeaderRequestID, id)
+	}
+	conn, resp, err := websocket.Dial(dctx, "ws://guestd"+path, &websocket.DialOptions{HTTPClient: c.HTTPClient(), HTTPHeader: h})
+	if err != nil {
+		if resp != nil && resp.StatusCode >= 400 && resp.StatusCode < 500 {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			if fe, perr := jsend.ParseFail(resp.StatusCode, body); perr == nil {
+				return nil, fe
+			}
+		}
+		return nil, g.transportError(ctx, guest, err)
+	}
+	conn.SetReadLimit(api.MaxSessionFrame)
+	return conn, nil
+}

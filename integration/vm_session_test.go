@@ -1,0 +1,125 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"strata/internal/api"
+)
+
+// TestVMSessions: a memory snapshot ends a microVM sandbox's attachments
+// with close code 1011 and a reason; the detachable session runs on
+// through it and is attached again from its first byte; the session
+// that was not detachable ended with its attachment (SIGHUP). A pause
+// ends attachments the same way, and the detachable session is there
+// after the resume.
+func TestVMSessions(t *testing.T) {
+	s := startVMStack(t, "60s")
+	id := s.create(s.key, `{"name":"sessions"}`)
+	start := func(body string) string {
+		t.Helper()
+		r := s.call(s.key, "POST", "/v1/sandboxes/"+id+"/sessions", body)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("POST sessions %s: %d %s", body, r.Status, r.Raw)
+		}
+		return r.data()["id"].(string)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	attach := func(sid, query string) *websocket.Conn {
+		t.Helper()
+		h := http.Header{}
+		h.Set("X-Api-Key", s.key)
+		c, _, err := websocket.Dial(ctx, strings.Replace(s.url, "http", "ws", 1)+"/v1/sandboxes/"+id+"/sessions/"+sid+"/attach"+query, &websocket.DialOptions{HTTPHeader: h})
+		if err != nil {
+			t.Fatalf("attach %s: %v", sid, err)
+		}
+		c.SetReadLimit(api.MaxSessionFrame)
+		return c
+	}
+	// readUntil reads c's stdout until it holds want, and returns it.
+	readUntil := func(c *websocket.Conn, want string) string {
+		t.Helper()
+		var out strings.Builder
+		for !strings.Contains(out.String(), want) {
+			typ, b, err := c.Read(ctx)
+			if err != nil {
+				t.Fatalf("reading for %q (got %q): %v", want, out.String(), err)
+			}
+			if typ == websocket.MessageBinary && b[0] == api.StreamStdout {
+				out.Write(b[1:])
+			}
+		}
+		return out.String()
+	}
+	// ended waits for c's end and checks its code.
+	ended := func(c *websocket.Conn, what string) {
+		t.Helper()
+		for {
+			_, _, err := c.Read(ctx)
+			if err == nil {
+				continue
+			}
+			var ce websocket.CloseError
+			if !errors.As(err, &ce) || ce.Code != websocket.StatusInternalError || ce.Reason == "" {
+				t.Fatalf("%s: the attachment ended with %v, want 1011 and a reason", what, err)
+			}
+			return
+		}
+	}
+
+	keep := start(`{"cmd":["sh","-c","i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.2; done"],"detachable":true}`)
+	drop := start(`{"cmd":["sleep","1000"]}`)
+	a, b := attach(keep, ""), attach(drop, "")
+	readUntil(a, "tick 2")
+
+	s.must(200, "POST", "/v1/sandboxes/"+id+"/snapshots", `{}`)
+	ended(a, "memory snapshot")
+	ended(b, "memory snapshot")
+	sessions := map[string]api.Session{}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		var list struct {
+			Sessions []api.Session `json:"sessions"`
+		}
+		raw := s.must(200, "GET", "/v1/sandboxes/"+id+"/sessions", "").Body["data"]
+		bs, _ := json.Marshal(raw)
+		json.Unmarshal(bs, &list)
+		for _, se := range list.Sessions {
+			sessions[se.ID] = se
+		}
+		if sessions[drop].State == api.SessionExited || time.Now().After(deadline) {
+			break
+		}
+	}
+	if se := sessions[keep]; se.State != api.SessionRunning || se.Sandbox != id {
+		t.Fatalf("the detachable session after the snapshot: %+v", se)
+	}
+	if se := sessions[drop]; se.State != api.SessionExited || se.ExitCode == nil || *se.ExitCode != 128+1 {
+		t.Fatalf("the session that was not detachable after its attachment ended: %+v, want exited 129", se)
+	}
+	again := attach(keep, "?since=0")
+	if out := readUntil(again, "tick 1\n"); !strings.HasPrefix(out, "tick 1\n") {
+		t.Fatalf("again from 0: %q", out)
+	}
+
+	// A pause ends it too; the session is there after the resume.
+	s.call(s.key, "POST", "/v1/sandboxes/"+id+"/pause", "")
+	ended(again, "pause")
+	s.waitState(s.key, id, "paused", 2*time.Minute)
+	s.call(s.key, "POST", "/v1/sandboxes/"+id+"/resume", "")
+	s.waitState(s.key, id, "running", 2*time.Minute)
+	c := attach(keep, "")
+	n := len(readUntil(c, "tick"))
+	if n == 0 {
+		t.Fatal("no output after the resume")
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+	s.must(200, "DELETE", "/v1/sandboxes/"+id+"/sessions/"+keep, "")
+}

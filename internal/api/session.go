@@ -1,0 +1,245 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"strata/internal/fault"
+	"strata/internal/jsend"
+)
+
+// Exec sessions: a program started as a session runs on its own; its
+// standard streams go through WebSocket attachments (GET
+// …/sessions/{sid}/attach), each of which first gets the output it
+// missed from the session's buffer.
+//
+// Frames of an attachment: binary frames carry one stream's bytes after
+// a first byte naming the stream (StreamStdin from the client, StreamStdout
+// and StreamStderr from the server); text frames carry one JSON control
+// message (SessionControl).
+const (
+	StreamStdin  byte = 0
+	StreamStdout byte = 1
+	StreamStderr byte = 2
+)
+
+// Limits of sessions, as the contract states them.
+const (
+	// MaxSessions is the most live (running) sessions of one sandbox.
+	MaxSessions = 64
+	// SessionBuffer is how much of its latest output each session keeps
+	// for attachments that come later, in bytes.
+	SessionBuffer = 1 << 20
+	// SessionKeep is how long an exited session stays listed.
+	SessionKeep = 10 * time.Minute
+	// MaxSessionFrame bounds one frame of an attachment, either way.
+	MaxSessionFrame = 64 << 10
+	// MaxTermSize bounds a terminal's rows and cols.
+	MaxTermSize = 1000
+	// DefaultRows and DefaultCols are a terminal's size when the request
+	// gives none.
+	DefaultRows, DefaultCols = 24, 80
+	// SessionAttachWait is how long a session that is not detachable
+	// waits for its first attachment before it is ended (SIGHUP), as it
+	// is when its last attachment closes.
+	SessionAttachWait = 60 * time.Second
+	// SessionKillGrace is the time between a session's SIGTERM and its
+	// SIGKILL at a DELETE.
+	SessionKillGrace = 5 * time.Second
+)
+
+// Session states.
+const (
+	SessionRunning = "running"
+	SessionExited  = "exited"
+)
+
+// CodeSessionLimit is the code of a session refused because its sandbox
+// has MaxSessions live ones (409); CodeSessionNotFound of an unknown
+// session id (404).
+const (
+	CodeSessionLimit    = "session_limit"
+	CodeSessionNotFound = "session_not_found"
+)
+
+var (
+	ErrSessionLimit    = fault.New(fault.Conflict, CodeSessionLimit, "the sandbox has as many live sessions as it may; end one first").With("limit", MaxSessions)
+	ErrSessionNotFound = fault.New(fault.NotFound, CodeSessionNotFound, "no session of this sandbox has this id")
+)
+
+// SessionRequest is the body of POST …/sessions: a program started as
+// exec starts one (cmd, cwd, env, timeout_s with exec's rules; no stdin,
+// which comes through attachments), with a terminal of rows × cols when
+// tty. A session that is not detachable ends when its last attachment
+// closes. TimeoutS 0 is no timeout.
+type SessionRequest struct {
+	Cmd        []string          `json:"cmd"`
+	Cwd        string            `json:"cwd,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	TTY        bool              `json:"tty,omitempty"`
+	Rows       int               `json:"rows,omitempty"`
+	Cols       int               `json:"cols,omitempty"`
+	Detachable bool              `json:"detachable,omitempty"`
+	TimeoutS   int               `json:"timeout_s,omitempty"`
+}
+
+// Session is a session's record. ExitCode is set once it exited: the
+// program's status, 128+N when signal N ended it, -1 when its timeout
+// did.
+type Session struct {
+	ID         string     `json:"id"`
+	Sandbox    string     `json:"sandbox,omitempty"`
+	Cmd        []string   `json:"cmd"`
+	TTY        bool       `json:"tty"`
+	Detachable bool       `json:"detachable"`
+	State      string     `json:"state"`
+	ExitCode   *int       `json:"exit_code,omitempty"`
+	TimedOut   bool       `json:"timed_out,omitempty"`
+	Attached   int        `json:"attached"`
+	CreatedAt  time.Time  `json:"created_at"`
+	EndedAt    *time.Time `json:"ended_at,omitempty"`
+	// OutputBytes is how many bytes of output the session has made;
+	// attach with ?since= an offset below it to get them again, as far
+	// as the buffer still holds them.
+	OutputBytes int64 `json:"output_bytes"`
+}
+
+// SessionControl is a text frame of an attachment. From the client:
+// "resize" (Rows, Cols), "signal" (Signal: a name of SessionSignals),
+// "eof" (the program's stdin is closed; for a terminal, ^D is typed).
+// From the server: "exit" (ExitCode, once every byte of output was
+// sent), "dropped" (Bytes of output the attachment never gets: it fell
+// behind by more than the buffer, or asked for bytes the buffer no longer
+// holds).
+type SessionControl struct {
+	Type     string `json:"type"`
+	Rows     int    `json:"rows,omitempty"`
+	Cols     int    `json:"cols,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Bytes    int64  `json:"bytes,omitempty"`
+}
+
+// SessionSignals are the signals a client may send a session's process
+// group, by name.
+var SessionSignals = map[string]int{
+	"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15, "CONT": 18, "STOP": 19, "TSTP": 20, "WINCH": 28,
+}
+
+// sessionWire is SessionRequest as decoded, to tell left-out fields.
+type sessionWire struct {
+	Cmd        *[]string          `json:"cmd"`
+	Cwd        *string            `json:"cwd"`
+	Env        *map[string]string `json:"env"`
+	TTY        *bool              `json:"tty"`
+	Rows       *int               `json:"rows"`
+	Cols       *int               `json:"cols"`
+	Detachable *bool              `json:"detachable"`
+	TimeoutS   *int               `json:"timeout_s"`
+}
+
+// ParseSession decodes and checks a session request, filling in the
+// defaults (cwd "/", a 24 × 80 terminal).
+func ParseSession(body []byte) (SessionRequest, error) {
+	if len(body) > MaxExecBody {
+		return SessionRequest{}, ErrExecBodyTooLarge
+	}
+	var w sessionWire
+	if err := jsend.DecodeBytes(body, &w); err != nil {
+		return SessionRequest{}, err
+	}
+	req := SessionRequest{Cwd: "/"}
+	if w.Cmd == nil {
+		return SessionRequest{}, jsend.InvalidField("cmd", "cmd is required: the program and its arguments, as an array of strings")
+	}
+	req.Cmd = *w.Cmd
+	if err := checkCmd(req.Cmd); err != nil {
+		return SessionRequest{}, err
+	}
+	if w.Cwd != nil {
+		req.Cwd = *w.Cwd
+		if !strings.HasPrefix(req.Cwd, "/") || strings.ContainsRune(req.Cwd, 0) {
+			return SessionRequest{}, jsend.InvalidField("cwd", "cwd must be an absolute path without NUL bytes")
+		}
+	}
+	if w.Env != nil && len(*w.Env) > 0 {
+		req.Env = *w.Env
+		if err := checkEnv(req.Env); err != nil {
+			return SessionRequest{}, err
+		}
+	}
+	if w.TTY != nil {
+		req.TTY = *w.TTY
+	}
+	if (w.Rows != nil || w.Cols != nil) && !req.TTY {
+		return SessionRequest{}, jsend.InvalidField("rows", "rows and cols go with tty: true")
+	}
+	if req.TTY {
+		req.Rows, req.Cols = DefaultRows, DefaultCols
+		if w.Rows != nil {
+			req.Rows = *w.Rows
+		}
+		if w.Cols != nil {
+			req.Cols = *w.Cols
+		}
+		if err := CheckTermSize(req.Rows, req.Cols); err != nil {
+			return SessionRequest{}, err
+		}
+	}
+	if w.Detachable != nil {
+		req.Detachable = *w.Detachable
+	}
+	if w.TimeoutS != nil {
+		req.TimeoutS = *w.TimeoutS
+		if req.TimeoutS < 1 || req.TimeoutS > MaxExecTimeoutS {
+			return SessionRequest{}, jsend.InvalidField("timeout_s", "timeout_s must be 1 to 3600 seconds").With("limit", MaxExecTimeoutS)
+		}
+	}
+	return req, nil
+}
+
+// CheckTermSize fails unless rows and cols are 1 to MaxTermSize.
+func CheckTermSize(rows, cols int) error {
+	if rows < 1 || rows > MaxTermSize {
+		return jsend.InvalidField("rows", fmt.Sprintf("rows must be 1 to %d", MaxTermSize))
+	}
+	if cols < 1 || cols > MaxTermSize {
+		return jsend.InvalidField("cols", fmt.Sprintf("cols must be 1 to %d", MaxTermSize))
+	}
+	return nil
+}
+
+// ReadSession reads and checks a session request as both daemons do: no
+// query string, a JSON body of at most MaxExecBody, then ParseSession. It
+// returns the body as read, for hostproxy to pass on.
+func ReadSession(r *http.Request) (SessionRequest, []byte, error) {
+	if err := jsend.RejectQuery(r); err != nil {
+		return SessionRequest{}, nil, err
+	}
+	body, err := jsend.ReadBody(r, MaxExecBody, ErrExecBodyTooLarge)
+	if err != nil {
+		return SessionRequest{}, nil, err
+	}
+	req, err := ParseSession(body)
+	if err != nil {
+		return SessionRequest{}, nil, err
+	}
+	return req, body, nil
+}
+
+// ValidSessionID tells whether id could be a session's ("se-" and 16
+// lowercase hex digits): anything else is unknown without asking.
+func ValidSessionID(id string) bool {
+	rest, ok := strings.CutPrefix(id, "se-")
+	if !ok || len(rest) != 16 {
+		return false
+	}
+	for _, c := range rest {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
