@@ -112,8 +112,8 @@ func (st *sessionStack) waitExited(id string) api.Session {
 // attachment is one WebSocket attachment, read in the background.
 type attachment struct {
 	c       *websocket.Conn
-	mu      sync.Mutex // guards the fields below
-	out     bytes.Buffer  // stdout, and the terminal's output
+	mu      sync.Mutex   // guards the fields below
+	out     bytes.Buffer // stdout, and the terminal's output
 	err     bytes.Buffer
 	control []api.SessionControl
 	closed  chan struct{}
