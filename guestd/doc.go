@@ -24,7 +24,9 @@
 // timeout), /v1/sessions (exec sessions: programs that run on their own,
 // with pipes or a terminal, their output in a buffer of at least 1 MiB
 // that WebSocket attachments read from their own offsets; session.go),
-// GET /v1/check (the open
+// /v1/files/{path…} (a file's bytes in and out, streamed, a directory's
+// listing or tar, a tar unpacked through an os.Root of its directory, a
+// removal; files.go), GET /v1/check (the open
 // stores' consistency report, for tests and support), GET /v1/health and
 // GET /metrics (Prometheus). Inside a strata microVM (Config.PowerOff set,
 // guestd --vm) POST /v1/shutdown is the host's clean stop; POST /v1/resync

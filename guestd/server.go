@@ -241,6 +241,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/directories", s.method(map[string]handler{http.MethodGet: s.directories}))
 	mux.HandleFunc("/v1/check", s.method(map[string]handler{http.MethodGet: s.check}))
 	mux.HandleFunc("/v1/exec", s.method(map[string]handler{http.MethodPost: s.execute}))
+	mux.HandleFunc("/v1/files", s.files)
+	mux.HandleFunc("/v1/files/{path...}", s.files)
 	mux.HandleFunc("/v1/sessions", s.method(map[string]handler{http.MethodPost: s.sessions.start, http.MethodGet: s.sessions.list}))
 	mux.HandleFunc("/v1/sessions/{sid}", s.method(map[string]handler{http.MethodGet: s.sessions.get, http.MethodDelete: s.sessions.end}))
 	mux.HandleFunc("/v1/sessions/{sid}/attach", func(w http.ResponseWriter, r *http.Request) {

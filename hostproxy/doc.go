@@ -34,7 +34,9 @@
 //     exec; account keys only, a token is 403 on every one) and exec
 //     sessions (a token may use its own sandbox's; an attachment is the
 //     client's WebSocket joined to one to guestd, frame by frame, each
-//     bounded, at most 16 per sandbox; sessions.go) through package
+//     bounded, at most 16 per sandbox; sessions.go) and files (streamed
+//     through a 32 KiB buffer both ways, at most 8 transfers per sandbox;
+//     files.go) through package
 //     sandbox, keeps the microVMs' records in its registry, reaches their
 //     guestd through each VM's channel (the vm:// guest address; execs on a
 //     connection pool of their own), and serves the calls processes inside

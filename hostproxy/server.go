@@ -42,8 +42,10 @@ type Options struct {
 
 // Server is hostproxy: the registry, the guest client and the HTTP API.
 type Server struct {
-	// attached are the exec sessions' attachments open (sessions.go).
-	attached attachments
+	// attached are the exec sessions' attachments open (sessions.go),
+	// transfers the file transfers under way (files.go).
+	attached  attachments
+	transfers transfers
 
 	log      *slog.Logger
 	reg      *Registry
@@ -256,6 +258,10 @@ func (s *Server) routes() http.Handler {
 	e.GET(sb+"/sessions/:sid", s.data(s.sessionCall(http.MethodGet, true)), auth)
 	e.DELETE(sb+"/sessions/:sid", s.data(s.sessionCall(http.MethodDelete, true)), auth)
 	e.GET(sb+"/sessions/:sid/attach", s.attachSession, auth)
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPut, http.MethodDelete} {
+		e.Add(m, sb+"/files", s.file, auth)
+		e.Add(m, sb+"/files/*", s.file, auth)
+	}
 	const snap = sb + "/snapshots/:snapshot"
 	e.POST(sb+"/snapshots", s.data(s.createSnapshot), auth)
 	e.GET(sb+"/snapshots", s.data(s.listSnapshots), auth)

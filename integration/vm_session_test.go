@@ -1,9 +1,14 @@
 package integration
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -122,4 +127,30 @@ func TestVMSessions(t *testing.T) {
 	}
 	c.Close(websocket.StatusNormalClosure, "")
 	s.must(200, "DELETE", "/v1/sandboxes/"+id+"/sessions/"+keep, "")
+
+	// A file in and out through the channel, streamed.
+	data := make([]byte, 8<<20)
+	rand.Read(data)
+	req, _ := http.NewRequest("PUT", s.url+"/v1/sandboxes/"+id+"/files/workspace/blob.bin", bytes.NewReader(data))
+	req.Header.Set("X-Api-Key", s.key)
+	req.Header.Set("Content-Type", api.MediaOctetStream)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("PUT a file into the VM: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if out := s.sh(id, "sha256sum /workspace/blob.bin | cut -c1-64"); strings.TrimSpace(out) != fmt.Sprintf("%x", sha256.Sum256(data)) {
+		t.Fatalf("the file in the VM: %q", out)
+	}
+	req, _ = http.NewRequest("GET", s.url+"/v1/sandboxes/"+id+"/files/workspace/blob.bin", nil)
+	req.Header.Set("X-Api-Key", s.key)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Equal(got, data) {
+		t.Fatalf("GET the file from the VM: %d, %d bytes", resp.StatusCode, len(got))
+	}
 }

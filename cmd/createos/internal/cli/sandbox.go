@@ -150,7 +150,7 @@ func (a *app) sandboxCommands() []*cobra.Command {
 	} {
 		cmds = append(cmds, a.sandboxOpCommand(o.op, o.target, o.short))
 	}
-	return append(cmds, a.execCommand(), a.sessionCommand(), a.forkCommand())
+	return append(cmds, a.execCommand(), a.sessionCommand(), a.cpCommand(), a.forkCommand())
 }
 
 // waitFlags are --no-wait and --wait-timeout.

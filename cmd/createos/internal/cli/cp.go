@@ -1,0 +1,275 @@
+package cli
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"strata/internal/api"
+	"strata/internal/treetar"
+)
+
+// Files in and out of a sandbox (api's files routes), streamed: a file of
+// any size costs createos one buffer.
+
+// filesPath is the API path of a guest path (absolute).
+func filesPath(sandbox, p string) string {
+	segs := strings.Split(strings.Trim(p, "/"), "/")
+	for i, s := range segs {
+		segs[i] = url.PathEscape(s)
+	}
+	return sandboxPath(sandbox, "files") + "/" + strings.Join(segs, "/")
+}
+
+// stream sends one files request and returns the answer when it is a
+// success; a refusal is an *APIError. The caller closes the body.
+func (c *Client) stream(ctx context.Context, method, p string, h http.Header, body io.Reader, length int64) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.BaseURL, "/")+p, body)
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range h {
+		req.Header[k] = vs
+	}
+	req.Header.Set("X-Api-Key", c.Key)
+	if body != nil {
+		req.ContentLength = length
+	}
+	// No timeout: a file takes what it takes; ctx ends it.
+	resp, err := (&http.Client{Transport: http.DefaultTransport}).Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 300 && method == http.MethodHead {
+		resp.Body.Close()
+		return nil, &APIError{Status: resp.StatusCode, Code: "unknown", Message: fmt.Sprintf("HEAD %s: HTTP %d", p, resp.StatusCode)}
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		_, err := parseAnswer(method, p, resp, raw, nil)
+		if err == nil {
+			err = fmt.Errorf("%s %s: HTTP %d", method, p, resp.StatusCode)
+		}
+		return nil, err
+	}
+	return resp, nil
+}
+
+// remoteKind is what a guest path is: "file", "dir", or "" when it does
+// not exist.
+func (c *Client) remoteKind(ctx context.Context, sandbox, p string) (string, error) {
+	resp, err := c.stream(ctx, http.MethodHead, filesPath(sandbox, p), nil, nil, 0)
+	if err != nil {
+		var apiErr *APIError
+		if errors.As(err, &apiErr) && apiErr.Code == api.CodeFileNotFound {
+			return "", nil
+		}
+		if errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound && apiErr.Code == "unknown" {
+			return "", nil // a HEAD's refusal has no body
+		}
+		return "", err
+	}
+	resp.Body.Close()
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), api.MediaOctetStream) {
+		return "file", nil
+	}
+	return "dir", nil
+}
+
+// splitRemote splits "SANDBOX:/path"; ok false for a local path.
+func splitRemote(s string) (sandbox, p string, ok bool) {
+	sb, p, found := strings.Cut(s, ":")
+	if !found || sb == "" || !strings.HasPrefix(p, "/") || strings.Contains(sb, "/") {
+		return "", "", false
+	}
+	return sb, path.Clean(p), true
+}
+
+func (a *app) cpCommand() *cobra.Command {
+	var parents bool
+	cmd := &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy files and directories into or out of a sandbox",
+		Long: `Copy a file or a directory between here and a running sandbox. One side is
+written SANDBOX:/absolute/path, the other is a local path, or - for
+standard input or output. A file keeps its mode and modification time; a
+directory goes as a tar stream (modes, times and symlinks kept) and lands,
+as with cp -r, inside DST when DST is an existing directory, else as DST.
+Nothing is held whole in memory on either side: files of any size, up to
+the space on the receiving side.
+
+  - as SRC is one file's bytes; - as DST writes a file's bytes, or a
+directory's tar, to standard output.`,
+		Example: "  createos sandbox cp ./app.tar.gz sb-local:/workspace/\n" +
+			"  createos sandbox cp ./src sb-local:/workspace/src\n" +
+			"  createos sandbox cp sb-local:/workspace/out.log .\n" +
+			"  createos sandbox cp sb-local:/workspace - | tar -t",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			srcSB, srcPath, srcRemote := splitRemote(args[0])
+			dstSB, dstPath, dstRemote := splitRemote(args[1])
+			if srcRemote == dstRemote {
+				return errors.New("one of SRC and DST must be SANDBOX:/path, the other a local path or -")
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if dstRemote {
+				return wrap(a.upload(cmd.Context(), c, args[0], dstSB, dstPath, parents))
+			}
+			return wrap(a.download(cmd.Context(), c, srcSB, srcPath, args[1]))
+		},
+	}
+	cmd.Flags().BoolVar(&parents, "parents", false, "make the sandbox-side parent directories that are missing")
+	return cmd
+}
+
+// upload copies local src (a file, a directory, or - for stdin) to guest
+// path dst.
+func (a *app) upload(ctx context.Context, c *Client, src, sandbox, dst string, parents bool) error {
+	q := ""
+	if parents {
+		q = "?parents=true"
+	}
+	if src == "-" {
+		h := http.Header{"Content-Type": {api.MediaOctetStream}}
+		resp, err := c.stream(ctx, http.MethodPut, filesPath(sandbox, dst)+q, h, io.NopCloser(stdin), -1)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	}
+	fi, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	kind, err := c.remoteKind(ctx, sandbox, dst)
+	if err != nil {
+		return err
+	}
+	if kind == "dir" {
+		dst = path.Join(dst, filepath.Base(filepath.Clean(src)))
+	}
+	if fi.IsDir() {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(writeLocalTar(pw, src)) }()
+		h := http.Header{"Content-Type": {api.MediaTar}}
+		resp, err := c.stream(ctx, http.MethodPut, filesPath(sandbox, dst)+q, h, pr, -1)
+		pr.CloseWithError(errors.New("upload ended"))
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := http.Header{
+		"Content-Type":      {api.MediaOctetStream},
+		api.HeaderFileMode:  {api.FormatFileMode(uint32(fi.Mode().Perm()))},
+		api.HeaderFileMtime: {fi.ModTime().UTC().Format(time.RFC3339Nano)},
+	}
+	resp, err := c.stream(ctx, http.MethodPut, filesPath(sandbox, dst)+q, h, f, fi.Size())
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// download copies guest path src to local dst (- for stdout).
+func (a *app) download(ctx context.Context, c *Client, sandbox, src, dst string) error {
+	kind, err := c.remoteKind(ctx, sandbox, src)
+	if err != nil {
+		return err
+	}
+	if kind == "" {
+		return &APIError{Status: http.StatusNotFound, Code: api.CodeFileNotFound, Message: "no file or directory has this path in the sandbox", Fields: map[string]json.RawMessage{"path": json.RawMessage(strconv.Quote(src))}}
+	}
+	h := http.Header{}
+	if kind == "dir" {
+		h.Set("Accept", api.MediaTar)
+	}
+	resp, err := c.stream(ctx, http.MethodGet, filesPath(sandbox, src), h, nil, 0)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if dst == "-" {
+		_, err := io.CopyBuffer(a.stdout, resp.Body, make([]byte, 32<<10))
+		return err
+	}
+	if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
+		dst = filepath.Join(dst, path.Base(src))
+	}
+	if kind == "dir" {
+		return readLocalTar(resp.Body, dst)
+	}
+	mode, _ := api.ParseFileMode(resp.Header.Get(api.HeaderFileMode), 0o644)
+	tmp := dst + ".createos-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, fs.FileMode(mode&0o777))
+	if err != nil {
+		return err
+	}
+	_, err = io.CopyBuffer(f, resp.Body, make([]byte, 32<<10))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, fs.FileMode(mode&0o777))
+	}
+	if t, perr := api.ParseFileMtime(resp.Header.Get(api.HeaderFileMtime)); err == nil && perr == nil && !t.IsZero() {
+		err = os.Chtimes(tmp, t, t)
+	}
+	if err == nil {
+		err = os.Rename(tmp, dst)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}
+
+// writeLocalTar writes the tree under dir.
+func writeLocalTar(w io.Writer, dir string) error {
+	tw := tar.NewWriter(w)
+	if err := treetar.Write(tw, dir); err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// readLocalTar unpacks a tar from a sandbox into dir (made), through an
+// os.Root of it: no entry lands outside it.
+func readLocalTar(r io.Reader, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	_, err = treetar.Extract(r, root)
+	return err
+}

@@ -1,0 +1,180 @@
+package hostproxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"strata/internal/api"
+	"strata/internal/fault"
+	"strata/internal/jsend"
+)
+
+// Files of a sandbox (api's files routes): the request and guestd's answer
+// are streamed through, a buffer of fileBuffer bytes at a time, so a file
+// of any size costs hostproxy that buffer; a guest's refusal (4xx) is
+// read up to maxGuestFail and relayed as the same JSend fail, a 5xx is
+// answered without the guest's text. A sandbox has at most maxTransfers
+// under way at once.
+
+const (
+	fileBuffer   = 32 << 10
+	maxGuestFail = 64 << 10
+	maxTransfers = 8
+)
+
+var errTransferLimit = fault.New(fault.Conflict, "transfer_limit", "the sandbox has as many file transfers under way as it may; wait for one to end").With("limit", maxTransfers)
+
+// transfers counts the file transfers under way, by sandbox.
+type transfers struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (t *transfers) take(id string) (func(), error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n == nil {
+		t.n = map[string]int{}
+	}
+	if t.n[id] >= maxTransfers {
+		return nil, errTransferLimit
+	}
+	t.n[id]++
+	return func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.n[id]--; t.n[id] <= 0 {
+			delete(t.n, id)
+		}
+	}, nil
+}
+
+// fileHeaders are the request headers passed on to guestd, and the
+// answer headers passed back.
+var (
+	fileRequestHeaders = []string{"Content-Type", "Content-Length", api.HeaderFileMode, api.HeaderFileMtime, "Accept", "Range", "If-Range", "If-Modified-Since", "If-None-Match"}
+	fileAnswerHeaders  = []string{"Content-Type", "Content-Length", api.HeaderFileMode, api.HeaderFileMtime, "Last-Modified", "Accept-Ranges", "Content-Range"}
+)
+
+// fileQuery is the query each method of the files route takes.
+var fileQuery = map[string]string{http.MethodPut: "parents", http.MethodDelete: "recursive"}
+
+// file serves GET, HEAD, PUT and DELETE of …/files/{path…}.
+func (s *Server) file(c echo.Context) error {
+	sb, err := s.sessionRoute(c)
+	if err != nil {
+		return err
+	}
+	r := c.Request()
+	// The path as the client meant it: decoded, whatever the router
+	// matched on.
+	rest := strings.TrimPrefix(r.URL.Path, "/v1/sandboxes/"+sb.ID+"/files")
+	p, err := api.ParseEntryPath(strings.TrimPrefix(rest, "/"))
+	if err != nil {
+		return err
+	}
+	for k, v := range r.URL.Query() {
+		if k != fileQuery[r.Method] || len(v) != 1 || (v[0] != "true" && v[0] != "false") {
+			return jsend.InvalidField(k, "no such query parameter on this method (PUT takes parents=true, DELETE recursive=true)")
+		}
+	}
+	release, err := s.transfers.take(sb.ID)
+	if err != nil {
+		return err
+	}
+	defer release()
+	// A file may take longer to send than the server's read timeout.
+	http.NewResponseController(c.Response().Writer).SetReadDeadline(time.Time{})
+
+	segs := strings.Split(p, "/")
+	for i, seg := range segs {
+		segs[i] = url.PathEscape(seg)
+	}
+	guestPath := "/v1/files/" + strings.Join(segs, "/")
+	if r.URL.RawQuery != "" {
+		guestPath += "?" + r.URL.Query().Encode()
+	}
+	h := http.Header{}
+	for _, k := range fileRequestHeaders {
+		if v := r.Header.Get(k); v != "" {
+			h.Set(k, v)
+		}
+	}
+	var body io.Reader
+	if r.Method == http.MethodPut {
+		body = r.Body
+	}
+	resp, err := s.guests.Stream(r.Context(), sb.Guest, r.Method, guestPath, h, body, r.ContentLength)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 400 && r.Method == http.MethodHead {
+		// A HEAD's refusal is its status alone.
+		c.Response().WriteHeader(min(resp.StatusCode, http.StatusInternalServerError))
+		return nil
+	}
+	if resp.StatusCode >= 400 {
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxGuestFail))
+		if resp.StatusCode < 500 {
+			if fe, err := jsend.ParseFail(resp.StatusCode, raw); err == nil {
+				return fe
+			}
+		}
+		cause := fmt.Errorf("guest %s answered %d to a files call: %.500q", sb.Guest, resp.StatusCode, raw)
+		if fe := guest5xx[resp.StatusCode]; fe != nil {
+			return fe.Wrap(cause)
+		}
+		return cause
+	}
+	out := c.Response()
+	for _, k := range fileAnswerHeaders {
+		if v := resp.Header.Get(k); v != "" {
+			out.Header().Set(k, v)
+		}
+	}
+	out.WriteHeader(resp.StatusCode)
+	if r.Method == http.MethodHead {
+		return nil
+	}
+	io.CopyBuffer(out, resp.Body, make([]byte, fileBuffer))
+	return nil
+}
+
+// Stream sends one request to guestd whose body and answer are streamed
+// (a file): through the guest's exec client, the answer's header bounded
+// as every call's, the body the caller's to read and close. It ends with
+// ctx.
+func (g *GuestClient) Stream(ctx context.Context, guest, method, path string, h http.Header, body io.Reader, length int64) (*http.Response, error) {
+	c, err := g.client(guest, poolExec)
+	if err != nil {
+		return nil, fmt.Errorf("guest %s: %w", guest, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://guestd"+path, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header = h
+	if body != nil {
+		req.ContentLength = length
+		if length < 0 {
+			req.ContentLength = -1
+		}
+	}
+	if id, ok := ctx.Value(requestIDKey{}).(string); ok {
+		req.Header.Set(jsend.HeaderRequestID, id)
+	}
+	resp, err := c.HTTPClient().Do(req)
+	if err != nil {
+		return nil, g.transportError(ctx, guest, err)
+	}
+	return resp, nil
+}

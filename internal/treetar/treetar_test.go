@@ -1,0 +1,125 @@
+package treetar
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func tarOf(t testing.TB, hs ...tar.Header) []byte {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range hs {
+		if err := tw.WriteHeader(&h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			tw.Write(bytes.Repeat([]byte("x"), int(h.Size)))
+		}
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+// TestRoundTrip: a tree written and extracted elsewhere is the same tree:
+// contents, modes, times, symlinks.
+func TestRoundTrip(t *testing.T) {
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "a", "b"), 0o750)
+	os.WriteFile(filepath.Join(src, "a", "b", "f"), []byte("data"), 0o640)
+	os.Symlink("a/b/f", filepath.Join(src, "l"))
+	mt := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
+	os.Chtimes(filepath.Join(src, "a", "b", "f"), mt, mt)
+	os.Chtimes(filepath.Join(src, "a"), mt, mt)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := Write(tw, src); err != nil {
+		t.Fatal(err)
+	}
+	tw.Close()
+	dst := t.TempDir()
+	root, _ := os.OpenRoot(dst)
+	defer root.Close()
+	n, err := Extract(&buf, root)
+	if err != nil || n != 4 {
+		t.Fatalf("Extract: %d, %v", n, err)
+	}
+	fi, err := os.Stat(filepath.Join(dst, "a", "b", "f"))
+	if err != nil || fi.Mode().Perm() != 0o640 || !fi.ModTime().Equal(mt) {
+		t.Fatalf("f: %v %v", fi, err)
+	}
+	if di, _ := os.Stat(filepath.Join(dst, "a")); di == nil || di.Mode().Perm() != 0o750 || !di.ModTime().Equal(mt) {
+		t.Fatalf("a: %v", di)
+	}
+	if l, _ := os.Readlink(filepath.Join(dst, "l")); l != "a/b/f" {
+		t.Fatalf("l -> %q", l)
+	}
+}
+
+// TestOutside: entries named outside, and writes through a symlink an
+// earlier entry made, never land outside the directory.
+func TestOutside(t *testing.T) {
+	base := t.TempDir()
+	for name, hs := range map[string][]tar.Header{
+		"dotdot":         {{Name: "../x", Typeflag: tar.TypeReg, Mode: 0o644}},
+		"deep dotdot":    {{Name: "a/../../x", Typeflag: tar.TypeReg, Mode: 0o644}},
+		"absolute up":    {{Name: "/../x", Typeflag: tar.TypeReg, Mode: 0o644}},
+		"through a link": {{Name: "l", Typeflag: tar.TypeSymlink, Linkname: base}, {Name: "l/x", Typeflag: tar.TypeReg, Mode: 0o644}},
+		"abs link":       {{Name: "l", Typeflag: tar.TypeSymlink, Linkname: "/"}, {Name: "l/" + base[1:] + "/x", Typeflag: tar.TypeReg, Mode: 0o644}},
+		"hard link out":  {{Name: "h", Typeflag: tar.TypeLink, Linkname: "../x"}},
+	} {
+		dir := filepath.Join(base, "d-"+filepath.Base(name))
+		os.Mkdir(dir, 0o755)
+		root, _ := os.OpenRoot(dir)
+		_, err := Extract(bytes.NewReader(tarOf(t, hs...)), root)
+		root.Close()
+		var out *OutsideError
+		var entry *EntryError
+		if err == nil || !errors.As(err, &out) && !errors.As(err, &entry) {
+			t.Errorf("%s: %v; want a refusal", name, err)
+		}
+		if _, err := os.Lstat(filepath.Join(base, "x")); err == nil {
+			t.Fatalf("%s wrote outside", name)
+		}
+	}
+	root, _ := os.OpenRoot(base)
+	defer root.Close()
+	if _, err := Extract(bytes.NewReader([]byte("not a tar at all, not at all")), root); !errors.Is(err, ErrNotTar) {
+		t.Errorf("garbage: %v", err)
+	}
+}
+
+// FuzzExtract: whatever the stream, nothing is written outside the
+// directory, and a failure is one of the package's errors.
+func FuzzExtract(f *testing.F) {
+	f.Add(tarOf(f, tar.Header{Name: "a/b", Typeflag: tar.TypeReg, Size: 3, Mode: 0o644}))
+	f.Add(tarOf(f, tar.Header{Name: "l", Typeflag: tar.TypeSymlink, Linkname: ".."}, tar.Header{Name: "l/z", Typeflag: tar.TypeReg, Mode: 0o644}))
+	f.Add([]byte{})
+	base := f.TempDir()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		dir, err := os.MkdirTemp(base, "d")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		root, err := os.OpenRoot(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer root.Close()
+		_, err = Extract(bytes.NewReader(data), root)
+		var out *OutsideError
+		var entry *EntryError
+		if err != nil && !errors.Is(err, ErrNotTar) && !errors.As(err, &out) && !errors.As(err, &entry) {
+			t.Fatalf("unclassified error %v", err)
+		}
+		ents, _ := os.ReadDir(base)
+		if len(ents) != 1 {
+			t.Fatalf("written beside the directory: %v", ents)
+		}
+	})
+}
