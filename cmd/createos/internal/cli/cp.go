@@ -5,11 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
-	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -19,77 +17,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"strata/client"
 	"strata/internal/api"
 	"strata/internal/treetar"
 )
 
 // Files in and out of a sandbox (api's files routes), streamed: a file of
 // any size costs createos one buffer.
-
-// filesPath is the API path of a guest path (absolute).
-func filesPath(sandbox, p string) string {
-	segs := strings.Split(strings.Trim(p, "/"), "/")
-	for i, s := range segs {
-		segs[i] = url.PathEscape(s)
-	}
-	return sandboxPath(sandbox, "files") + "/" + strings.Join(segs, "/")
-}
-
-// stream sends one files request and returns the answer when it is a
-// success; a refusal is an *APIError. The caller closes the body.
-func (c *Client) stream(ctx context.Context, method, p string, h http.Header, body io.Reader, length int64) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.BaseURL, "/")+p, body)
-	if err != nil {
-		return nil, err
-	}
-	for k, vs := range h {
-		req.Header[k] = vs
-	}
-	req.Header.Set("X-Api-Key", c.Key)
-	if body != nil {
-		req.ContentLength = length
-	}
-	// No timeout: a file takes what it takes; ctx ends it.
-	resp, err := (&http.Client{Transport: http.DefaultTransport}).Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode >= 300 && method == http.MethodHead {
-		resp.Body.Close()
-		return nil, &APIError{Status: resp.StatusCode, Code: "unknown", Message: fmt.Sprintf("HEAD %s: HTTP %d", p, resp.StatusCode)}
-	}
-	if resp.StatusCode >= 300 {
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		_, err := parseAnswer(method, p, resp, raw, nil)
-		if err == nil {
-			err = fmt.Errorf("%s %s: HTTP %d", method, p, resp.StatusCode)
-		}
-		return nil, err
-	}
-	return resp, nil
-}
-
-// remoteKind is what a guest path is: "file", "dir", or "" when it does
-// not exist.
-func (c *Client) remoteKind(ctx context.Context, sandbox, p string) (string, error) {
-	resp, err := c.stream(ctx, http.MethodHead, filesPath(sandbox, p), nil, nil, 0)
-	if err != nil {
-		var apiErr *APIError
-		if errors.As(err, &apiErr) && apiErr.Code == api.CodeFileNotFound {
-			return "", nil
-		}
-		if errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound && apiErr.Code == "unknown" {
-			return "", nil // a HEAD's refusal has no body
-		}
-		return "", err
-	}
-	resp.Body.Close()
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), api.MediaOctetStream) {
-		return "file", nil
-	}
-	return "dir", nil
-}
 
 // splitRemote splits "SANDBOX:/path"; ok false for a local path.
 func splitRemote(s string) (sandbox, p string, ok bool) {
@@ -149,7 +83,7 @@ func (a *app) upload(ctx context.Context, c *Client, src, sandbox, dst string, p
 	}
 	if src == "-" {
 		h := http.Header{"Content-Type": {api.MediaOctetStream}}
-		resp, err := c.stream(ctx, http.MethodPut, filesPath(sandbox, dst)+q, h, io.NopCloser(stdin), -1)
+		resp, err := c.Stream(ctx, http.MethodPut, client.FilesPath(sandbox, dst)+q, h, io.NopCloser(stdin), -1)
 		if err != nil {
 			return err
 		}
@@ -160,7 +94,7 @@ func (a *app) upload(ctx context.Context, c *Client, src, sandbox, dst string, p
 	if err != nil {
 		return err
 	}
-	kind, err := c.remoteKind(ctx, sandbox, dst)
+	kind, err := c.Stat(ctx, sandbox, dst)
 	if err != nil {
 		return err
 	}
@@ -171,7 +105,7 @@ func (a *app) upload(ctx context.Context, c *Client, src, sandbox, dst string, p
 		pr, pw := io.Pipe()
 		go func() { pw.CloseWithError(writeLocalTar(pw, src)) }()
 		h := http.Header{"Content-Type": {api.MediaTar}}
-		resp, err := c.stream(ctx, http.MethodPut, filesPath(sandbox, dst)+q, h, pr, -1)
+		resp, err := c.Stream(ctx, http.MethodPut, client.FilesPath(sandbox, dst)+q, h, pr, -1)
 		pr.CloseWithError(errors.New("upload ended"))
 		if err != nil {
 			return err
@@ -189,7 +123,7 @@ func (a *app) upload(ctx context.Context, c *Client, src, sandbox, dst string, p
 		api.HeaderFileMode:  {api.FormatFileMode(uint32(fi.Mode().Perm()))},
 		api.HeaderFileMtime: {fi.ModTime().UTC().Format(time.RFC3339Nano)},
 	}
-	resp, err := c.stream(ctx, http.MethodPut, filesPath(sandbox, dst)+q, h, f, fi.Size())
+	resp, err := c.Stream(ctx, http.MethodPut, client.FilesPath(sandbox, dst)+q, h, f, fi.Size())
 	if err != nil {
 		return err
 	}
@@ -199,7 +133,7 @@ func (a *app) upload(ctx context.Context, c *Client, src, sandbox, dst string, p
 
 // download copies guest path src to local dst (- for stdout).
 func (a *app) download(ctx context.Context, c *Client, sandbox, src, dst string) error {
-	kind, err := c.remoteKind(ctx, sandbox, src)
+	kind, err := c.Stat(ctx, sandbox, src)
 	if err != nil {
 		return err
 	}
@@ -210,7 +144,7 @@ func (a *app) download(ctx context.Context, c *Client, sandbox, src, dst string)
 	if kind == "dir" {
 		h.Set("Accept", api.MediaTar)
 	}
-	resp, err := c.stream(ctx, http.MethodGet, filesPath(sandbox, src), h, nil, 0)
+	resp, err := c.Stream(ctx, http.MethodGet, client.FilesPath(sandbox, src), h, nil, 0)
 	if err != nil {
 		return err
 	}

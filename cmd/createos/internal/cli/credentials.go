@@ -1,10 +1,6 @@
 package cli
 
-import (
-	"bufio"
-	"os"
-	"strings"
-)
+import "strata/client"
 
 // environment is where createos finds what its flags do not give: the
 // process's environment first, then the env file guestd writes inside a
@@ -39,7 +35,7 @@ func (e *environment) get(name string) string {
 		return v
 	}
 	if e.values == nil {
-		e.values = readEnvFile(e.File)
+		e.values = client.ReadCredentials(e.File)
 	}
 	v := e.values[name]
 	if v != "" {
@@ -50,25 +46,3 @@ func (e *environment) get(name string) string {
 
 // inFile reports whether name's value came from the file.
 func (e *environment) inFile(name string) bool { return e.fromFile[name] }
-
-// readEnvFile parses NAME='value' lines (as guestd writes them).
-func readEnvFile(path string) map[string]string {
-	out := map[string]string{}
-	f, err := os.Open(path)
-	if err != nil {
-		return out
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		name, value, ok := strings.Cut(strings.TrimSpace(sc.Text()), "=")
-		if !ok || strings.HasPrefix(name, "#") {
-			continue
-		}
-		if len(value) >= 2 && value[0] == '\'' && value[len(value)-1] == '\'' {
-			value = value[1 : len(value)-1]
-		}
-		out[name] = value
-	}
-	return out
-}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strata/client"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,14 +18,14 @@ import (
 
 // Environment variables read by createos.
 const (
-	EnvAPIURL    = "CREATEOS_API_URL"
-	EnvAPIKey    = "CREATEOS_API_KEY"
-	EnvSandboxID = "CREATEOS_SANDBOX_ID"
+	EnvAPIURL    = client.EnvAPIURL
+	EnvAPIKey    = client.EnvAPIKey
+	EnvSandboxID = client.EnvSandboxID
 	// EnvCredentials names the env file guestd writes inside a sandbox,
 	// from which createos takes what its flags and environment lack.
-	EnvCredentials = "CREATEOS_CREDENTIALS"
+	EnvCredentials = client.EnvCredentials
 	// DefaultCredentials is that file's path when EnvCredentials is unset.
-	DefaultCredentials = "/run/strata/credentials.env"
+	DefaultCredentials = client.DefaultCredentials
 )
 
 // fileValues are the values createos may take from the credentials file,

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -22,59 +21,8 @@ import (
 	"strata/internal/api"
 )
 
-// Session is an exec session's record.
-type Session = api.Session
-
 // stdin is what -i forwards; a terminal here (-t) is put in raw mode.
 var stdin io.Reader = os.Stdin
-
-// StartSession starts a command as a session.
-func (c *Client) StartSession(ctx context.Context, sandbox string, req api.SessionRequest) (Session, json.RawMessage, error) {
-	var se Session
-	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "sessions"), req, &se)
-	return se, raw, err
-}
-
-// ListSessions lists a sandbox's sessions, oldest first.
-func (c *Client) ListSessions(ctx context.Context, sandbox string) ([]Session, json.RawMessage, error) {
-	var v struct {
-		Sessions []Session `json:"sessions"`
-	}
-	raw, err := c.call(ctx, http.MethodGet, sandboxPath(sandbox, "sessions"), nil, &v)
-	return v.Sessions, raw, err
-}
-
-// KillSession ends a session (SIGTERM, then SIGKILL 5 s later).
-func (c *Client) KillSession(ctx context.Context, sandbox, id string) (Session, json.RawMessage, error) {
-	var se Session
-	raw, err := c.call(ctx, http.MethodDelete, sandboxPath(sandbox, "sessions", id), nil, &se)
-	return se, raw, err
-}
-
-// Attach opens an attachment of a session from output offset since (-1:
-// the oldest the session still holds). A refusal is an *APIError.
-func (c *Client) Attach(ctx context.Context, sandbox, id string, since int64) (*websocket.Conn, error) {
-	path := sandboxPath(sandbox, "sessions", id, "attach")
-	if since >= 0 {
-		path += "?since=" + strconv.FormatInt(since, 10)
-	}
-	base := strings.TrimRight(c.BaseURL, "/")
-	u := "ws" + strings.TrimPrefix(base, "http") + path
-	h := http.Header{}
-	h.Set("X-Api-Key", c.Key)
-	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: h, Subprotocols: []string{"strata.v1"}})
-	if err != nil {
-		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
-			raw, _ := io.ReadAll(resp.Body)
-			if _, perr := parseAnswer(http.MethodGet, path, resp, raw, nil); perr != nil {
-				return nil, perr
-			}
-		}
-		return nil, err
-	}
-	conn.SetReadLimit(api.MaxSessionFrame)
-	return conn, nil
-}
 
 // stream copies an attachment here until the session's exit (its code:
 // -1 when its timeout killed it) or the attachment's end. With in, stdin

@@ -1,128 +1,16 @@
 package cli
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"math"
-	"net/http"
 	"strconv"
 	"strings"
 	"unicode"
 
 	"github.com/spf13/cobra"
-
-	"strata/internal/api"
 )
 
 // VM snapshots, as API.md's "VM snapshots and forks" states them.
-
-// Snapshot is a VM snapshot record of the API. Memory tells a snapshot of
-// memory, devices and disk (processes come back running) from a
-// disk-only one (a fresh boot); Auto marks the ones a restore keeps of the
-// state it replaced.
-type Snapshot = api.Snapshot
-
-// Snapshot statuses.
-const (
-	SnapshotProcessing = "processing"
-	SnapshotReady      = "ready"
-	SnapshotFailed     = "failed"
-)
-
-// RetentionDeleteOldest is the one retention mode: at the limit, the
-// oldest snapshot of the same kind that is not pinned goes.
-const RetentionDeleteOldest = "delete_oldest"
-
-// SnapshotCreateRequest is the body of POST /v1/sandboxes/{id}/snapshots;
-// nil fields are left out (the API's defaults: no comment, memory kept,
-// no retention).
-type SnapshotCreateRequest = api.SnapshotCreateRequest
-
-// Retention lets a create delete old snapshots instead of failing with
-// snapshot_limit.
-type Retention = api.Retention
-
-// SnapshotRestored is the answer of a snapshot restore: the snapshot, the
-// automatic snapshot that keeps the state it replaced, and the sandbox's
-// state after.
-type SnapshotRestored = api.SnapshotRestore
-
-// ForkRequest is the body of POST …/snapshots/{snapshot}/fork.
-type ForkRequest = api.ForkRequest
-
-// Forks is the answer of a fork of several sandboxes: each is made or
-// refused on its own. Sandboxes are the records of the ones made; Failed,
-// the ones refused, when some were made (API.md does not say how a
-// refused fork shows; hostproxy answers this; a fork that fails later
-// goes to state error).
-type Forks struct {
-	Sandboxes []Sandbox     `json:"sandboxes"`
-	Failed    []ForkRefusal `json:"failed,omitempty"`
-}
-
-// ForkRefusal is a fork of a batch that was not made, and why.
-type ForkRefusal struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
-// CreateSnapshot snapshots the sandbox.
-func (c *Client) CreateSnapshot(ctx context.Context, sandbox string, req SnapshotCreateRequest) (Snapshot, json.RawMessage, error) {
-	var s Snapshot
-	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "snapshots"), req, &s)
-	return s, raw, err
-}
-
-// ListSnapshots returns every snapshot of the sandbox, oldest first.
-func (c *Client) ListSnapshots(ctx context.Context, sandbox string) ([]Snapshot, json.RawMessage, error) {
-	var list []Snapshot
-	raw, err := c.call(ctx, http.MethodGet, sandboxPath(sandbox, "snapshots"), nil, &list)
-	return list, raw, err
-}
-
-// GetSnapshot returns one snapshot's record.
-func (c *Client) GetSnapshot(ctx context.Context, sandbox, id string) (Snapshot, json.RawMessage, error) {
-	var s Snapshot
-	raw, err := c.call(ctx, http.MethodGet, sandboxPath(sandbox, "snapshots", id), nil, &s)
-	return s, raw, err
-}
-
-// DeleteSnapshot deletes a snapshot; forks made from it are unaffected.
-func (c *Client) DeleteSnapshot(ctx context.Context, sandbox, id string) (json.RawMessage, error) {
-	return c.call(ctx, http.MethodDelete, sandboxPath(sandbox, "snapshots", id), nil, nil)
-}
-
-// RestoreSnapshot puts the sandbox back to the snapshot; with diskOnly,
-// only its disk, as a fresh boot. The body is sent only then.
-func (c *Client) RestoreSnapshot(ctx context.Context, sandbox, id string, diskOnly bool) (SnapshotRestored, json.RawMessage, error) {
-	var body any
-	if diskOnly {
-		body = api.SnapshotRestoreRequest{DiskOnly: true}
-	}
-	var r SnapshotRestored
-	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "snapshots", id, "restore"), body, &r)
-	return r, raw, err
-}
-
-// PinSnapshot pins a snapshot (retention never deletes it), or unpins it.
-func (c *Client) PinSnapshot(ctx context.Context, sandbox, id string, pin bool) (Snapshot, json.RawMessage, error) {
-	op := "unpin"
-	if pin {
-		op = "pin"
-	}
-	var s Snapshot
-	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "snapshots", id, op), nil, &s)
-	return s, raw, err
-}
-
-// ForkSnapshot makes req.Count sandboxes from a snapshot in one call; the
-// records come back on their way to running.
-func (c *Client) ForkSnapshot(ctx context.Context, sandbox, id string, req ForkRequest) (Forks, json.RawMessage, error) {
-	var f Forks
-	raw, err := c.call(ctx, http.MethodPost, sandboxPath(sandbox, "snapshots", id, "fork"), req, &f)
-	return f, raw, err
-}
 
 func (a *app) snapshotCommand() *cobra.Command {
 	cmd := group(&cobra.Command{
