@@ -19,7 +19,7 @@ STATE ?= /var/lib/strata
 IMAGE_CACHE ?= /var/cache/strata
 KERNEL ?= 6.12-cloud
 
-.PHONY: all build deps qemu image test test-short bench run run-local vet clean
+.PHONY: all build deps qemu image test test-short bench run run-local vet lint-openapi clean
 
 all: build
 
@@ -90,6 +90,16 @@ vet:
 	$(GO) tool staticcheck ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
+# The outside linter of the API's OpenAPI document: Redocly's CLI from the
+# npm registry, pinned, installed once into $(IMAGE_CACHE)/npm (outside the
+# repository) with the machine's Node.js (20.19 or newer).
+REDOCLY := 2.77.0
+REDOCLY_DIR := $(IMAGE_CACHE)/npm/redocly-$(REDOCLY)
+lint-openapi:
+	@command -v node >/dev/null && node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||a==20&&b>=19?0:1)' || { echo "lint-openapi needs Node.js 20.19 or newer (node: $$(node --version 2>/dev/null || echo none))"; exit 1; }
+	@[ -x $(REDOCLY_DIR)/node_modules/.bin/redocly ] || { mkdir -p $(REDOCLY_DIR) && npm install --prefix $(REDOCLY_DIR) --no-audit --no-fund --silent @redocly/cli@$(REDOCLY) >&2; }
+	cd hostproxy && REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true $(REDOCLY_DIR)/node_modules/.bin/redocly lint --config redocly.yaml openapi.json
+
 # Every test, as root, with the race detector (which needs cgo: gcc comes
 # with deps). Each package's test binary runs in its own private
 # mount namespace (go test -exec): no mount leaks onto the machine, and a
@@ -100,7 +110,7 @@ vet:
 # with it.
 SCALE_TESTS := TestManyCheckpoints
 
-test: deps vet
+test: deps vet lint-openapi
 	@[ "$$(id -u)" = 0 ] || { echo "make test needs root (mount tests, microVMs); use 'make test-short' otherwise"; exit 1; }
 	@image=$$($(MAKE) -s --no-print-directory image) || exit 1; \
 	echo "guest image: $$image"; \

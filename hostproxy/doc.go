@@ -27,7 +27,8 @@
 //     message; an unreachable or silent guest becomes 503 within the dial and
 //     request timeouts, without holding up other sandboxes;
 //   - limits requests per credential (429 rate_limited with Retry-After),
-//     exports Prometheus metrics on /metrics, logs one structured line per
+//     exports Prometheus metrics on /metrics, serves its OpenAPI document
+//     at /v1/openapi.json (openapi.go), logs one structured line per
 //     request, and shuts down gracefully, finishing requests in flight;
 //   - with a vms configuration, serves the sandbox lifecycle
 //     (/v1/sandboxes: create, list, get, delete, pause, resume, stop, start,

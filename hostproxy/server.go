@@ -54,6 +54,7 @@ type Server struct {
 	failures *limiters // failed authentications per client address
 	metrics  *metrics
 	handler  http.Handler
+	router   *echo.Echo // the routes (Routes)
 	now      func() time.Time
 	timeouts timeouts
 
@@ -213,12 +214,14 @@ const keyPrincipal = "strata.principal"
 // metrics, the same way guestd's are.
 func (s *Server) routes() http.Handler {
 	e := echo.New()
+	s.router = e
 	e.HideBanner, e.HidePort = true, true
 	e.IPExtractor = echo.ExtractIPDirect()
 	e.HTTPErrorHandler = func(err error, c echo.Context) { s.writeError(c, err) }
 	e.Use(s.edge)
 
 	e.GET("/v1/health", s.data(s.health))
+	e.GET("/v1/openapi.json", s.openapi)
 	e.GET("/metrics", echo.WrapHandler(s.metrics.handler()))
 
 	// Authentication is per route, not on a group: a group's middleware

@@ -203,7 +203,10 @@ func (s *stack) do(r request) reply {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	return reply{status: resp.StatusCode, header: resp.Header, body: b}
+	rep := reply{status: resp.StatusCode, header: resp.Header, body: b}
+	// Every exchange of the tests holds to openapi.json.
+	checkOpenAPI(s.t, req, []byte(r.body), rep)
+	return rep
 }
 
 // mustData calls r, requires a JSend success and decodes its data into v.
