@@ -97,11 +97,15 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, p string) error
 		if strings.Contains(r.Header.Get("Accept"), api.MediaTar) {
 			w.Header().Set("Content-Type", api.MediaTar)
 			tw := tar.NewWriter(w)
-			if err := treetar.Write(tw, p); err != nil {
-				s.log.Warn("files: the tar of a directory was cut", "path", p, "err", err)
-				return nil // the answer has begun: the client sees a cut tar
+			if err := treetar.Write(tw, p); err == nil {
+				err = tw.Close()
 			}
-			tw.Close()
+			if err != nil {
+				// The answer has begun: it is broken off, so that the
+				// client never takes a short tar for the whole tree.
+				s.log.Warn("files: the tar of a directory was cut", "path", p, "err", err)
+				panic(http.ErrAbortHandler)
+			}
 			return nil
 		}
 		list, err := listDir(p)
@@ -275,7 +279,7 @@ func untar(body io.Reader, dir string, parents bool) (int64, error) {
 		return 0, fileError(dir, err)
 	}
 	defer root.Close()
-	n, err := treetar.Extract(body, root)
+	n, err := treetar.Extract(body, root, true)
 	var outside *treetar.OutsideError
 	var entry *treetar.EntryError
 	switch {

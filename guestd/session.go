@@ -18,6 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
 
 	"strata/internal/api"
 	"strata/internal/jsend"
@@ -71,8 +72,9 @@ type session struct {
 	group      *execCgroup
 	log        *slog.Logger
 
-	// input is where stdin goes: the pty's master, or the stdin pipe.
-	inMu  sync.Mutex
+	// input is where stdin goes: the pty's master, or the stdin pipe;
+	// both pollable, so that closing it wakes a write that waits on a
+	// program that does not read.
 	input *os.File
 	pty   *os.File // the master, with a terminal
 
@@ -98,7 +100,10 @@ func (ss *sessionSet) start(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Counted and started under the lock: two starts never pass the
+	// limit together (a start takes milliseconds).
 	ss.mu.Lock()
+	defer ss.mu.Unlock()
 	ss.prune()
 	live := 0
 	for _, s := range ss.byID {
@@ -106,7 +111,6 @@ func (ss *sessionSet) start(r *http.Request) (any, error) {
 			live++
 		}
 	}
-	ss.mu.Unlock()
 	if live >= api.MaxSessions {
 		return nil, api.ErrSessionLimit
 	}
@@ -114,9 +118,7 @@ func (ss *sessionSet) start(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	ss.mu.Lock()
 	ss.byID[s.id] = s
-	ss.mu.Unlock()
 	ss.log.Info("session started", "session", s.id, "program", req.Cmd[0], "tty", req.TTY, "detachable", req.Detachable)
 	return s.record(), nil
 }
@@ -162,12 +164,12 @@ func (ss *sessionSet) startSession(req api.SessionRequest) (*session, error) {
 		return nil, err
 	}
 	if req.TTY {
-		master, tty, err := pty.Open()
+		master, tty, err := openPty()
 		if err != nil {
 			return fail(err)
 		}
 		child, readers, s.pty, s.input = append(child, tty), append(readers, master), master, master
-		if err := pty.Setsize(master, &pty.Winsize{Rows: uint16(req.Rows), Cols: uint16(req.Cols)}); err != nil {
+		if err := setTermSize(master, req.Rows, req.Cols); err != nil {
 			return fail(err)
 		}
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
@@ -277,9 +279,7 @@ func (s *session) wait(exited, output <-chan struct{}, readers []*os.File, timeo
 	}
 	<-output
 	err := s.proc.Wait() // reaps the leader: after any kill, so -pid was still its group's
-	s.inMu.Lock()
 	s.input.Close()
-	s.inMu.Unlock()
 	code := -1
 	if !timedOut {
 		var exitErr *exec.ExitError
@@ -481,9 +481,7 @@ func (s *session) readAttachment(ctx context.Context, c *websocket.Conn) error {
 			if len(b) == 0 || b[0] != api.StreamStdin {
 				return errors.New("a binary frame from the client must carry stdin (first byte 0)")
 			}
-			s.inMu.Lock()
 			_, err := s.input.Write(b[1:])
-			s.inMu.Unlock()
 			if err != nil && s.running() {
 				s.log.Debug("session: stdin", "session", s.id, "err", err)
 			}
@@ -499,7 +497,7 @@ func (s *session) readAttachment(ctx context.Context, c *websocket.Conn) error {
 				return errors.New("resize: rows and cols must be 1 to 1000")
 			}
 			if s.pty != nil {
-				pty.Setsize(s.pty, &pty.Winsize{Rows: uint16(m.Rows), Cols: uint16(m.Cols)})
+				setTermSize(s.pty, m.Rows, m.Cols)
 			}
 		case "signal":
 			sig, ok := api.SessionSignals[m.Signal]
@@ -508,13 +506,11 @@ func (s *session) readAttachment(ctx context.Context, c *websocket.Conn) error {
 			}
 			s.signal(syscall.Signal(sig))
 		case "eof":
-			s.inMu.Lock()
 			if s.pty != nil {
 				s.input.Write([]byte{4}) // ^D at the start of a line
 			} else {
 				s.input.Close()
 			}
-			s.inMu.Unlock()
 		default:
 			return errors.New("a control message's type must be resize, signal or eof")
 		}
@@ -659,4 +655,43 @@ func (o *sessionOutput) read(from int64) (chunks []outputChunk, dropped, next in
 		chunks = append(chunks, ch)
 	}
 	return chunks, dropped, o.total, o.more, o.closed
+}
+
+// openPty opens a pty pair; the master is made non-blocking and wrapped
+// again, so that Go's poller serves it: a read or write on it that waits
+// ends when it is closed (creack/pty's master is blocking, and a Close
+// would not wake it).
+func openPty() (master, tty *os.File, err error) {
+	m, t, err := pty.Open()
+	if err != nil {
+		return nil, nil, err
+	}
+	fd, err := unix.Dup(int(m.Fd()))
+	m.Close()
+	if err == nil {
+		err = unix.SetNonblock(fd, true)
+	}
+	if err != nil {
+		t.Close()
+		return nil, nil, err
+	}
+	unix.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), "/dev/ptmx"), t, nil
+}
+
+// setTermSize sets a pty's window size through its raw descriptor (Fd
+// would make the master blocking again).
+func setTermSize(master *os.File, rows, cols int) error {
+	sc, err := master.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ioErr error
+	err = sc.Control(func(fd uintptr) {
+		ioErr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: uint16(rows), Col: uint16(cols)})
+	})
+	if err != nil {
+		return err
+	}
+	return ioErr
 }

@@ -252,6 +252,28 @@ func TestSession(t *testing.T) {
 		}
 	})
 
+	t.Run("terminal held by a background process", func(t *testing.T) {
+		// The leader exits; a process of its own session keeps the
+		// terminal open: the session still ends (a second after).
+		se := st.start(map[string]any{"cmd": []string{"sh", "-c", "setsid sleep 30 & echo bye"}, "tty": true, "detachable": true})
+		if rec := st.waitExited(se.ID); *rec.ExitCode != 0 {
+			t.Fatalf("%+v", rec)
+		}
+	})
+
+	t.Run("stdin nobody reads", func(t *testing.T) {
+		// More stdin than a pipe holds, to a program that never reads
+		// it: the writes wait, and the session still ends.
+		se := st.start(map[string]any{"cmd": []string{"sleep", "1"}})
+		a := st.attach(se.ID, "")
+		for range 8 {
+			a.c.Write(context.Background(), websocket.MessageBinary, append([]byte{api.StreamStdin}, make([]byte, 60<<10)...))
+		}
+		if rec := st.waitExited(se.ID); *rec.ExitCode != 0 {
+			t.Fatalf("%+v", rec)
+		}
+	})
+
 	t.Run("signal", func(t *testing.T) {
 		se := st.start(map[string]any{"cmd": []string{"sh", "-c", `trap 'echo int; exit 7' INT; echo ready; while :; do sleep 0.05; done`}})
 		a := st.attach(se.ID, "")

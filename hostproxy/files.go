@@ -91,8 +91,11 @@ func (s *Server) file(c echo.Context) error {
 		return err
 	}
 	defer release()
-	// A file may take longer to send than the server's read timeout.
-	http.NewResponseController(c.Response().Writer).SetReadDeadline(time.Time{})
+	// A file may take longer to send, either way, than the server's
+	// timeouts.
+	rc := http.NewResponseController(c.Response().Writer)
+	rc.SetReadDeadline(time.Time{})
+	rc.SetWriteDeadline(time.Time{})
 
 	segs := strings.Split(p, "/")
 	for i, seg := range segs {
@@ -117,6 +120,17 @@ func (s *Server) file(c echo.Context) error {
 		return err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotModified || resp.StatusCode == http.StatusRequestedRangeNotSatisfiable {
+		// A conditional GET's, or a range past the end: status and
+		// headers (Content-Range: bytes */size).
+		for _, k := range fileAnswerHeaders {
+			if v := resp.Header.Get(k); v != "" && k != "Content-Type" && k != "Content-Length" {
+				c.Response().Header().Set(k, v)
+			}
+		}
+		c.Response().WriteHeader(resp.StatusCode)
+		return nil
+	}
 	if resp.StatusCode >= 400 && r.Method == http.MethodHead {
 		// A HEAD's refusal is its status alone.
 		c.Response().WriteHeader(min(resp.StatusCode, http.StatusInternalServerError))
@@ -145,14 +159,19 @@ func (s *Server) file(c echo.Context) error {
 	if r.Method == http.MethodHead {
 		return nil
 	}
-	io.CopyBuffer(out, resp.Body, make([]byte, fileBuffer))
+	if _, err := io.CopyBuffer(out, resp.Body, make([]byte, fileBuffer)); err != nil {
+		// Cut: the client must see a broken answer, not a short one
+		// that ends cleanly (a tar ends cleanly at any entry).
+		panic(http.ErrAbortHandler)
+	}
 	return nil
 }
 
 // Stream sends one request to guestd whose body and answer are streamed
 // (a file): through the guest's exec client, the answer's header bounded
-// as every call's, the body the caller's to read and close. It ends with
-// ctx.
+// as every call's and due within the request timeout of the request's end
+// (503 guest_timeout), the body the caller's to read and close. It ends
+// with ctx.
 func (g *GuestClient) Stream(ctx context.Context, guest, method, path string, h http.Header, body io.Reader, length int64) (*http.Response, error) {
 	c, err := g.client(guest, poolExec)
 	if err != nil {
@@ -172,7 +191,7 @@ func (g *GuestClient) Stream(ctx context.Context, guest, method, path string, h 
 	if id, ok := ctx.Value(requestIDKey{}).(string); ok {
 		req.Header.Set(jsend.HeaderRequestID, id)
 	}
-	resp, err := c.HTTPClient().Do(req)
+	resp, err := c.StreamClient(g.requestTimeout).Do(req)
 	if err != nil {
 		return nil, g.transportError(ctx, guest, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 	"github.com/labstack/echo/v4"
@@ -122,10 +123,30 @@ func (s *Server) endAttachments(id, reason string) {
 		all = append(all, at)
 	}
 	s.attached.mu.Unlock()
+	// All at once, and never longer than endWait: a client that ignores
+	// the close frame must not hold up the operation.
+	done := make(chan struct{})
+	var wg sync.WaitGroup
 	for _, at := range all {
-		at.stop(websocket.StatusInternalError, reason)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			at.stop(websocket.StatusInternalError, reason)
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(endWait):
 	}
 }
+
+// endWait bounds how long ending a sandbox's attachments holds up the
+// operation that ends them (their guest sides are closed at once).
+const endWait = 2 * time.Second
 
 // sessionRoute checks a session route: the sandbox (a token may, its
 // own), running.
@@ -251,8 +272,12 @@ func (s *Server) attachSession(c echo.Context) error {
 		}
 		q.Set("since", v[0])
 	}
-	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		return jsend.InvalidField("upgrade", "attach is a WebSocket: send Upgrade: websocket")
+	// The client's handshake is checked before the guest is dialled: a
+	// bad one must not count as an attachment that came and went (a
+	// session that is not detachable would end).
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") || !headerHas(r.Header, "Connection", "upgrade") ||
+		r.Header.Get("Sec-WebSocket-Version") != "13" || r.Header.Get("Sec-WebSocket-Key") == "" {
+		return jsend.InvalidField("upgrade", "attach is a WebSocket: send a WebSocket handshake (Upgrade: websocket, version 13)")
 	}
 	at := &attached{}
 	if err := s.attached.add(sb.ID, at); err != nil {
@@ -281,8 +306,10 @@ func (s *Server) attachSession(c echo.Context) error {
 	var once sync.Once
 	end := func(code websocket.StatusCode, reason string) {
 		once.Do(func() {
+			// The guest's side at once (no handshake with a guest that
+			// may not answer); the client's with its close frame.
+			guest.CloseNow()
 			client.Close(code, reason)
-			guest.Close(websocket.StatusNormalClosure, "")
 			cancel()
 		})
 	}
@@ -368,4 +395,17 @@ func (g *GuestClient) AttachSession(ctx context.Context, guest, path string) (*w
 	}
 	conn.SetReadLimit(api.MaxSessionFrame)
 	return conn, nil
+}
+
+// headerHas tells whether header name lists token (comma-separated, any
+// case).
+func headerHas(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
 }

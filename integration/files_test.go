@@ -113,4 +113,16 @@ func TestFiles(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(b.String(), `"name":"big.bin"`) {
 		t.Fatalf("listing: %d %s", resp.StatusCode, b.String())
 	}
+	// A range past the end: 416 with the size, through hostproxy.
+	req, _ = http.NewRequest("GET", s.url+"/v1/sandboxes/sb-local/files"+guest+"/in.txt", nil)
+	req.Header.Set("X-Api-Key", s.key)
+	req.Header.Set("Range", "bytes=100-200")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestedRangeNotSatisfiable || resp.Header.Get("Content-Range") != "bytes */11" {
+		t.Fatalf("a range past the end: %d %q", resp.StatusCode, resp.Header.Get("Content-Range"))
+	}
 }

@@ -57,6 +57,11 @@ func TestSessions(t *testing.T) {
 		t.Fatalf("exec -i: %v, stdout %q, stderr %q; want exit 4, second go, oops", err, rest, stderr.String())
 	}
 
+	// Without -i the command's stdin is empty: cat ends at once.
+	if b, err := createos("sandbox", "exec", "sb-local", "--", "cat").CombinedOutput(); err != nil || len(b) != 0 {
+		t.Fatalf("exec cat without -i: %v: %q", err, b)
+	}
+
 	// A terminal.
 	b, err := createos("sandbox", "exec", "-t", "sb-local", "--", "sh", "-c", "tty; stty size").CombinedOutput()
 	if err != nil || !strings.HasPrefix(string(b), "/dev/pts/") || !strings.Contains(string(b), "24 80") {

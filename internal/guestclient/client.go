@@ -108,6 +108,15 @@ func New(dial Dial, lim Limits, budget *Budget) *Client {
 // the connection carries).
 func (c *Client) HTTPClient() *http.Client { return &http.Client{Transport: c.t} }
 
+// StreamClient is HTTPClient for a request whose body and answer stream:
+// the answer's header must come within headerTimeout of the request's
+// end (its body sent), however long the body takes.
+func (c *Client) StreamClient(headerTimeout time.Duration) *http.Client {
+	t := c.t.Clone()
+	t.ResponseHeaderTimeout = headerTimeout
+	return &http.Client{Transport: t}
+}
+
 // Request is one call.
 type Request struct {
 	Method, Path string

@@ -6,8 +6,9 @@
 // followed) and their modes and times; devices, fifos and sockets are
 // left out. Extract unpacks through an os.Root of the target directory:
 // no entry, and no symlink an earlier entry made, takes a write outside
-// it; an entry named outside it (an absolute name, "..", a hard link out)
-// is an *OutsideError before anything of it is written. Directories get
+// it; an entry named outside it (with "..", or a hard link out) is an
+// *OutsideError before anything of it is written, and an absolute name is
+// taken as relative to the directory, as tar does. Directories get
 // their times last, deepest first. Bytes are copied through one buffer:
 // neither side holds a file whole.
 //
@@ -35,6 +36,12 @@ const bufSize = 32 << 10
 // to dir. It does not close tw.
 func Write(tw *tar.Writer, dir string) error {
 	buf := make([]byte, bufSize)
+	// The root itself may be a symlink to the directory: its tree is
+	// walked, not the link.
+	dir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return err
+	}
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -99,8 +106,10 @@ func (e *EntryError) Unwrap() error { return e.Err }
 var ErrNotTar = errors.New("not a tar stream")
 
 // Extract unpacks the tar r into root's directory and returns the bytes
-// of the regular files written.
-func Extract(r io.Reader, root *os.Root) (int64, error) {
+// of the regular files written. Setuid, setgid and sticky bits are kept
+// only with special: a tar from a sandbox unpacked on the host must not
+// plant setuid files there.
+func Extract(r io.Reader, root *os.Root, special bool) (int64, error) {
 	tr := tar.NewReader(r)
 	buf := make([]byte, bufSize)
 	var total int64
@@ -132,7 +141,7 @@ func Extract(r io.Reader, root *os.Root) (int64, error) {
 		}
 		perm := fs.FileMode(h.Mode & 0o777)
 		for bit, m := range map[int64]fs.FileMode{0o4000: fs.ModeSetuid, 0o2000: fs.ModeSetgid, 0o1000: fs.ModeSticky} {
-			if h.Mode&bit != 0 {
+			if special && h.Mode&bit != 0 {
 				perm |= m
 			}
 		}

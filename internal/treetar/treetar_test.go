@@ -44,7 +44,7 @@ func TestRoundTrip(t *testing.T) {
 	dst := t.TempDir()
 	root, _ := os.OpenRoot(dst)
 	defer root.Close()
-	n, err := Extract(&buf, root)
+	n, err := Extract(&buf, root, true)
 	if err != nil || n != 4 {
 		t.Fatalf("Extract: %d, %v", n, err)
 	}
@@ -75,7 +75,7 @@ func TestOutside(t *testing.T) {
 		dir := filepath.Join(base, "d-"+filepath.Base(name))
 		os.Mkdir(dir, 0o755)
 		root, _ := os.OpenRoot(dir)
-		_, err := Extract(bytes.NewReader(tarOf(t, hs...)), root)
+		_, err := Extract(bytes.NewReader(tarOf(t, hs...)), root, false)
 		root.Close()
 		var out *OutsideError
 		var entry *EntryError
@@ -88,7 +88,7 @@ func TestOutside(t *testing.T) {
 	}
 	root, _ := os.OpenRoot(base)
 	defer root.Close()
-	if _, err := Extract(bytes.NewReader([]byte("not a tar at all, not at all")), root); !errors.Is(err, ErrNotTar) {
+	if _, err := Extract(bytes.NewReader([]byte("not a tar at all, not at all")), root, false); !errors.Is(err, ErrNotTar) {
 		t.Errorf("garbage: %v", err)
 	}
 }
@@ -111,7 +111,7 @@ func FuzzExtract(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer root.Close()
-		_, err = Extract(bytes.NewReader(data), root)
+		_, err = Extract(bytes.NewReader(data), root, false)
 		var out *OutsideError
 		var entry *EntryError
 		if err != nil && !errors.Is(err, ErrNotTar) && !errors.As(err, &out) && !errors.As(err, &entry) {
@@ -122,4 +122,36 @@ func FuzzExtract(f *testing.F) {
 			t.Fatalf("written beside the directory: %v", ents)
 		}
 	})
+}
+
+// TestSpecialBits: setuid and setgid bits are kept only when asked.
+func TestSpecialBits(t *testing.T) {
+	for _, special := range []bool{false, true} {
+		dir := t.TempDir()
+		root, _ := os.OpenRoot(dir)
+		_, err := Extract(bytes.NewReader(tarOf(t, tar.Header{Name: "s", Typeflag: tar.TypeReg, Mode: 0o4755})), root, special)
+		root.Close()
+		fi, _ := os.Stat(filepath.Join(dir, "s"))
+		if err != nil || fi == nil || (fi.Mode()&os.ModeSetuid != 0) != special || fi.Mode().Perm() != 0o755 {
+			t.Errorf("special %v: %v, %v", special, fi, err)
+		}
+	}
+}
+
+// TestSymlinkedRoot: a root reached through a symlink is walked.
+func TestSymlinkedRoot(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "real"), 0o755)
+	os.WriteFile(filepath.Join(dir, "real", "f"), []byte("x"), 0o644)
+	os.Symlink("real", filepath.Join(dir, "link"))
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := Write(tw, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	tw.Close()
+	h, err := tar.NewReader(&buf).Next()
+	if err != nil || h.Name != "f" {
+		t.Fatalf("the first entry: %+v, %v", h, err)
+	}
 }

@@ -204,6 +204,6 @@ func readLocalTar(r io.Reader, dir string) error {
 		return err
 	}
 	defer root.Close()
-	_, err = treetar.Extract(r, root)
+	_, err = treetar.Extract(r, root, false)
 	return err
 }

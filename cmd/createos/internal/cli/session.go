@@ -144,8 +144,10 @@ func (a *app) exitWith(code int, timeoutS int) error {
 // runSession runs req as a session that ends with this attachment, and
 // copies its streams here.
 func (a *app) runSession(ctx context.Context, c *Client, sandbox string, req api.SessionRequest, interactive bool) error {
+	// This terminal goes raw only when its keys go to the command (-i):
+	// else ^C must still end createos here.
 	ttyFd := -1
-	if req.TTY {
+	if req.TTY && interactive {
 		if f, ok := stdin.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 			ttyFd = int(f.Fd())
 			if cols, rows, err := term.GetSize(ttyFd); err == nil {
@@ -165,6 +167,13 @@ func (a *app) runSession(ctx context.Context, c *Client, sandbox string, req api
 	var in io.Reader
 	if interactive {
 		in = stdin
+	} else {
+		// Without -i the command's stdin is empty, as a one-shot exec's:
+		// it ends at once.
+		b, _ := json.Marshal(api.SessionControl{Type: "eof"})
+		if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
+			return &callError{err}
+		}
 	}
 	code, err := a.stream(ctx, conn, in, ttyFd)
 	if err != nil {
