@@ -97,7 +97,8 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, p string) error
 		if strings.Contains(r.Header.Get("Accept"), api.MediaTar) {
 			w.Header().Set("Content-Type", api.MediaTar)
 			tw := tar.NewWriter(w)
-			if err := treetar.Write(tw, p); err == nil {
+			err := treetar.Write(tw, p)
+			if err == nil {
 				err = tw.Close()
 			}
 			if err != nil {
