@@ -238,6 +238,15 @@ func (c *Client) TokenCall(ctx context.Context, op, sandbox string) (Token, json
 	return t, raw, err
 }
 
+// transport is HTTP's transport (http.DefaultTransport when none), for
+// the calls that take their own time: files and attachments.
+func (c *Client) transport() http.RoundTripper {
+	if c.HTTP != nil && c.HTTP.Transport != nil {
+		return c.HTTP.Transport
+	}
+	return http.DefaultTransport
+}
+
 // NewHTTPClient is an HTTP client whose calls end after timeout.
 func NewHTTPClient(timeout time.Duration) *http.Client {
 	return &http.Client{Timeout: timeout}

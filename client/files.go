@@ -40,7 +40,7 @@ func (c *Client) Stream(ctx context.Context, method, p string, h http.Header, bo
 		req.ContentLength = length
 	}
 	// No timeout: a file takes what it takes; ctx ends it.
-	resp, err := (&http.Client{Transport: http.DefaultTransport}).Do(req)
+	resp, err := (&http.Client{Transport: c.transport()}).Do(req)
 	if err != nil {
 		return nil, err
 	}

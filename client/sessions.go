@@ -50,7 +50,7 @@ func (c *Client) Attach(ctx context.Context, sandbox, id string, since int64) (*
 	u := "ws" + strings.TrimPrefix(base, "http") + path
 	h := http.Header{}
 	h.Set("X-Api-Key", c.Key)
-	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: h, Subprotocols: []string{"strata.v1"}})
+	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: &http.Client{Transport: c.transport()}, HTTPHeader: h, Subprotocols: []string{"strata.v1"}})
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			raw, _ := io.ReadAll(resp.Body)

@@ -12,7 +12,9 @@ import (
 // OpenAPI is the OpenAPI 3.1 document of every public route, served at
 // GET /v1/openapi.json (no key needed). The hostproxy tests hold it to
 // the router (every route in it, nothing else) and to every request and
-// answer they make; make test lints it with Redocly (redocly.yaml).
+// answer they make, the integration tests to the Go client's exchanges
+// with a real guest (internal/openapicheck); make test lints it with
+// Redocly (redocly.yaml).
 //
 //go:embed openapi.json
 var OpenAPI []byte

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,8 @@ import (
 	"github.com/coder/websocket"
 
 	"strata/client"
+	"strata/hostproxy"
+	"strata/internal/openapicheck"
 )
 
 // TestClient drives the real hostproxy and guestd through the exported
@@ -22,6 +25,13 @@ import (
 func TestClient(t *testing.T) {
 	s := startStack(t)
 	c := client.New(s.url, s.key)
+	// Every exchange holds to openapi.json: the routes the hostproxy
+	// tests cannot reach without a real guest (exec, sessions, files).
+	doc, derr := openapicheck.Load(hostproxy.OpenAPI)
+	if derr != nil {
+		t.Fatal(derr)
+	}
+	c.HTTP = &http.Client{Transport: &openapicheck.Transport{Doc: doc, Fail: func(err error) { t.Errorf("openapi.json: %v", err) }}}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
