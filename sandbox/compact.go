@@ -3,13 +3,13 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"slices"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -567,28 +567,40 @@ func (m *Manager) layerFiles(layers []string, base string) []string {
 // in safe mode copies into it what differs. The old chain is spelled
 // out, as QEMU gets it, not taken from the backing names in the files.
 func (m *Manager) rebase(ctx context.Context, file string, below []string, newBase string) error {
-	opts := rebaseOptions(file, below)
-	out, err := exec.CommandContext(ctx, "qemu-img", "rebase", "-q", "--image-opts", opts, "-b", newBase, "-F", "qcow2").CombinedOutput()
+	spec, err := rebaseSpec(file, below)
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, "qemu-img", "rebase", "-q", "-b", newBase, "-F", "qcow2", spec).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("qemu-img rebase: %w: %s", err, bytes.TrimSpace(out))
 	}
 	return nil
 }
 
-// rebaseOptions is the --image-opts description of file over the chain
-// below (top first), every layer qcow2.
-func rebaseOptions(file string, below []string) string {
-	var b strings.Builder
-	prefix := ""
-	for _, f := range append([]string{file}, below...) {
-		fmt.Fprintf(&b, "%sdriver=qcow2,%sfile.driver=file,%sfile.filename=%s,", prefix, prefix, prefix, escapeOpt(f))
-		prefix += "backing."
+// rebaseSpec is the json: description of file over the chain below (top
+// first), every layer qcow2. Its length grows with the chain's; the
+// --image-opts form it replaced spelled each layer's options with a
+// prefix as long as its depth ("backing.backing.…"), which grew with the
+// chain's square and passed the kernel's 128 KiB bound on one argument
+// (E2BIG) past a hundred-odd layers: a chain that had grown long once
+// could never be compacted again.
+func rebaseSpec(file string, below []string) (string, error) {
+	var node map[string]any
+	all := append([]string{file}, below...)
+	for i := len(all) - 1; i >= 0; i-- {
+		n := map[string]any{"driver": "qcow2", "file": map[string]any{"driver": "file", "filename": all[i]}}
+		if node != nil {
+			n["backing"] = node
+		}
+		node = n
 	}
-	return strings.TrimSuffix(b.String(), ",")
+	b, err := json.Marshal(node)
+	if err != nil {
+		return "", err
+	}
+	return "json:" + string(b), nil
 }
-
-// escapeOpt escapes a value for a QEMU option string (a comma doubles).
-func escapeOpt(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 
 // working marks a work file of the store as in use (collect leaves it).
 func (m *Manager) working(path string, on bool) {

@@ -112,13 +112,21 @@ func describe(c compaction) string {
 	return "none"
 }
 
-func TestRebaseOptions(t *testing.T) {
-	got := rebaseOptions("/s/a.qcow2", []string{"/s/b,c.qcow2", "/img/base.qcow2"})
-	want := "driver=qcow2,file.driver=file,file.filename=/s/a.qcow2," +
-		"backing.driver=qcow2,backing.file.driver=file,backing.file.filename=/s/b,,c.qcow2," +
-		"backing.backing.driver=qcow2,backing.backing.file.driver=file,backing.backing.file.filename=/img/base.qcow2"
-	if got != want {
-		t.Fatalf("rebaseOptions = %s\nwant %s", got, want)
+func TestRebaseSpec(t *testing.T) {
+	got, err := rebaseSpec("/s/a.qcow2", []string{"/s/b,c.qcow2", "/img/base.qcow2"})
+	want := `json:{"backing":{"backing":{"driver":"qcow2","file":{"driver":"file","filename":"/img/base.qcow2"}},"driver":"qcow2",` +
+		`"file":{"driver":"file","filename":"/s/b,c.qcow2"}},"driver":"qcow2","file":{"driver":"file","filename":"/s/a.qcow2"}}`
+	if err != nil || got != want {
+		t.Fatalf("rebaseSpec = %s, %v\nwant %s", got, err, want)
+	}
+	// A chain of 500 layers (far past what compaction lets stand) still
+	// fits one argument (the kernel's bound: 128 KiB).
+	var long []string
+	for i := range 500 {
+		long = append(long, fmt.Sprintf("/var/lib/strata/vms/store/%016x.qcow2", i))
+	}
+	if spec, _ := rebaseSpec("/var/lib/strata/vms/store/top.qcow2", long); len(spec) >= 128<<10 {
+		t.Fatalf("the spec of 500 layers is %d bytes", len(spec))
 	}
 }
 
