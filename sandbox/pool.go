@@ -100,7 +100,7 @@ func (m *Manager) take(ctx context.Context, p, r Record) (Record, error) {
 		return Record{}, errPoolMiss
 	}
 	taken, err := m.cfg.Records.Take(ctx, p.ID, func(rec *Record) error {
-		if !rec.Pooled || rec.Ahead != nil || rec.State != Running {
+		if !rec.Pooled || rec.State != Running {
 			return errPoolMiss
 		}
 		rec.Pooled = false
@@ -117,7 +117,7 @@ func (m *Manager) take(ctx context.Context, p, r Record) (Record, error) {
 // poolable tells whether pooled sandbox p may stay in the pool: of the
 // Manager's image and the pool's shape, booting or running.
 func (m *Manager) poolable(p Record) bool {
-	return p.Ahead == nil && p.Machine != nil && p.Machine.Image == m.cfg.Image.Key && shapeOf(p) == m.cfg.PoolShape &&
+	return p.Machine != nil && p.Machine.Image == m.cfg.Image.Key && shapeOf(p) == m.cfg.PoolShape &&
 		(p.State == Creating || p.State == Running)
 }
 
@@ -173,7 +173,7 @@ func (m *Manager) fillPool(ctx context.Context) {
 	}
 	keep := 0
 	for _, p := range records {
-		if !p.Pooled || p.Ahead != nil || p.State == Destroyed {
+		if !p.Pooled || p.State == Destroyed {
 			continue
 		}
 		if keep < m.cfg.Pool && m.poolable(p) {

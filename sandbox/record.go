@@ -58,8 +58,9 @@ type Record struct {
 	// Pooled marks a sandbox booted ahead for the pool (pool.go): of no
 	// account, until a create takes it.
 	Pooled bool `json:"pooled,omitempty"`
-	// Ahead is the snapshot a pooled sandbox is a fork made ahead of
-	// (ahead.go), for the next fork of it to take.
+	// Ahead is the snapshot a sandbox of no account is a fork made ahead
+	// of (forkahead.go), for the next fork of it to take; such a sandbox
+	// is never Pooled.
 	Ahead *From `json:"ahead,omitempty"`
 	// Error says what went wrong, in state error.
 	Error string `json:"error,omitempty"`

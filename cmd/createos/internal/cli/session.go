@@ -127,11 +127,16 @@ func (a *app) stream(ctx context.Context, conn *websocket.Conn, in io.Reader, tt
 }
 
 // exitWith turns a session's exit code into createos's status: 124 when
-// its timeout killed it (after a note), the code otherwise.
+// its timeout killed it (after a note naming timeoutS, when known: not 0),
+// the code otherwise.
 func (a *app) exitWith(code int, timeoutS int) error {
 	switch {
-	case code == -1:
+	case code == -1 && timeoutS > 0:
 		fmt.Fprintf(a.stderr, "createos: the command timed out after %d s; every process it started was killed\n", timeoutS)
+		return &exitStatus{124}
+	case code == -1:
+		// An attachment does not know the session's timeout.
+		fmt.Fprintln(a.stderr, "createos: the command timed out; every process it started was killed")
 		return &exitStatus{124}
 	case code == 0:
 		return nil
