@@ -104,7 +104,7 @@ type Config struct {
 	PoolShape Shape
 	NewID     func() (string, error)
 	// ForksAhead is how many snapshots, the last forked host-wide, keep
-	// one fork made ahead for the next fork to take (ahead.go); 0: none.
+	// one fork made ahead for the next fork to take (forkahead.go); 0: none.
 	// NewID names them.
 	ForksAhead int
 	// LazyTemplates makes a memory snapshot's template at its first fork

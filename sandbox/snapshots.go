@@ -747,7 +747,7 @@ func (m *Manager) restore(ctx context.Context, id, snapID string, diskOnly bool)
 // the source sandbox or the snapshot staying. It boots in the background
 // (loading the snapshot's memory when it has one) as a create does, or
 // is a fork made ahead of that snapshot, taken running under its own id
-// (ahead.go).
+// (forkahead.go).
 func (m *Manager) Fork(ctx context.Context, srcID, snapID string, r Record) (Record, error) {
 	key := From{Sandbox: srcID, Snapshot: snapID}
 	if taken, ok, err := m.takeForkAhead(ctx, key, r); ok {
