@@ -30,7 +30,10 @@ const envAPIKey = "CREATEOS_API_KEY"
 // the sandbox id and the sandbox access token (empty once revoked), and
 // guestd writes them, root-readable only, as a shell-sourceable env file:
 // CREATEOS_API_URL, CREATEOS_SANDBOX_ID and CREATEOS_API_KEY. createos
-// reads the file when those variables are not set.
+// reads the file when those variables are not set. A microVM's host sends
+// a channel_key too, a key that works only through the sandbox's own
+// channel: CREATEOS_API_KEY is that key while the sandbox has no token, so
+// that processes inside call the API with no set-up.
 //
 // A host that has only the token's hash (after a boot) sends token_sha256
 // in place of the token: guestd keeps the token it has (keptToken) only
@@ -56,7 +59,7 @@ func (s *Server) credentials(r *http.Request) (any, error) {
 	if !strings.HasPrefix(req.APIURL, "http://") && !strings.HasPrefix(req.APIURL, "https://") {
 		return nil, jsend.InvalidField("api_url", "api_url must be an http:// or https:// URL")
 	}
-	for field, v := range map[string]string{"api_url": req.APIURL, "sandbox_id": req.SandboxID, "token": req.Token} {
+	for field, v := range map[string]string{"api_url": req.APIURL, "sandbox_id": req.SandboxID, "token": req.Token, "channel_key": req.ChannelKey} {
 		if strings.ContainsFunc(v, func(r rune) bool { return unicode.IsControl(r) || r == '\'' }) || len(v) > 2048 {
 			return nil, jsend.InvalidField(field, field+" must be at most 2048 bytes, without quotes or control characters")
 		}
@@ -66,8 +69,11 @@ func (s *Server) credentials(r *http.Request) (any, error) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "CREATEOS_API_URL='%s'\nCREATEOS_SANDBOX_ID='%s'\n", req.APIURL, req.SandboxID)
-	if req.Token != "" {
+	switch {
+	case req.Token != "":
 		fmt.Fprintf(&b, "%s='%s'\n", envAPIKey, req.Token)
+	case req.ChannelKey != "":
+		fmt.Fprintf(&b, "%s='%s'\n", envAPIKey, req.ChannelKey)
 	}
 	if s.credentialsCopy != "" {
 		if err := writeFileIfChanged(s.credentialsCopy, []byte(b.String())); err != nil {

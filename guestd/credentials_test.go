@@ -36,6 +36,16 @@ func TestCredentialsFile(t *testing.T) {
 			"CREATEOS_API_URL='http://127.0.0.1:8080'\nCREATEOS_SANDBOX_ID='sb-local'\nCREATEOS_API_KEY='st_abc'\n"},
 		{"revoke", `{"api_url":"http://127.0.0.1:8080","sandbox_id":"sb-local","token":""}`,
 			"CREATEOS_API_URL='http://127.0.0.1:8080'\nCREATEOS_SANDBOX_ID='sb-local'\n"},
+		// A microVM's host sends a channel key: the key while there is
+		// no token, the token once there is one.
+		{"boot, no token", `{"api_url":"http://127.0.0.1:7777","sandbox_id":"sb-1","token":"","channel_key":"sbc_k"}`,
+			"CREATEOS_API_URL='http://127.0.0.1:7777'\nCREATEOS_SANDBOX_ID='sb-1'\nCREATEOS_API_KEY='sbc_k'\n"},
+		{"issue beside the channel key", `{"api_url":"http://127.0.0.1:7777","sandbox_id":"sb-1","token":"sbt_t","channel_key":"sbc_k"}`,
+			"CREATEOS_API_URL='http://127.0.0.1:7777'\nCREATEOS_SANDBOX_ID='sb-1'\nCREATEOS_API_KEY='sbt_t'\n"},
+		{"boot, the kept token's hash", `{"api_url":"http://127.0.0.1:7777","sandbox_id":"sb-1","token":"","token_sha256":"` + sha("sbt_t") + `","channel_key":"sbc_k"}`,
+			"CREATEOS_API_URL='http://127.0.0.1:7777'\nCREATEOS_SANDBOX_ID='sb-1'\nCREATEOS_API_KEY='sbt_t'\n"},
+		{"boot, another token's hash", `{"api_url":"http://127.0.0.1:7777","sandbox_id":"sb-1","token":"","token_sha256":"` + sha("sbt_other") + `","channel_key":"sbc_k"}`,
+			"CREATEOS_API_URL='http://127.0.0.1:7777'\nCREATEOS_SANDBOX_ID='sb-1'\nCREATEOS_API_KEY='sbc_k'\n"},
 	}
 	for _, st := range steps {
 		if err := putCredentials(path, st.body); err != nil {
@@ -71,6 +81,7 @@ func TestCredentialsRefused(t *testing.T) {
 		"quote":         {`{"api_url":"http://x","sandbox_id":"sb","token":"t'; rm -rf /"}`, "token"},
 		"newline":       {`{"api_url":"http://x","sandbox_id":"sb\nX=1","token":"t"}`, "sandbox_id"},
 		"no sandbox id": {`{"api_url":"http://x","sandbox_id":"","token":"t"}`, "sandbox_id"},
+		"channel key":   {`{"api_url":"http://x","sandbox_id":"sb","channel_key":"k'\n"}`, "channel_key"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -117,8 +117,8 @@ func (s *Server) booted(ctx context.Context, sb Sandbox) error {
 }
 
 // sendCredentials puts the credentials of microVM sandbox id to its guest:
-// the API address through the channel, the id, and the token owed to the
-// guest; with none owed, the SHA-256 of the sandbox's current token if it
+// the API address through the channel, the id, its channel key
+// (channelkey.go), and the token owed to the guest; with none owed, the SHA-256 of the sandbox's current token if it
 // has one, for the guest to keep its copy only if it is that token. With
 // onlyOwed it does nothing unless a token is owed, or while another
 // delivery to the guest is under way (that one, or the next request that
@@ -139,7 +139,7 @@ func (s *Server) sendCredentials(ctx context.Context, id string, onlyOwed bool) 
 	if token == "" && onlyOwed {
 		return nil
 	}
-	c := api.Credentials{APIURL: api.GuestAPIURL, SandboxID: id, Token: token}
+	c := api.Credentials{APIURL: api.GuestAPIURL, SandboxID: id, Token: token, ChannelKey: s.reg.ChannelKey(id)}
 	if token == "" {
 		hash, err := s.reg.tokenHash(ctx, id)
 		if err != nil {

@@ -115,7 +115,7 @@ func (v *vmTest) boot() {
 // want checks what the guest was last handed.
 func (v *vmTest) want(step string, token, sha string) {
 	v.t.Helper()
-	want := api.Credentials{APIURL: api.GuestAPIURL, SandboxID: "sb-vm", Token: token, TokenSHA256: sha}
+	want := api.Credentials{APIURL: api.GuestAPIURL, SandboxID: "sb-vm", Token: token, TokenSHA256: sha, ChannelKey: v.s.reg.ChannelKey("sb-vm")}
 	if got := v.guest.Credentials(); got != want {
 		v.t.Errorf("%s: the guest has %+v, want %+v", step, got, want)
 	}
@@ -312,5 +312,137 @@ func TestChannelServer(t *testing.T) {
 	extra.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if line, err := rd.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
 		t.Errorf("once a place is free: %q, %v", line, err)
+	}
+}
+
+// serveChannel serves the API as sandbox id's channel does, on a loopback
+// port, and returns its base URL.
+func (v *vmTest) serveChannel(id string) string {
+	v.t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		v.t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		v.s.serveGuest(id, ln)
+	}()
+	v.t.Cleanup(func() {
+		ln.Close()
+		<-done
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// TestChannelKey pins the key that lets processes inside a microVM call
+// the API with no set-up (before it, createos inside answered
+// unauthorized until someone issued an access token): every boot hands the
+// guest its sandbox's channel key, which acts as the sandbox's token
+// through that sandbox's channel and nowhere else.
+func TestChannelKey(t *testing.T) {
+	v := newVMTest(t)
+	other := Sandbox{ID: "sb-other", Account: "acct-a", Guest: guestAddress("sb-other"), State: sandbox.Running, Machine: &sandbox.Machine{}}
+	ahead := Sandbox{ID: "sb-ahead", Guest: guestAddress("sb-ahead"), State: sandbox.Running, Machine: &sandbox.Machine{}, Ahead: &sandbox.From{Sandbox: "sb-vm", Snapshot: "sn-1"}}
+	for _, r := range []Sandbox{other, ahead} {
+		if err := v.s.reg.Insert(t.Context(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v.setState(sandbox.Running)
+	key := v.s.reg.ChannelKey("sb-vm")
+	if !strings.HasPrefix(key, ChannelKeyPrefix) || len(key) != len(ChannelKeyPrefix)+43 {
+		t.Fatalf("channel key %q", key)
+	}
+	if key == v.s.reg.ChannelKey("sb-other") {
+		t.Fatal("two sandboxes have one channel key")
+	}
+	v.boot()
+	if got := v.guest.Credentials(); got.ChannelKey != key || got.Token != "" {
+		t.Fatalf("after a boot the guest has %+v, want its channel key and no token", got)
+	}
+
+	client := &http.Client{Transport: &http.Transport{}, Timeout: 5 * time.Second}
+	t.Cleanup(client.CloseIdleConnections)
+	call := func(base, method, path, key string) (int, string) {
+		t.Helper()
+		r, err := http.NewRequest(method, base+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Header.Set("X-Api-Key", key)
+		resp, err := client.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	vm, otherChannel, aheadChannel := v.serveChannel("sb-vm"), v.serveChannel("sb-other"), v.serveChannel("sb-ahead")
+	network := httptest.NewServer(v.s.Handler())
+	t.Cleanup(network.Close)
+	wrong := key[:len(key)-1] + "A"
+	if strings.HasSuffix(key, "A") {
+		wrong = key[:len(key)-1] + "B"
+	}
+	for _, c := range []struct {
+		what, base, method, path, key string
+		status                        int
+		code                          string
+	}{
+		{"its checkpoints through its channel", vm, "GET", "/v1/sandboxes/sb-vm/checkpoints", key, 200, ""},
+		{"its own lifecycle, as a token", vm, "POST", "/v1/sandboxes/sb-vm/stop", key, 403, "forbidden"},
+		{"its access token, as a token", vm, "POST", "/v1/sandboxes/sb-vm/access-token", key, 403, "forbidden"},
+		{"another sandbox through its channel", vm, "GET", "/v1/sandboxes/sb-other/checkpoints", key, 403, "forbidden"},
+		{"from the network", network.URL, "GET", "/v1/sandboxes/sb-vm/checkpoints", key, 401, "unauthorized"},
+		{"through another sandbox's channel", otherChannel, "GET", "/v1/sandboxes/sb-other/checkpoints", key, 401, "unauthorized"},
+		{"a key one character off", vm, "GET", "/v1/sandboxes/sb-vm/checkpoints", wrong, 401, "unauthorized"},
+		{"a fork made ahead's own, before any account takes it", aheadChannel, "GET", "/v1/sandboxes/sb-ahead/checkpoints", v.s.reg.ChannelKey("sb-ahead"), 401, "unauthorized"},
+	} {
+		status, body := call(c.base, c.method, c.path, c.key)
+		if status != c.status || c.code != "" && !strings.Contains(body, `"code":"`+c.code+`"`) {
+			t.Errorf("%s: %d %s, want %d %s", c.what, status, body, c.status, c.code)
+		}
+	}
+
+	// An access token, once issued, is what the guest gets; once revoked,
+	// the channel key again.
+	tok := v.token("/access-token")
+	if got := v.guest.Credentials(); got.Token != tok {
+		t.Errorf("after an issue the guest has %+v", got)
+	}
+	v.revoke()
+	if got := v.guest.Credentials(); got.Token != "" || got.ChannelKey != key {
+		t.Errorf("after a revoke the guest has %+v", got)
+	}
+}
+
+// TestChannelSecret pins that a registry keeps its channel keys across
+// reopens (a guest keeps its key across hostproxy's restarts), and that
+// two registries have different ones.
+func TestChannelSecret(t *testing.T) {
+	dir := t.TempDir()
+	open := func(dir string) *Registry {
+		t.Helper()
+		r, err := OpenRegistry(t.Context(), dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	r := open(dir)
+	first := r.ChannelKey("sb-a")
+	r.Close()
+	r = open(dir)
+	again := r.ChannelKey("sb-a")
+	r.Close()
+	if first != again {
+		t.Errorf("a reopened registry changed sb-a's channel key: %q, then %q", first, again)
+	}
+	r = open(t.TempDir())
+	defer r.Close()
+	if r.ChannelKey("sb-a") == first {
+		t.Error("two registries made one channel key for sb-a")
 	}
 }

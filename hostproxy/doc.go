@@ -46,7 +46,9 @@
 //   - hands each guest its credentials (API address, sandbox id, token):
 //     a microVM guest that cannot take a token when it is issued or
 //     rotated is owed it, in memory only, until it boots or is found
-//     running (credentials.go).
+//     running (credentials.go); a microVM guest gets its channel key too,
+//     which acts as its sandbox's token through its own channel only and
+//     is its CREATEOS_API_KEY while it has no token (channelkey.go).
 //
 // What it does not do: it never touches a checkpoint itself and keeps no
 // checkpoint state; a configured sandbox's state comes from the

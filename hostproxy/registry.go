@@ -106,6 +106,8 @@ const RegistryFile = "registry.db"
 // leaves either the old or the new state.
 type Registry struct {
 	db *bolt.DB
+	// channelSecret keys the sandboxes' channel keys (channelkey.go).
+	channelSecret []byte
 }
 
 // OpenRegistry opens (or creates) the registry under dir. It fails at once
@@ -128,19 +130,21 @@ func OpenRegistry(ctx context.Context, dir string) (*Registry, error) {
 		}
 		return nil, fmt.Errorf("registry: open %s: %w", path, err)
 	}
+	var secret []byte
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketAccounts, bucketSandboxes, bucketCredentials, bucketTokens} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
-		return nil
+		secret, err = loadChannelSecret(tx)
+		return err
 	})
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("registry: init %s: %w", path, err)
 	}
-	return &Registry{db: db}, nil
+	return &Registry{db: db, channelSecret: secret}, nil
 }
 
 // Close closes the bbolt file.

@@ -440,6 +440,9 @@ func (s *Server) principal(ctx context.Context, keys []string) (Principal, error
 	case 0:
 		return Principal{}, errUnauthorized
 	case 1:
+		if isChannelKey(keys[0]) {
+			return s.reg.authenticateChannel(ctx, channelSandbox(ctx), keys[0])
+		}
 		return s.reg.Authenticate(ctx, keys[0])
 	default:
 		return Principal{}, errTwoKeys

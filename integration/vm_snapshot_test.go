@@ -243,6 +243,22 @@ func TestVMSnapshots(t *testing.T) {
 			t.Fatalf("%s sees /workspace/p/mine as %q", sb, out.Stdout)
 		}
 	}
+	// Each fork has its own channel key (the source's, which its memory
+	// held, was replaced at its resync), which acts on the fork from
+	// inside it; the source's key opens nothing there.
+	keyOf := func(sb string) string {
+		return strings.TrimSpace(s.sh(sb, ". /run/strata/credentials.env; echo $CREATEOS_API_KEY"))
+	}
+	srcKey, forkKey := keyOf(id), keyOf(fork1)
+	if !strings.HasPrefix(srcKey, "sbc_") || !strings.HasPrefix(forkKey, "sbc_") || srcKey == forkKey {
+		t.Fatalf("channel keys of the source %q and of a fork %q", srcKey, forkKey)
+	}
+	for key, want := range map[string]string{forkKey: "200", srcKey: "401"} {
+		line := `curl -sS -o /dev/null -w '%{http_code}' -H 'X-Api-Key: ` + key + `' "$CREATEOS_API_URL/v1/sandboxes/` + fork1 + `/checkpoints"`
+		if out := s.sh(fork1, ". /run/strata/credentials.env; "+line); out != want {
+			t.Fatalf("a channel key (the fork's: %v) from inside the fork: %q, want %s", key == forkKey, out, want)
+		}
+	}
 	// A token of the source, as the fork's memory holds it, does not act
 	// on the source from inside the fork.
 	tok := s.must(200, "POST", "/v1/sandboxes/"+id+"/access-token", "").data()["token"].(string)

@@ -66,14 +66,13 @@ func TestSandboxEndToEnd(t *testing.T) {
 	s.sh(id, "echo unsaved > /workspace/project/notes")
 
 	// From inside: the in-guest API address reaches hostproxy through the
-	// channel, with no guest network; the token acts on this sandbox.
-	tok := s.must(200, "POST", "/v1/sandboxes/"+id+"/access-token", "").data()["token"].(string)
-	inside := s.sh(id, `. /run/strata/credentials.env && test "$CREATEOS_API_KEY" = `+tok+` && curl -sS -H "X-Api-Key: $CREATEOS_API_KEY" "$CREATEOS_API_URL/v1/sandboxes/$CREATEOS_SANDBOX_ID/checkpoints"`)
-	if !strings.Contains(inside, a["id"].(string)) {
-		t.Fatalf("list from inside: %q", inside)
+	// channel, with no guest network. With no access token issued, the
+	// guest's key is its channel key, which acts on this sandbox.
+	if out := s.sh(id, `. /run/strata/credentials.env && echo "${CREATEOS_API_KEY%%_*}"`); out != "sbc\n" {
+		t.Fatalf("the guest's key before any token: %q", out)
 	}
 	// createos is on the guest's PATH and needs no set-up: the sandbox,
-	// the address and the token come from the credentials file.
+	// the address and the key come from the credentials file.
 	made := s.sh(id, `cd / && env -u CREATEOS_API_URL -u CREATEOS_API_KEY -u CREATEOS_SANDBOX_ID createos sandbox checkpoint create --path /workspace/project --name inside -o json`)
 	var insideCp struct {
 		ID   string `json:"id"`
@@ -92,8 +91,17 @@ func TestSandboxEndToEnd(t *testing.T) {
 	s.sh(id, `createos sandbox checkpoint restore `+insideCp.ID+` && createos sandbox checkpoint delete `+insideCp.ID)
 	// A session from inside, through the channel both ways (its token
 	// may use sessions of its own sandbox).
-	if out := s.sh(id, `createos sandbox exec $CREATEOS_SANDBOX_ID -- sh -c 'echo inside; echo err >&2' 2>&1`); out != "inside\nerr\n" {
+	// Its two streams are kept apart (their order between each other is
+	// not a stream's to keep).
+	if out := s.sh(id, `createos sandbox exec $CREATEOS_SANDBOX_ID -- sh -c 'echo inside; echo err >&2' >/tmp/out 2>/tmp/err; cat /tmp/out /tmp/err`); out != "inside\nerr\n" {
 		t.Fatalf("createos sandbox exec from inside: %q", out)
+	}
+	// Once a token is issued, the guest has it, and it acts on this
+	// sandbox from inside too.
+	tok := s.must(200, "POST", "/v1/sandboxes/"+id+"/access-token", "").data()["token"].(string)
+	inside := s.sh(id, `. /run/strata/credentials.env && test "$CREATEOS_API_KEY" = `+tok+` && curl -sS -H "X-Api-Key: $CREATEOS_API_KEY" "$CREATEOS_API_URL/v1/sandboxes/$CREATEOS_SANDBOX_ID/checkpoints"`)
+	if !strings.Contains(inside, a["id"].(string)) {
+		t.Fatalf("list from inside: %q", inside)
 	}
 	if out := s.sh(id, "ls /workspace/project; readlink /usr/local/bin/createos"); out != "main.go\nnotes\n/run/strata/bin/createos\n" {
 		t.Fatalf("after createos restored and deleted its checkpoint: %q", out)

@@ -75,6 +75,10 @@ type Credentials struct {
 	SandboxID   string `json:"sandbox_id"`
 	Token       string `json:"token"`
 	TokenSHA256 string `json:"token_sha256,omitempty"`
+	// ChannelKey is the key a microVM guest's processes use while the
+	// sandbox has no access token: it works only through the sandbox's
+	// own channel (hostproxy's channelkey.go).
+	ChannelKey string `json:"channel_key,omitempty"`
 }
 
 // ValidTokenSHA256 reports whether s has the shape of
