@@ -1,6 +1,7 @@
 package guestd
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -41,6 +43,8 @@ import (
 // background holding its pipes do not keep it open); its timeout kills
 // it whole (-1, timed_out). A session that is not detachable gets SIGHUP
 // when its last attachment closes, or when none came within
+// api.SessionAttachWait; when hostproxy ended its last attachment for an
+// operation on the sandbox (api.FrameHold), when none came again within
 // api.SessionAttachWait. Exited sessions are listed for api.SessionKeep.
 //
 // Sessions live in guestd's memory: a memory snapshot keeps them, a
@@ -55,6 +59,8 @@ type sessionSet struct {
 	cg              *execCgroups
 	credentialsPath string
 	log             *slog.Logger
+	// attachWait is api.SessionAttachWait; tests shorten it.
+	attachWait time.Duration
 
 	mu   sync.Mutex
 	byID map[string]*session
@@ -77,10 +83,13 @@ type session struct {
 	// program that does not read.
 	input *os.File
 	pty   *os.File // the master, with a terminal
+	// attachWait is how long a session that is not detachable waits for
+	// an attachment (api.SessionAttachWait).
+	attachWait time.Duration
 
 	mu       sync.Mutex
 	attached int
-	ever     bool // attached at least once
+	attaches int // attachments ever opened
 	exitCode *int
 	timedOut bool
 	ended    time.Time
@@ -138,7 +147,7 @@ func (ss *sessionSet) startSession(req api.SessionRequest) (*session, error) {
 		return nil, err
 	}
 	s := &session{id: newSessionID(), cmd: req.Cmd, tty: req.TTY, detachable: req.Detachable, created: time.Now().UTC(),
-		out: newSessionOutput(api.SessionBuffer), log: ss.log, done: make(chan struct{})}
+		out: newSessionOutput(api.SessionBuffer), log: ss.log, done: make(chan struct{}), attachWait: cmp.Or(ss.attachWait, api.SessionAttachWait)}
 	if ss.cg != nil {
 		if s.group, err = ss.cg.create(); err != nil {
 			return nil, err
@@ -241,9 +250,9 @@ func (ss *sessionSet) startSession(req api.SessionRequest) (*session, error) {
 	}
 	go s.wait(exited, output, readers, timeout)
 	if !req.Detachable {
-		time.AfterFunc(api.SessionAttachWait, func() {
+		time.AfterFunc(s.attachWait, func() {
 			s.mu.Lock()
-			ever := s.ever
+			ever := s.attaches > 0
 			s.mu.Unlock()
 			if !ever && s.running() {
 				s.log.Info("session ended: no attachment came", "session", s.id)
@@ -446,14 +455,28 @@ func (ss *sessionSet) attach(w http.ResponseWriter, r *http.Request) {
 	c.SetReadLimit(api.MaxSessionFrame)
 	s.mu.Lock()
 	s.attached++
-	s.ever = true
+	s.attaches++
 	s.mu.Unlock()
+	var held atomic.Bool
 	defer func() {
 		s.mu.Lock()
 		s.attached--
-		last := s.attached == 0
+		last, n := s.attached == 0, s.attaches
 		s.mu.Unlock()
-		if last && !s.detachable && s.running() {
+		switch {
+		case !last || s.detachable || !s.running():
+		case held.Load():
+			s.log.Info("session held: an operation on the sandbox ended its last attachment", "session", s.id, "wait", s.attachWait)
+			time.AfterFunc(s.attachWait, func() {
+				s.mu.Lock()
+				again := s.attached > 0 || s.attaches != n
+				s.mu.Unlock()
+				if !again && s.running() {
+					s.log.Info("session ended: no attachment came again", "session", s.id)
+					s.signal(syscall.SIGHUP)
+				}
+			})
+		default:
 			s.log.Info("session ended: its last attachment closed", "session", s.id)
 			s.signal(syscall.SIGHUP)
 		}
@@ -462,12 +485,19 @@ func (ss *sessionSet) attach(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	go func() {
 		defer cancel()
-		if err := s.readAttachment(ctx, c); err != nil {
+		err := s.readAttachment(ctx, c)
+		switch {
+		case errors.Is(err, errHeld):
+			held.Store(true)
+		case err != nil:
 			c.Close(websocket.StatusPolicyViolation, err.Error())
 		}
 	}()
 	s.writeAttachment(ctx, c, since)
 }
+
+// errHeld is readAttachment's end at hostproxy's FrameHold.
+var errHeld = errors.New("held")
 
 // readAttachment passes an attachment's frames to the session until the
 // attachment closes; a frame it cannot take is an error.
@@ -478,6 +508,9 @@ func (s *session) readAttachment(ctx context.Context, c *websocket.Conn) error {
 			return nil // closed
 		}
 		if typ == websocket.MessageBinary {
+			if len(b) == 1 && b[0] == api.FrameHold {
+				return errHeld
+			}
 			if len(b) == 0 || b[0] != api.StreamStdin {
 				return errors.New("a binary frame from the client must carry stdin (first byte 0)")
 			}

@@ -22,6 +22,7 @@ import (
 type sessionStack struct {
 	t   *testing.T
 	url string
+	srv *Server
 }
 
 func newSessionStack(t *testing.T) *sessionStack {
@@ -36,7 +37,7 @@ func newSessionStack(t *testing.T) *sessionStack {
 		s.sessions.mu.Unlock()
 		srv.Close()
 	})
-	return &sessionStack{t: t, url: srv.URL}
+	return &sessionStack{t: t, url: srv.URL, srv: s}
 }
 
 // call sends one request and decodes the JSend answer's data into out
@@ -314,6 +315,54 @@ func TestSession(t *testing.T) {
 		a.c.Close(websocket.StatusNormalClosure, "")
 		if rec := st.waitExited(se.ID); *rec.ExitCode != 128+1 {
 			t.Fatalf("after its last attachment: %+v, want exit 129 (SIGHUP)", rec)
+		}
+	})
+
+	t.Run("held by an operation on the sandbox", func(t *testing.T) {
+		// hostproxy ends an attachment for a memory snapshot with
+		// FrameHold: the session waits for an attachment to come again,
+		// and ends (SIGHUP) only when none came in time; closed the
+		// ordinary way after that, it ends at once.
+		st.srv.sessions.attachWait = 500 * time.Millisecond
+		defer func() { st.srv.sessions.attachWait = 0 }()
+		se := st.start(map[string]any{"cmd": []string{"sh", "-c", `echo up; exec sleep 100`}})
+		hold := func(a *attachment) {
+			t.Helper()
+			if err := a.c.Write(context.Background(), websocket.MessageBinary, []byte{api.FrameHold}); err != nil {
+				t.Fatal(err)
+			}
+			a.c.CloseNow()
+			<-a.closed
+		}
+		a := st.attach(se.ID, "")
+		a.waitOut(t, "up")
+		hold(a)
+		time.Sleep(200 * time.Millisecond)
+		if rec := st.get(se.ID); rec.State != api.SessionRunning {
+			t.Fatalf("held, before its wait is over: %+v", rec)
+		}
+		b := st.attach(se.ID, "?since=3")
+		time.Sleep(time.Second) // past the first hold's wait, attached
+		if rec := st.get(se.ID); rec.State != api.SessionRunning || rec.Attached != 1 {
+			t.Fatalf("attached again within the wait, after it: %+v", rec)
+		}
+		hold(b)
+		if rec := st.waitExited(se.ID); *rec.ExitCode != 128+1 {
+			t.Fatalf("held, with no attachment in time: %+v, want exit 129 (SIGHUP)", rec)
+		}
+
+		// With a wait longer than the test's, only the ordinary close
+		// can end it.
+		st.srv.sessions.attachWait = time.Hour
+		se = st.start(map[string]any{"cmd": []string{"sh", "-c", `echo up; exec sleep 100`}})
+		a = st.attach(se.ID, "")
+		a.waitOut(t, "up")
+		hold(a)
+		b = st.attach(se.ID, "")
+		b.waitOut(t, "up")
+		b.c.Close(websocket.StatusNormalClosure, "")
+		if rec := st.waitExited(se.ID); *rec.ExitCode != 128+1 {
+			t.Fatalf("closed after a hold: %+v, want exit 129 (SIGHUP)", rec)
 		}
 	})
 

@@ -61,6 +61,18 @@ type attached struct {
 	mu      sync.Mutex
 	end     func(code websocket.StatusCode, reason string)
 	pending *websocket.CloseError
+	// operation is set when endAttachments ends it.
+	operation bool
+}
+
+// holdWait bounds the write of api.FrameHold to the guest.
+const holdWait = 200 * time.Millisecond
+
+// byOperation tells whether endAttachments ended the attachment.
+func (at *attached) byOperation() bool {
+	at.mu.Lock()
+	defer at.mu.Unlock()
+	return at.operation
 }
 
 func (at *attached) arm(end func(code websocket.StatusCode, reason string)) {
@@ -75,6 +87,7 @@ func (at *attached) arm(end func(code websocket.StatusCode, reason string)) {
 
 func (at *attached) stop(code websocket.StatusCode, reason string) {
 	at.mu.Lock()
+	at.operation = true
 	end := at.end
 	if end == nil {
 		at.pending = &websocket.CloseError{Code: code, Reason: reason}
@@ -307,7 +320,16 @@ func (s *Server) attachSession(c echo.Context) error {
 	end := func(code websocket.StatusCode, reason string) {
 		once.Do(func() {
 			// The guest's side at once (no handshake with a guest that
-			// may not answer); the client's with its close frame.
+			// may not answer); the client's with its close frame. An
+			// operation's end (endAttachments) first tells the guest to
+			// hold the session for the client to attach again, in a
+			// frame no client can send: one write, bounded, to a guest
+			// that may not read it.
+			if at.byOperation() {
+				wctx, done := context.WithTimeout(ctx, holdWait)
+				guest.Write(wctx, websocket.MessageBinary, []byte{api.FrameHold})
+				done()
+			}
 			guest.CloseNow()
 			client.Close(code, reason)
 			cancel()

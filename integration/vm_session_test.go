@@ -10,6 +10,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,9 +25,11 @@ import (
 // TestVMSessions: a memory snapshot ends a microVM sandbox's attachments
 // with close code 1011 and a reason; the detachable session runs on
 // through it and is attached again from its first byte; the session
-// that was not detachable ended with its attachment (SIGHUP). A pause
-// ends attachments the same way, and the detachable session is there
-// after the resume.
+// that was not detachable is held for an attachment to come again, and
+// ends (SIGHUP) when that one closes. A pause ends attachments the same
+// way, and the detachable session is there after the resume. createos
+// sandbox exec outlives a memory snapshot taken from inside its own
+// command: it attaches again where it was.
 func TestVMSessions(t *testing.T) {
 	s := startVMStack(t, "60s")
 	id := s.create(s.key, `{"name":"sessions"}`)
@@ -88,26 +93,39 @@ func TestVMSessions(t *testing.T) {
 	s.must(200, "POST", "/v1/sandboxes/"+id+"/snapshots", `{}`)
 	ended(a, "memory snapshot")
 	ended(b, "memory snapshot")
-	sessions := map[string]api.Session{}
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		var list struct {
+	list := func() map[string]api.Session {
+		t.Helper()
+		var l struct {
 			Sessions []api.Session `json:"sessions"`
 		}
-		raw := s.must(200, "GET", "/v1/sandboxes/"+id+"/sessions", "").Body["data"]
-		bs, _ := json.Marshal(raw)
-		json.Unmarshal(bs, &list)
-		for _, se := range list.Sessions {
-			sessions[se.ID] = se
+		bs, _ := json.Marshal(s.must(200, "GET", "/v1/sandboxes/"+id+"/sessions", "").Body["data"])
+		json.Unmarshal(bs, &l)
+		m := map[string]api.Session{}
+		for _, se := range l.Sessions {
+			m[se.ID] = se
 		}
-		if sessions[drop].State == api.SessionExited || time.Now().After(deadline) {
-			break
-		}
+		return m
 	}
+	sessions := list()
 	if se := sessions[keep]; se.State != api.SessionRunning || se.Sandbox != id {
 		t.Fatalf("the detachable session after the snapshot: %+v", se)
 	}
-	if se := sessions[drop]; se.State != api.SessionExited || se.ExitCode == nil || *se.ExitCode != 128+1 {
-		t.Fatalf("the session that was not detachable after its attachment ended: %+v, want exited 129", se)
+	if se := sessions[drop]; se.State != api.SessionRunning {
+		t.Fatalf("the session that was not detachable, held after the snapshot: %+v", se)
+	}
+	b = attach(drop, "")
+	b.Close(websocket.StatusNormalClosure, "")
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		se := list()[drop]
+		if se.State == api.SessionExited {
+			if se.ExitCode == nil || *se.ExitCode != 128+1 {
+				t.Fatalf("the session that was not detachable after its attachment closed: %+v, want exited 129", se)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the session that was not detachable, a minute after its attachment closed: %+v", se)
+		}
 	}
 	again := attach(keep, "?since=0")
 	if out := readUntil(again, "tick 1\n"); !strings.HasPrefix(out, "tick 1\n") {
@@ -127,6 +145,20 @@ func TestVMSessions(t *testing.T) {
 	}
 	c.Close(websocket.StatusNormalClosure, "")
 	s.must(200, "DELETE", "/v1/sandboxes/"+id+"/sessions/"+keep, "")
+
+	// createos sandbox exec, whose command takes a memory snapshot of its
+	// own sandbox from inside: the snapshot ends its attachment, and it
+	// attaches again and gets the rest.
+	cmd := exec.CommandContext(ctx, filepath.Join(bins, "createos"), "sandbox", "exec", id, "--",
+		"sh", "-c", "echo before; createos sandbox snapshot create >/dev/null; echo after; exit 5")
+	cmd.Env = append(os.Environ(), "CREATEOS_API_URL="+s.url, "CREATEOS_API_KEY="+s.key)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) || exitErr.ExitCode() != 5 || out.String() != "before\nafter\n" || errb.Len() != 0 {
+		t.Fatalf("createos exec across a snapshot from inside: %v, stdout %q, stderr %q; want exit 5, before and after", err, out.String(), errb.String())
+	}
 
 	// A file in and out through the channel, streamed.
 	data := make([]byte, 8<<20)

@@ -23,6 +23,14 @@ const (
 	StreamStdin  byte = 0
 	StreamStdout byte = 1
 	StreamStderr byte = 2
+	// FrameHold is a binary frame of this one byte that only hostproxy
+	// sends guestd (hostproxy lets a client's binary frames through only
+	// as stdin): the attachment is being ended by an operation on the
+	// sandbox (a memory snapshot, a pause, a restore, a stop), whose
+	// client side gets close code 1011. A session that is not detachable
+	// and loses its last attachment this way is held SessionAttachWait
+	// for an attachment to come again, rather than ended at once.
+	FrameHold byte = 0xff
 )
 
 // Limits of sessions, as the contract states them.
@@ -42,8 +50,10 @@ const (
 	// gives none.
 	DefaultRows, DefaultCols = 24, 80
 	// SessionAttachWait is how long a session that is not detachable
-	// waits for its first attachment before it is ended (SIGHUP), as it
-	// is when its last attachment closes.
+	// waits for its first attachment, or for one to come again after an
+	// operation on the sandbox ended its last (FrameHold), before it is
+	// ended (SIGHUP), as it is at once when its last attachment closes
+	// otherwise.
 	SessionAttachWait = 60 * time.Second
 	// SessionKillGrace is the time between a session's SIGTERM and its
 	// SIGKILL at a DELETE.

@@ -24,26 +24,40 @@ import (
 // stdin is what -i forwards; a terminal here (-t) is put in raw mode.
 var stdin io.Reader = os.Stdin
 
-// stream copies an attachment here until the session's exit (its code:
-// -1 when its timeout killed it) or the attachment's end. With in, stdin
-// goes to the session (its end as "eof"); with fd a terminal (-t), it is
-// put in raw mode and its size follows this one's.
-func (a *app) stream(ctx context.Context, conn *websocket.Conn, in io.Reader, ttyFd int) (int, error) {
+// follow copies session id's output here from output offset since
+// until the session's exit (its code: -1 when its timeout killed it).
+// With in, stdin goes to the session (its end as "eof"); with ttyFd a
+// terminal (-t), it is put in raw mode and its size follows this one's.
+// quietDrop leaves out the note of the output the session no longer held
+// at the first attachment (a default attach asks for the oldest byte
+// held, not for byte 0).
+//
+// An operation on the sandbox (a memory snapshot, a pause, a restore)
+// ends attachments with close code 1011, and guestd holds the session
+// api.SessionAttachWait for an attachment to come again: follow attaches
+// again from the offset it had reached, so that a command outlives a
+// snapshot taken meanwhile, even from inside it.
+func (a *app) follow(ctx context.Context, c *Client, sandbox, id string, since int64, in io.Reader, ttyFd int, quietDrop bool) (int, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var (
+		mu   sync.Mutex
+		conn *websocket.Conn // the current attachment
+	)
 	send := func(m api.SessionControl) error {
+		mu.Lock()
+		cur := conn
+		mu.Unlock()
+		if cur == nil {
+			return errors.New("not attached")
+		}
 		b, _ := json.Marshal(m)
-		return conn.Write(ctx, websocket.MessageText, b)
+		return cur.Write(ctx, websocket.MessageText, b)
 	}
 	if ttyFd >= 0 {
 		old, err := term.MakeRaw(ttyFd)
 		if err == nil {
 			defer term.Restore(ttyFd, old)
-		}
-		resize := func() {
-			if cols, rows, err := term.GetSize(ttyFd); err == nil {
-				send(api.SessionControl{Type: "resize", Rows: rows, Cols: cols})
-			}
 		}
 		winch := make(chan os.Signal, 1)
 		signal.Notify(winch, syscall.SIGWINCH)
@@ -52,36 +66,138 @@ func (a *app) stream(ctx context.Context, conn *websocket.Conn, in io.Reader, tt
 			for {
 				select {
 				case <-winch:
-					resize()
+					if cols, rows, err := term.GetSize(ttyFd); err == nil {
+						send(api.SessionControl{Type: "resize", Rows: rows, Cols: cols})
+					}
 				case <-ctx.Done():
 					return
 				}
 			}
 		}()
-		resize()
 	}
-	var writing sync.WaitGroup
+	// Standard input is read by one goroutine for every attachment: a
+	// chunk read while one attachment ended goes to the next.
+	var input chan []byte
 	if in != nil {
-		writing.Add(1)
+		input = make(chan []byte)
 		go func() {
-			defer writing.Done()
-			buf := make([]byte, 32<<10)
+			defer close(input)
 			for {
+				buf := make([]byte, 32<<10)
 				n, err := in.Read(buf)
 				if n > 0 {
-					if conn.Write(ctx, websocket.MessageBinary, append([]byte{api.StreamStdin}, buf[:n]...)) != nil {
+					select {
+					case input <- buf[:n]:
+					case <-ctx.Done():
 						return
 					}
 				}
 				if err != nil {
-					if errors.Is(err, io.EOF) {
-						send(api.SessionControl{Type: "eof"})
-					}
-					return
+					return // io.EOF, or stdin is unreadable: its end either way
 				}
 			}
 		}()
 	}
+	var carry []byte // a chunk the last attachment could not send
+	eofSent := false
+	for attempt := 0; ; attempt++ {
+		cur, err := a.attachAgain(ctx, c, sandbox, id, since, attempt > 0)
+		if err != nil {
+			return 0, err
+		}
+		mu.Lock()
+		conn = cur
+		mu.Unlock()
+		if ttyFd >= 0 {
+			if cols, rows, err := term.GetSize(ttyFd); err == nil {
+				send(api.SessionControl{Type: "resize", Rows: rows, Cols: cols})
+			}
+		}
+		actx, endWriter := context.WithCancel(ctx)
+		var writing sync.WaitGroup
+		if input != nil && !eofSent {
+			writing.Add(1)
+			go func() {
+				defer writing.Done()
+				for {
+					b := carry
+					if b == nil {
+						var ok bool
+						select {
+						case b, ok = <-input:
+						case <-actx.Done():
+							return
+						}
+						if !ok {
+							if send(api.SessionControl{Type: "eof"}) == nil {
+								eofSent = true
+							}
+							return
+						}
+					}
+					if cur.Write(actx, websocket.MessageBinary, append([]byte{api.StreamStdin}, b...)) != nil {
+						carry = b
+						return
+					}
+					carry = nil
+				}
+			}()
+		}
+		code, exited, err := a.copyAttachment(ctx, cur, &since, quietDrop && attempt == 0)
+		endWriter()
+		writing.Wait()
+		cur.CloseNow()
+		if exited || err != nil {
+			return code, err
+		}
+	}
+}
+
+// attachAgain opens an attachment from since; again (after an operation
+// ended the last one) it retries while the sandbox is busy or not back
+// yet, for as long as guestd holds the session.
+func (a *app) attachAgain(ctx context.Context, c *Client, sandbox, id string, since int64, again bool) (*websocket.Conn, error) {
+	if !again {
+		conn, err := c.Attach(ctx, sandbox, id, since)
+		if err != nil {
+			return nil, wrap(err)
+		}
+		return conn, nil
+	}
+	deadline := time.Now().Add(api.SessionAttachWait - 5*time.Second)
+	for {
+		conn, err := c.Attach(ctx, sandbox, id, since)
+		if err == nil {
+			return conn, nil
+		}
+		var apiErr *APIError
+		busy := !errors.As(err, &apiErr) || apiErr.Status == 409 && apiErr.Code != "sandbox_not_running" || apiErr.Status >= 500
+		if apiErr != nil && apiErr.Code == "sandbox_not_running" {
+			// A snapshot's restore or a resume on its way: running
+			// again soon. Paused or stopped: not by itself.
+			var state string
+			json.Unmarshal(apiErr.Fields["state"], &state)
+			busy = state != "paused" && state != "stopped" && state != "error"
+		}
+		if !busy || time.Now().After(deadline) {
+			if apiErr != nil && apiErr.Code == "session_not_found" {
+				return nil, errors.New("the attachment was ended by an operation on the sandbox, and the session is gone (the sandbox was restored to a moment before it, or its guestd started again)")
+			}
+			return nil, fmt.Errorf("the attachment was ended by an operation on the sandbox, and could not be opened again (%w); attach later with: createos sandbox session attach %s %s --since %d", wrap(err), sandbox, id, since)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// copyAttachment copies one attachment's output here, advancing *since,
+// until the session's exit (exited, with its code), an operation's end of
+// the attachment (neither exited nor an error: attach again), or an
+// error.
+func (a *app) copyAttachment(ctx context.Context, conn *websocket.Conn, since *int64, quietDrop bool) (code int, exited bool, err error) {
 	for {
 		typ, b, err := conn.Read(ctx)
 		if err != nil {
@@ -89,12 +205,14 @@ func (a *app) stream(ctx context.Context, conn *websocket.Conn, in io.Reader, tt
 			var ce websocket.CloseError
 			errors.As(err, &ce)
 			switch {
+			case st == websocket.StatusInternalError:
+				return 0, false, nil
 			case st == websocket.StatusNormalClosure:
-				return 0, errors.New("the attachment closed before the command's exit")
+				return 0, false, &callError{errors.New("the attachment closed before the command's exit")}
 			case st != -1:
-				return 0, fmt.Errorf("the attachment was ended (%d): %s", st, ce.Reason)
+				return 0, false, &callError{fmt.Errorf("the attachment was ended (%d): %s", st, ce.Reason)}
 			}
-			return 0, fmt.Errorf("the attachment broke: %w", err)
+			return 0, false, &callError{fmt.Errorf("the attachment broke: %w", err)}
 		}
 		if typ == websocket.MessageBinary {
 			if len(b) == 0 {
@@ -104,8 +222,9 @@ func (a *app) stream(ctx context.Context, conn *websocket.Conn, in io.Reader, tt
 			if b[0] == api.StreamStderr {
 				w = a.stderr
 			}
+			*since += int64(len(b) - 1)
 			if _, err := w.Write(b[1:]); err != nil {
-				return 0, err
+				return 0, false, err
 			}
 			continue
 		}
@@ -115,13 +234,16 @@ func (a *app) stream(ctx context.Context, conn *websocket.Conn, in io.Reader, tt
 		}
 		switch m.Type {
 		case "dropped":
-			fmt.Fprintf(a.stderr, "createos: %d bytes of output were no longer held for this attachment\n", m.Bytes)
+			*since += m.Bytes
+			if !quietDrop {
+				fmt.Fprintf(a.stderr, "createos: %d bytes of output were no longer held for this attachment\n", m.Bytes)
+			}
 		case "exit":
 			conn.Close(websocket.StatusNormalClosure, "")
 			if m.ExitCode == nil {
-				return 1, nil
+				return 1, true, nil
 			}
-			return *m.ExitCode, nil
+			return *m.ExitCode, true, nil
 		}
 	}
 }
@@ -164,25 +286,15 @@ func (a *app) runSession(ctx context.Context, c *Client, sandbox string, req api
 	if err != nil {
 		return wrap(err)
 	}
-	conn, err := c.Attach(ctx, sandbox, se.ID, 0)
-	if err != nil {
-		return wrap(err)
-	}
-	defer conn.CloseNow()
-	var in io.Reader
+	// Without -i the command's stdin is empty, as a one-shot exec's: it
+	// ends at once.
+	in := io.Reader(strings.NewReader(""))
 	if interactive {
 		in = stdin
-	} else {
-		// Without -i the command's stdin is empty, as a one-shot exec's:
-		// it ends at once.
-		b, _ := json.Marshal(api.SessionControl{Type: "eof"})
-		if err := conn.Write(ctx, websocket.MessageText, b); err != nil {
-			return &callError{err}
-		}
 	}
-	code, err := a.stream(ctx, conn, in, ttyFd)
+	code, err := a.follow(ctx, c, sandbox, se.ID, 0, in, ttyFd, false)
 	if err != nil {
-		return &callError{err}
+		return err
 	}
 	timeout := req.TimeoutS
 	if timeout == 0 {
@@ -240,18 +352,20 @@ come later.`,
 			if err != nil {
 				return err
 			}
-			conn, err := c.Attach(cmd.Context(), args[0], args[1], since)
-			if err != nil {
-				return wrap(err)
-			}
-			defer conn.CloseNow()
 			var in io.Reader
 			if interactive {
 				in = stdin
 			}
-			code, err := a.stream(cmd.Context(), conn, in, -1)
+			from, quiet := since, false
+			if from < 0 {
+				// From byte 0, for offsets known at every byte (an
+				// attachment ended by a snapshot is opened again from
+				// where it was); what is no longer held is not a loss.
+				from, quiet = 0, true
+			}
+			code, err := a.follow(cmd.Context(), c, args[0], args[1], from, in, -1, quiet)
 			if err != nil {
-				return &callError{err}
+				return err
 			}
 			return a.exitWith(code, 0)
 		},
