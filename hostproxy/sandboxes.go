@@ -312,6 +312,7 @@ func (s *Server) createSandbox(c echo.Context) error {
 	if s.machines == nil {
 		return errNoVMs
 	}
+	var forkOf string // the snapshot's id, when from names it
 	if req.From != nil {
 		// A fork is of the account's own sandbox; another account's is
 		// as unknown as one that does not exist.
@@ -321,6 +322,10 @@ func (s *Server) createSandbox(c echo.Context) error {
 		}
 		if src.Account != p.Account {
 			return errSandboxNotFound
+		}
+		forkOf = req.From.Snapshot
+		if sn, ok := src.SnapshotNamed(forkOf); ok && !api.ValidSnapshotID(forkOf) {
+			forkOf = sn.ID
 		}
 	}
 	id, err := s.newSandboxID()
@@ -347,7 +352,7 @@ func (s *Server) createSandbox(c echo.Context) error {
 		ctx = withCreateClaim(ctx, claim)
 	}
 	if req.From != nil {
-		rec, err = s.machines.Fork(ctx, req.From.Sandbox, req.From.Snapshot, rec)
+		rec, err = s.machines.Fork(ctx, req.From.Sandbox, forkOf, rec)
 	} else {
 		rec, err = s.machines.Create(ctx, rec)
 	}

@@ -98,7 +98,8 @@ func sandboxCases() []sandboxCase {
 		// snapshots to fork from, as it has no sandboxes to create.
 		{name: "create_fork", req: create(`{"from":{"sandbox":"sb-a1","snapshot":"v1"}}`), status: 409, code: "sandboxes_disabled"},
 		{name: "create_fork_named", req: create(`{"name":"web","from":{"sandbox":"sb-a1","snapshot":"auto-1"}}`), status: 409, code: "sandboxes_disabled"},
-		{name: "create_fork_bad_snapshot", req: create(`{"from":{"sandbox":"sb-a1","snapshot":"x"}}`), status: 400, code: "invalid_field"},
+		{name: "create_fork_bad_snapshot", req: create(`{"from":{"sandbox":"sb-a1","snapshot":"v0"}}`), status: 400, code: "invalid_field"},
+		{name: "create_fork_of_a_name", req: create(`{"from":{"sandbox":"sb-a1","snapshot":"after-build"}}`), status: 409, code: "sandboxes_disabled"},
 		{name: "create_trailing_object", req: create(`{} {}`), status: 400, code: "invalid_json"},
 		{name: "create_trailing_garbage", req: create(`{"vcpus":1}x`), status: 400, code: "invalid_json"},
 		{name: "create_array", req: create(`[{}]`), status: 400, code: "invalid_json"},

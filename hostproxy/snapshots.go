@@ -62,19 +62,24 @@ var (
 
 func snapshotView(sandboxID string, sn sandbox.Snapshot) api.Snapshot {
 	return api.Snapshot{
-		ID: sn.ID, Sandbox: sandboxID, Comment: sn.Comment, Memory: sn.Memory, Auto: sn.Auto,
+		ID: sn.ID, Name: sn.Name, Sandbox: sandboxID, Comment: sn.Comment, Memory: sn.Memory, Auto: sn.Auto,
 		Pinned: sn.Pinned, Status: string(sn.Status), SizeBytes: sn.SizeBytes,
 		CreatedAt: api.FormatTime(sn.CreatedAt), PauseMs: sn.PauseMs, Live: sn.Live,
 	}
 }
 
-// snapshotOf is the snapshot a route names, or snapshot_not_found.
+// snapshotOf is the snapshot a route names, by its id or its name, or
+// snapshot_not_found.
 func snapshotOf(c echo.Context, sb Sandbox) (sandbox.Snapshot, error) {
 	id := c.Param("snapshot")
-	if !api.ValidSnapshotID(id) {
-		return sandbox.Snapshot{}, sandbox.ErrSnapshotNotFound.With("snapshot_id", id)
+	var sn *sandbox.Snapshot
+	ok := false
+	switch {
+	case api.ValidSnapshotID(id):
+		sn, ok = sb.Snapshot(id)
+	case api.ValidSnapshotName(id):
+		sn, ok = sb.SnapshotNamed(id)
 	}
-	sn, ok := sb.Snapshot(id)
 	if !ok {
 		return sandbox.Snapshot{}, sandbox.ErrSnapshotNotFound.With("snapshot_id", id)
 	}
@@ -100,6 +105,9 @@ func (s *Server) createSnapshot(c echo.Context) (any, error) {
 	}
 	r := c.Request()
 	sr := sandbox.SnapshotRequest{Memory: *req.Memory}
+	if req.Name != nil {
+		sr.Name = *req.Name
+	}
 	if req.Comment != nil {
 		sr.Comment = *req.Comment
 	}

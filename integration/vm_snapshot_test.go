@@ -119,12 +119,19 @@ func TestVMSnapshots(t *testing.T) {
 
 	// A memory snapshot: the sandbox runs on, the counter too.
 	t0 := time.Now()
-	v1 := s.must(200, "POST", snaps, `{"comment":"counter running"}`).data()
+	v1 := s.must(200, "POST", snaps, `{"comment":"counter running","name":"counter-on"}`).data()
 	t.Logf("memory snapshot: %v", time.Since(t0))
-	if v1["id"] != "v1" || v1["memory"] != true || v1["auto"] != false || v1["status"] != "ready" || v1["comment"] != "counter running" || v1["size_bytes"].(float64) <= 0 || v1["sandbox"] != id {
+	if v1["id"] != "v1" || v1["name"] != "counter-on" || v1["memory"] != true || v1["auto"] != false || v1["status"] != "ready" || v1["comment"] != "counter running" || v1["size_bytes"].(float64) <= 0 || v1["sandbox"] != id {
 		t.Fatalf("snapshot record: %v", v1)
 	}
 	atSnapshot := s.counting(id)
+	// Its name is taken, and stands for its id.
+	if r := s.call(s.key, "POST", snaps, `{"name":"counter-on","memory":false}`); r.Status != 409 || r.code() != "name_taken" {
+		t.Fatalf("a second snapshot named counter-on: %d %s", r.Status, r.Raw)
+	}
+	if got := s.must(200, "GET", snaps+"/counter-on", "").data(); got["id"] != "v1" {
+		t.Fatalf("GET by name: %v", got)
+	}
 	if st := s.must(200, "GET", "/v1/sandboxes/"+id, "").data()["state"]; st != "running" {
 		t.Fatalf("state after a snapshot: %v", st)
 	}
@@ -138,7 +145,7 @@ func TestVMSnapshots(t *testing.T) {
 	// Restore v1: the counter runs again from about the snapshot's
 	// value, the later file and checkpoint are gone.
 	t0 = time.Now()
-	res := s.must(200, "POST", snaps+"/v1/restore", "").data()
+	res := s.must(200, "POST", snaps+"/counter-on/restore", "").data()
 	t.Logf("memory restore: %v", time.Since(t0))
 	if res["snapshot_id"] != "v1" || res["auto_id"] != "auto-1" || res["state"] != "running" {
 		t.Fatalf("restore: %v", res)
@@ -208,10 +215,10 @@ func TestVMSnapshots(t *testing.T) {
 	// in their own sandbox; they outlive the source and the snapshot.
 	s.sh(id, counterLine)
 	s.counting(id)
-	s.must(200, "POST", snaps, `{"comment":"for forks"}`)
+	s.must(200, "POST", snaps, `{"comment":"for forks","name":"for-forks"}`)
 	t0 = time.Now()
-	f1 := s.call(s.key, "POST", "/v1/sandboxes", `{"name":"fork-one","from":{"sandbox":"`+id+`","snapshot":"v3"}}`)
-	if f1.Status != 202 || f1.data()["from"] == nil {
+	f1 := s.call(s.key, "POST", "/v1/sandboxes", `{"name":"fork-one","from":{"sandbox":"`+id+`","snapshot":"for-forks"}}`)
+	if f1.Status != 202 || f1.data()["from"] == nil || f1.data()["from"].(map[string]any)["snapshot"] != "v3" {
 		t.Fatalf("fork: %d %s", f1.Status, f1.Raw)
 	}
 	fork1 := f1.data()["id"].(string)

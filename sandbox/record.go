@@ -99,6 +99,16 @@ type From struct {
 	Snapshot string `json:"snapshot"`
 }
 
+// SnapshotNamed returns the snapshot of r named name.
+func (r *Record) SnapshotNamed(name string) (*Snapshot, bool) {
+	for i := range r.Snapshots {
+		if r.Snapshots[i].Name == name {
+			return &r.Snapshots[i], true
+		}
+	}
+	return nil, false
+}
+
 // Snapshot finds a snapshot of the record by id.
 func (r *Record) Snapshot(id string) (*Snapshot, bool) {
 	for i := range r.Snapshots {
@@ -201,6 +211,7 @@ const (
 // Snapshot is a VM snapshot as its sandbox's record keeps it.
 type Snapshot struct {
 	ID        string         `json:"id"`
+	Name      string         `json:"name,omitempty"`
 	Comment   string         `json:"comment,omitempty"`
 	Memory    bool           `json:"memory"`
 	Auto      bool           `json:"auto,omitempty"`
@@ -333,6 +344,7 @@ var (
 
 	ErrSnapshotNotFound     = fault.New(fault.NotFound, "snapshot_not_found", "no such snapshot of this sandbox")
 	ErrSnapshotNotReady     = fault.New(fault.Conflict, "snapshot_not_ready", "the snapshot is not ready (it is being taken, or failed)")
+	ErrSnapshotNameTaken    = fault.New(fault.Conflict, "name_taken", "another snapshot of this sandbox has this name")
 	ErrSnapshotLimit        = fault.New(fault.Conflict, "snapshot_limit", "the sandbox has as many snapshots of this kind as it may; delete one, or ask for retention")
 	ErrSnapshotInUse        = fault.New(fault.Conflict, "snapshot_in_use", "a restore is loading this snapshot; delete it once the restore has finished")
 	ErrSnapshotIncompatible = fault.New(fault.Conflict, "snapshot_incompatible", "this host can no longer load the snapshot's memory (its QEMU, device set or image changed); restore it with disk_only")

@@ -55,6 +55,9 @@ const (
 
 // SnapshotRequest is what a snapshot is asked for with.
 type SnapshotRequest struct {
+	// Name, when set, names the snapshot: unique among the sandbox's
+	// (ErrSnapshotNameTaken), accepted wherever its id is.
+	Name    string
 	Comment string
 	// Memory keeps memory and devices too (processes come back
 	// running); otherwise only the disk (a fresh boot).
@@ -203,6 +206,11 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 		if rec.Machine == nil || len(rec.Machine.Disk) == 0 || rec.Machine.Disk[0] != frozen[0] {
 			return ErrInProgress
 		}
+		if req.Name != "" {
+			if _, ok := rec.SnapshotNamed(req.Name); ok {
+				return ErrSnapshotNameTaken.With("name", req.Name)
+			}
+		}
 		if auto {
 			rec.AutoSeq++
 			snap.ID = fmt.Sprintf("auto-%d", rec.AutoSeq)
@@ -211,7 +219,7 @@ func (m *Manager) snapshot(ctx context.Context, id string, req SnapshotRequest, 
 			snap.ID = fmt.Sprintf("v%d", rec.SnapshotSeq)
 		}
 		snap = Snapshot{
-			ID: snap.ID, Comment: req.Comment, Memory: req.Memory, Auto: auto,
+			ID: snap.ID, Name: req.Name, Comment: req.Comment, Memory: req.Memory, Auto: auto,
 			Status: SnapshotProcessing, CreatedAt: time.Now().UTC(),
 			Disk: frozen, BaseDisk: rec.Machine.BaseDisk, State: state,
 			MemoryMiB: rec.MemoryMiB, VCPUs: rec.VCPUs, DiskGiB: rec.DiskGiB,

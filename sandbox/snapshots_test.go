@@ -2112,3 +2112,33 @@ func notCached(t *testing.T, path string, off, size int64) int {
 	}
 	return n
 }
+
+// TestSnapshotNames: a snapshot may be named, once per sandbox: a second
+// snapshot of the name is name_taken and records nothing, and the name is
+// free again once its snapshot is deleted.
+func TestSnapshotNames(t *testing.T) {
+	ctx := context.Background()
+	h, m := snapshotHarness(t)
+	first := takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Name: "after-build"})
+	if first.Name != "after-build" {
+		t.Fatalf("snapshot %+v, want the name after-build", first)
+	}
+	_, err := m.Snapshot(ctx, "sb-1", sandbox.SnapshotRequest{Name: "after-build"})
+	if fault.CodeOf(err) != "name_taken" || fault.KindOf(err) != fault.Conflict {
+		t.Fatalf("a second after-build: %v, want name_taken", err)
+	}
+	r := h.get("sb-1")
+	if len(r.Snapshots) != 1 {
+		t.Fatalf("the refused snapshot was recorded: %+v", r.Snapshots)
+	}
+	if sn, ok := r.SnapshotNamed("after-build"); !ok || sn.ID != first.ID {
+		t.Fatalf("SnapshotNamed(after-build): %+v %v", sn, ok)
+	}
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Name: "other"})
+	if err := m.DeleteSnapshot(ctx, "sb-1", first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if again := takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Name: "after-build"}); again.ID == first.ID {
+		t.Fatalf("the name's new snapshot has the old one's id %s", again.ID)
+	}
+}

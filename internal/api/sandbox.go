@@ -166,8 +166,8 @@ func (req SandboxCreateRequest) Validate() (SandboxCreateRequest, error) {
 		if !ValidSandboxID(req.From.Sandbox) {
 			return SandboxCreateRequest{}, jsend.InvalidField("from.sandbox", "from.sandbox must be a sandbox id")
 		}
-		if !ValidSnapshotID(req.From.Snapshot) {
-			return SandboxCreateRequest{}, jsend.InvalidField("from.snapshot", `from.snapshot must be a snapshot id ("v1", "auto-1"…)`)
+		if !ValidSnapshotID(req.From.Snapshot) && !ValidSnapshotName(req.From.Snapshot) {
+			return SandboxCreateRequest{}, jsend.InvalidField("from.snapshot", `from.snapshot must be a snapshot's id ("v1", "auto-1"…) or name`)
 		}
 		return req, nil
 	}

@@ -26,7 +26,7 @@ func checkCreateLimits(t *testing.T, req SandboxCreateRequest) {
 		if req.MemoryMiB != nil || req.VCPUs != nil || req.DiskGiB != nil {
 			t.Fatalf("accepted a fork with resources: %+v", req)
 		}
-		if !ValidSandboxID(req.From.Sandbox) || !ValidSnapshotID(req.From.Snapshot) {
+		if !ValidSandboxID(req.From.Sandbox) || !ValidSnapshotID(req.From.Snapshot) && !ValidSnapshotName(req.From.Snapshot) {
 			t.Fatalf("accepted from %+v", *req.From)
 		}
 		return
@@ -144,7 +144,8 @@ func TestParseSandboxCreate(t *testing.T) {
 		{name: "fork of a bad sandbox id", body: `{"from":{"sandbox":"../sb","snapshot":"v1"}}`, code: "invalid_field", field: "from.sandbox"},
 		{name: "fork without snapshot", body: `{"from":{"sandbox":"sb-a1"}}`, code: "invalid_field", field: "from.snapshot"},
 		{name: "fork of v0", body: `{"from":{"sandbox":"sb-a1","snapshot":"v0"}}`, code: "invalid_field", field: "from.snapshot"},
-		{name: "fork of a checkpoint id", body: `{"from":{"sandbox":"sb-a1","snapshot":"cp_AAAAAAAAAAAAAAAAAAAAAA"}}`, code: "invalid_field", field: "from.snapshot"},
+		{name: "fork of a checkpoint path", body: `{"from":{"sandbox":"sb-a1","snapshot":"cp/AAAAAAAAAAAAAAAAAAAAAA"}}`, code: "invalid_field", field: "from.snapshot"},
+		{name: "fork of an id-shaped name", body: `{"from":{"sandbox":"sb-a1","snapshot":"auto-01"}}`, code: "invalid_field", field: "from.snapshot"},
 		{name: "from with an unknown field", body: `{"from":{"sandbox":"sb-a1","snapshot":"v1","memory":true}}`, code: "unknown_field", field: "memory"},
 		{name: "from a string", body: `{"from":"sb-a1/v1"}`, code: "invalid_field", field: "from"},
 

@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"strata/internal/jsend"
@@ -10,6 +11,7 @@ import (
 // Snapshot is a VM snapshot as the API shows it.
 type Snapshot struct {
 	ID        string `json:"id"`
+	Name      string `json:"name,omitempty"`
 	Sandbox   string `json:"sandbox"`
 	Comment   string `json:"comment"`
 	Memory    bool   `json:"memory"`
@@ -35,12 +37,14 @@ type SnapshotRestore struct {
 // Limits of the snapshot routes.
 const (
 	MaxSnapshotComment = 256
+	MaxSnapshotName    = 64
 	MaxRetentionCount  = 100
 	MaxForkCount       = 100
 )
 
 // SnapshotCreateRequest is the body of POST /v1/sandboxes/{id}/snapshots.
 type SnapshotCreateRequest struct {
+	Name      *string    `json:"name,omitempty"`
 	Comment   *string    `json:"comment,omitempty"`
 	Memory    *bool      `json:"memory,omitempty"`
 	Retention *Retention `json:"retention,omitempty"`
@@ -53,7 +57,7 @@ type Retention struct {
 }
 
 // ParseSnapshotCreate decodes and checks a snapshot create body (an empty
-// body is {}): comment at most MaxSnapshotComment bytes of UTF-8 without
+// body is {}): name as ValidSnapshotName says; comment at most MaxSnapshotComment bytes of UTF-8 without
 // NUL; memory defaults to true; retention, when given, is mode
 // "delete_oldest" with max_count 1 to MaxRetentionCount. Each broken rule
 // is invalid_field naming the field.
@@ -67,6 +71,9 @@ func ParseSnapshotCreate(body []byte) (SnapshotCreateRequest, error) {
 		if len(c) > MaxSnapshotComment || !utf8.ValidString(c) || containsNUL(c) {
 			return SnapshotCreateRequest{}, jsend.InvalidField("comment", fmt.Sprintf("comment must be UTF-8 text of at most %d bytes", MaxSnapshotComment))
 		}
+	}
+	if req.Name != nil && !ValidSnapshotName(*req.Name) {
+		return SnapshotCreateRequest{}, jsend.InvalidField("name", fmt.Sprintf("name must be 1 to %d letters, digits, '.', '_' or '-', starting with a letter or digit, and not of a snapshot id's shape (v1, auto-1)", MaxSnapshotName))
 	}
 	if req.Memory == nil {
 		t := true
@@ -147,4 +154,39 @@ func containsNUL(s string) bool {
 		}
 	}
 	return false
+}
+
+// ValidSnapshotName reports whether s may name a snapshot: 1 to
+// MaxSnapshotName ASCII letters, digits, '.', '_' or '-', the first a
+// letter or digit, and not of a snapshot id's shape ("v" or "auto-" and
+// digits, leading zeros too), so that a name is accepted wherever an id
+// is and never means another snapshot than the id would.
+func ValidSnapshotName(s string) bool {
+	if len(s) == 0 || len(s) > MaxSnapshotName || idShaped(s, "v") || idShaped(s, "auto-") {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case digit(c), c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+		case i > 0 && (c == '.' || c == '_' || c == '-'):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// idShaped tells whether s is prefix followed by one or more digits.
+func idShaped(s, prefix string) bool {
+	n, ok := strings.CutPrefix(s, prefix)
+	if !ok || n == "" {
+		return false
+	}
+	for i := 0; i < len(n); i++ {
+		if !digit(n[i]) {
+			return false
+		}
+	}
+	return true
 }

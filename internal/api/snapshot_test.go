@@ -21,6 +21,15 @@ func TestParseSnapshotCreate(t *testing.T) {
 		{name: "unknown retention mode", body: `{"retention":{"mode":"keep","max_count":3}}`, field: "retention.mode"},
 		{name: "retention of zero", body: `{"retention":{"mode":"delete_oldest","max_count":0}}`, field: "retention.max_count"},
 		{name: "retention over the limit", body: `{"retention":{"mode":"delete_oldest","max_count":101}}`, field: "retention.max_count"},
+		{name: "a name", body: `{"name":"after-build"}`, memory: true},
+		{name: "a name of 64", body: `{"name":"` + strings.Repeat("n", 64) + `"}`, memory: true},
+		{name: "a name of 65", body: `{"name":"` + strings.Repeat("n", 65) + `"}`, field: "name"},
+		{name: "an empty name", body: `{"name":""}`, field: "name"},
+		{name: "a name with a space", body: `{"name":"after build"}`, field: "name"},
+		{name: "a name with a slash", body: `{"name":"a/b"}`, field: "name"},
+		{name: "a name starting with a dot", body: `{"name":".x"}`, field: "name"},
+		{name: "a name of an id's shape", body: `{"name":"v3"}`, field: "name"},
+		{name: "a name of an automatic id's shape", body: `{"name":"auto-007"}`, field: "name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, err := ParseSnapshotCreate([]byte(tc.body))
@@ -84,6 +93,7 @@ func TestParseSnapshotRestore(t *testing.T) {
 func FuzzParseSnapshotCreate(f *testing.F) {
 	f.Add([]byte(`{"comment":"x","memory":false,"retention":{"mode":"delete_oldest","max_count":5}}`))
 	f.Add([]byte(``))
+	f.Add([]byte(`{"name":"v1x"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		req, err := ParseSnapshotCreate(b)
 		if err != nil {
@@ -91,6 +101,9 @@ func FuzzParseSnapshotCreate(f *testing.F) {
 		}
 		if req.Memory == nil {
 			t.Fatal("accepted without a memory default")
+		}
+		if req.Name != nil && (!ValidSnapshotName(*req.Name) || ValidSnapshotID(*req.Name)) {
+			t.Fatalf("accepted the name %q", *req.Name)
 		}
 		if req.Comment != nil && len(*req.Comment) > MaxSnapshotComment {
 			t.Fatalf("accepted a comment of %d bytes", len(*req.Comment))
@@ -113,6 +126,23 @@ func FuzzParseFork(f *testing.F) {
 		}
 		if req.NamePrefix != nil && ValidateSandboxName(ForkName(*req.NamePrefix, req.Count)) != nil {
 			t.Fatalf("accepted prefix %q that makes a bad name", *req.NamePrefix)
+		}
+	})
+}
+
+// FuzzValidSnapshotName: a name is never an id (so a lookup by either
+// never finds two snapshots), and never holds what a path segment or a
+// log line could misread.
+func FuzzValidSnapshotName(f *testing.F) {
+	for _, s := range []string{"after-build", "v1", "v01", "auto-1", "a.b_c-d", "x/y", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !ValidSnapshotName(s) {
+			return
+		}
+		if ValidSnapshotID(s) || len(s) > MaxSnapshotName || strings.ContainsAny(s, "/ %?#\\\x00") {
+			t.Fatalf("accepted %q", s)
 		}
 	})
 }

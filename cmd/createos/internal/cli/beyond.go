@@ -68,7 +68,7 @@ content in base64.`,
 			"  createos sandbox checkpoint cat cp_… /workspace/project/README.md",
 		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, sb, rest, err := a.start(args, 2)
+			c, sb, rest, err := a.startCheckpoint(cmd.Context(), args, 2)
 			if err != nil {
 				return err
 			}
@@ -122,7 +122,7 @@ source checkpoint as parent_id.`,
 		Example: "  createos sandbox checkpoint clone sb-local cp_… --to /workspace/experiment",
 		Args:    cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, sb, rest, err := a.start(args, 1)
+			c, sb, rest, err := a.startCheckpoint(cmd.Context(), args, 1)
 			if err != nil {
 				return err
 			}

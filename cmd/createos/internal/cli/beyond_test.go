@@ -99,11 +99,29 @@ Binary files a/blob.bin and b/blob.bin differ
 	for _, args := range [][]string{
 		{b.ID, "--live", "--against", a.ID},
 		{b.ID, "--patch", "-o", "json"},
-		{b.ID, "--against", "yesterday"},
+		{b.ID, "--against", ""},
 	} {
 		if _, errOut, code := e.run(append([]string{"sandbox", "checkpoint", "diff"}, args...)...); code != 2 {
 			t.Errorf("diff %q: exit %d, want a usage error\n%s", args, code, errOut)
 		}
+	}
+
+	// A checkpoint may be given by its name, when one checkpoint of the
+	// sandbox has it.
+	if byName := e.ok("sandbox", "checkpoint", "diff", "sb-a1", "second", "--against", "first"); byName != table {
+		t.Errorf("diff second --against first:\n%s\nwant\n%s", byName, table)
+	}
+	if _, errOut, code := e.run("sandbox", "checkpoint", "diff", "sb-a1", "second", "--against", "yesterday"); code != 1 ||
+		errOut != "createos: checkpoint_not_found: no checkpoint of this sandbox has this id or name\n  checkpoint: yesterday\n" {
+		t.Errorf("diff --against a name no checkpoint has: exit %d\n%s", code, errOut)
+	}
+	if out := e.ok("sandbox", "checkpoint", "restore", "sb-a1", "first"); !strings.HasPrefix(out, "Restored "+a.ID+" at /workspace/project\n") {
+		t.Errorf("restore first: %q", out)
+	}
+	again := e.create("sb-a1", "/workspace/project", "second")
+	if _, errOut, code := e.run("sandbox", "checkpoint", "diff", "sb-a1", "second"); code != 2 ||
+		!strings.Contains(errOut, "2 checkpoints of sb-a1 are named \"second\" ("+b.ID+", "+again.ID+"): give one's id") {
+		t.Errorf("diff of a name two checkpoints have: exit %d\n%s", code, errOut)
 	}
 }
 

@@ -200,7 +200,7 @@ again, even if the directory changed since.`,
 			if len(only) > 0 && key != "" {
 				return errors.New("--only does not take --idempotency-key: restoring the same paths again is safe")
 			}
-			c, sb, rest, err := a.start(args, 1)
+			c, sb, rest, err := a.startCheckpoint(cmd.Context(), args, 1)
 			if err != nil {
 				return err
 			}
@@ -253,7 +253,7 @@ func (a *app) deleteCommand() *cobra.Command {
 		Short:   "Delete a checkpoint record (the live directory is not changed)",
 		Args:    cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, sb, rest, err := a.start(args, 1)
+			c, sb, rest, err := a.startCheckpoint(cmd.Context(), args, 1)
 			if err != nil {
 				return err
 			}

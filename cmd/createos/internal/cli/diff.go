@@ -50,12 +50,17 @@ full and names the others on stderr.`,
 			if patch && a.output == "json" {
 				return errPatchJSON
 			}
-			if cmd.Flags().Changed("against") && !api.ValidCheckpointID(against) {
-				return fmt.Errorf("--against %q: want a checkpoint id (cp_…)", against)
+			if cmd.Flags().Changed("against") && against == "" {
+				return errors.New("--against: want a checkpoint id (cp_…) or name")
 			}
-			c, sb, rest, err := a.start(args, 1)
+			c, sb, rest, err := a.startCheckpoint(cmd.Context(), args, 1)
 			if err != nil {
 				return err
+			}
+			if against != "" {
+				if against, err = a.checkpointID(cmd.Context(), c, sb, against); err != nil {
+					return err
+				}
 			}
 			id := rest[0]
 			q := against

@@ -9,6 +9,7 @@ import (
 	"io"
 	"sort"
 	"strata/client"
+	"strata/internal/api"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -184,6 +185,48 @@ func (a *app) start(args []string, want int) (*Client, string, []string, error) 
 	}
 	sb, rest, err := a.sandboxArg(args, want)
 	return c, sb, rest, err
+}
+
+// startCheckpoint is start for a command whose first argument after the
+// sandbox is a checkpoint: rest[0] is then its id, found by name when it
+// is not one (checkpointID).
+func (a *app) startCheckpoint(ctx context.Context, args []string, want int) (*Client, string, []string, error) {
+	c, sb, rest, err := a.start(args, want)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if rest[0], err = a.checkpointID(ctx, c, sb, rest[0]); err != nil {
+		return nil, "", nil, err
+	}
+	return c, sb, rest, nil
+}
+
+// checkpointID is arg when it is a checkpoint id, and otherwise the id of
+// the one checkpoint of sandbox sb named arg: none is
+// checkpoint_not_found, several a usage error that lists them.
+func (a *app) checkpointID(ctx context.Context, c *Client, sb, arg string) (string, error) {
+	if api.ValidCheckpointID(arg) {
+		return arg, nil
+	}
+	all, _, err := c.ListCheckpoints(ctx, sb)
+	if err != nil {
+		return "", wrap(err)
+	}
+	var ids []string
+	for _, cp := range all {
+		if cp.Name == arg {
+			ids = append(ids, cp.ID)
+		}
+	}
+	switch len(ids) {
+	case 0:
+		name, _ := json.Marshal(arg)
+		return "", &APIError{Status: 404, Code: "checkpoint_not_found", Message: "no checkpoint of this sandbox has this id or name",
+			Fields: map[string]json.RawMessage{"checkpoint": name}}
+	case 1:
+		return ids[0], nil
+	}
+	return "", fmt.Errorf("%d checkpoints of %s are named %q (%s): give one's id", len(ids), sb, arg, strings.Join(ids, ", "))
 }
 
 // sandboxArg splits args into the sandbox (args[0] when there are want+1

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -33,15 +34,16 @@ and 'createos sandbox fork' need the account key, and SANDBOX given.`,
 }
 
 func (a *app) snapshotCreateCommand() *cobra.Command {
-	var comment string
+	var comment, name string
 	var diskOnly bool
 	var maxCount int
 	cmd := &cobra.Command{
-		Use:   "create [SANDBOX] [--disk-only] [--comment TEXT] [--retention-max-count N]",
+		Use:   "create [SANDBOX] [--name NAME] [--disk-only] [--comment TEXT] [--retention-max-count N]",
 		Short: "Snapshot a sandbox: its memory, devices and disk, or only its disk",
 		Long: `Snapshot a sandbox. By default the snapshot keeps memory, devices and disk,
 so that a restore or a fork has its processes running; --disk-only keeps
-the disk alone (a restore or fork of it boots afresh).
+the disk alone (a restore or fork of it boots afresh). --name names it, once
+per sandbox (name_taken): the name is accepted wherever its id is.
 
 A sandbox holds at most 10 memory and 100 disk-only snapshots (automatic
 ones not counted); at the limit the API answers snapshot_limit. With
@@ -50,11 +52,15 @@ kind that are not pinned instead, keeping at most N; pinned ones never go.
 Retention deletes, so it needs the account key: a sandbox's access token
 may snapshot its own sandbox without it.`,
 		Example: "  createos sandbox snapshot create sb-local --comment 'before the upgrade'\n" +
+			"  createos sandbox snapshot create sb-local --name after-build && createos sandbox snapshot restore sb-local after-build\n" +
 			"  createos sandbox snapshot create sb-local --disk-only --retention-max-count 20\n" +
 			"  createos sandbox snapshot create --comment nightly   # inside a sandbox: SANDBOX from $CREATEOS_SANDBOX_ID",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var req SnapshotCreateRequest
+			if cmd.Flags().Changed("name") {
+				req.Name = &name
+			}
 			if cmd.Flags().Changed("comment") {
 				req.Comment = &comment
 			}
@@ -81,6 +87,7 @@ may snapshot its own sandbox without it.`,
 	}
 	f := cmd.Flags()
 	f.BoolVar(&diskOnly, "disk-only", false, "keep only the disk (sends memory: false); a restore of it is a fresh boot")
+	f.StringVar(&name, "name", "", "a name for the snapshot, unique in the sandbox, accepted wherever its id is (1 to 64 letters, digits, '.', '_', '-')")
 	f.StringVar(&comment, "comment", "", "a note kept with the snapshot (at most 256 bytes)")
 	f.IntVar(&maxCount, "retention-max-count", 0, "keep at most N snapshots of this kind, deleting the oldest unpinned ones (1 to 100; sends retention delete_oldest)")
 	return cmd
@@ -249,9 +256,17 @@ func (a *app) snapshotPinCommand(pin bool) *cobra.Command {
 // writeSnapshots prints records as a table.
 func (a *app) writeSnapshots(list []Snapshot) error {
 	w := a.table()
-	fmt.Fprintln(w, "ID\tKIND\tAUTO\tPINNED\tSTATUS\tSIZE\tAGE\tCOMMENT")
+	// A NAME column only when a snapshot has a name.
+	named := slices.ContainsFunc(list, func(s Snapshot) bool { return s.Name != "" })
+	name := func(s Snapshot) string {
+		if !named {
+			return ""
+		}
+		return orDash(s.Name) + "\t"
+	}
+	fmt.Fprintln(w, "ID\t"+name(Snapshot{Name: "NAME"})+"KIND\tAUTO\tPINNED\tSTATUS\tSIZE\tAGE\tCOMMENT")
 	for _, s := range list {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, snapshotKind(s), yes(s.Auto), yes(s.Pinned),
+		fmt.Fprintf(w, "%s\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, name(s), snapshotKind(s), yes(s.Auto), yes(s.Pinned),
 			orDash(s.Status), snapshotSize(s), age(s.CreatedAt), cell(s.Comment))
 	}
 	return w.Flush()

@@ -216,7 +216,11 @@ func (f *fakeAPI) createSnapshot(sb *api.Sandbox, body []byte) (any, int, error)
 			With("limit", limit).With("memory", memory)
 	}
 	ss.list = kept
-	return *f.newSnapshot(sb, memory, false, comment), 0, nil
+	made := f.newSnapshot(sb, memory, false, comment)
+	if req.Name != nil {
+		made.Name = *req.Name
+	}
+	return *made, 0, nil
 }
 
 // seedSnapshots gives f sandbox sb-a1 (running, named web) with four
@@ -278,6 +282,13 @@ func TestSnapshotCommands(t *testing.T) {
 			request: "POST /v1/sandboxes/sb-a1/snapshots", body: `{"comment":"nightly","memory":false,"retention":{"mode":"delete_oldest","max_count":3}}`,
 			stdout: "ID  KIND  AUTO  PINNED  STATUS  SIZE      AGE  COMMENT\n" +
 				"v4  disk                ready   11.8 MiB  0s   nightly\n"},
+		{name: "create with a name", args: []string{"create", "sb-a1", "--name", "after-build"},
+			request: "POST /v1/sandboxes/sb-a1/snapshots", body: `{"name":"after-build"}`,
+			stdout: "ID  NAME         KIND    AUTO  PINNED  STATUS  SIZE      AGE  COMMENT\n" +
+				"v4  after-build  memory                ready   76.2 MiB  0s   -\n"},
+		{name: "create with a name of an id's shape", args: []string{"create", "sb-a1", "--name", "v9"},
+			request: "POST /v1/sandboxes/sb-a1/snapshots", body: `{"name":"v9"}`, code: 1,
+			stderr: "createos: invalid_field: name must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit, and not of a snapshot id's shape (v1, auto-1)\n  field: name\n"},
 		{name: "create with an empty comment", args: []string{"create", "sb-a1", "--comment", ""},
 			request: "POST /v1/sandboxes/sb-a1/snapshots", body: `{"comment":""}`,
 			stdout: "ID  KIND    AUTO  PINNED  STATUS  SIZE      AGE  COMMENT\n" +
