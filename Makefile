@@ -72,13 +72,15 @@ build: deps
 # ones only rebuild the initramfs when the binaries changed. KERNEL=6.1
 # builds with Debian 12's own kernel.
 GUEST_BUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags="-s -w"
+# The Python SDK's package, which every guest's system Python imports.
+PYTHON_SDK := sdk/python/src/strata
 image:
 	@$(MAKE) -s --no-print-directory deps >&2
 	@$(GUEST_BUILD) -o $(BIN)/guest/guestd ./cmd/guestd
 	@$(GUEST_BUILD) -o $(BIN)/guest/strata-init ./cmd/strata-init
 	@$(GUEST_BUILD) -o $(BIN)/guest/createos ./cmd/createos
 	@$(GO) build -o $(BIN)/strata-image ./cmd/strata-image
-	@$(BIN)/strata-image build --cache $(IMAGE_CACHE) --kernel $(KERNEL) --guestd $(BIN)/guest/guestd --init $(BIN)/guest/strata-init --createos $(BIN)/guest/createos
+	@$(BIN)/strata-image build --cache $(IMAGE_CACHE) --kernel $(KERNEL) --guestd $(BIN)/guest/guestd --init $(BIN)/guest/strata-init --createos $(BIN)/guest/createos --python $(PYTHON_SDK)
 
 # staticcheck is pinned as a tool in go.mod (go get -tool …@version), so
 # every machine runs the same version, from the module cache that deps

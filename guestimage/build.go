@@ -58,6 +58,9 @@ type Config struct {
 	Guestd   string // a static guestd binary
 	Init     string // a static strata-init binary
 	Createos string // a static createos binary: the CLI on the guest's PATH
+	// Python is the directory of the pure-Python SDK package (strata),
+	// put on the guest's system Python path; none when empty.
+	Python   string
 	Kernel   string // a Kernels name; DefaultKernel when empty
 	Suite    string // DefaultSuite when empty
 	Packages []string
@@ -82,6 +85,8 @@ type builder struct {
 	guestd   string // sha256
 	init     string // sha256
 	createos string // sha256
+	python   string // pythonPackage's digest; "" for none
+	pyFiles  []pyFile
 	baseRoot string // <cache>/base
 	imgRoot  string // <cache>/images
 }
@@ -134,6 +139,11 @@ func newBuilder(cfg Config) (*builder, error) {
 	if b.createos, err = fileSHA256(cfg.Createos); err != nil {
 		return nil, err
 	}
+	if cfg.Python != "" {
+		if b.pyFiles, b.python, err = pythonPackage(cfg.Python); err != nil {
+			return nil, err
+		}
+	}
 	return b, nil
 }
 
@@ -182,7 +192,7 @@ func (b *builder) build(ctx context.Context) (*Image, error) {
 		Modules: WantedModules, DiskBytes: DiskBytes,
 	}
 	baseKey := BaseKey(in)
-	imgKey := ImageKey(baseKey, b.guestd, b.init, b.createos)
+	imgKey := ImageKey(baseKey, b.guestd, b.init, b.createos, b.python)
 	imgDir := filepath.Join(b.imgRoot, imgKey)
 	if img, err := LoadImage(imgDir); err == nil {
 		now := time.Now()
@@ -502,7 +512,7 @@ func (b *builder) buildImage(base *Base, key, dir string) (*Image, error) {
 	defer os.RemoveAll(tmp)
 	initramfs := filepath.Join(tmp, InitramfsFile)
 	err = b.step("image.initramfs", "writing the initramfs (strata-init, guestd, createos, "+fmt.Sprint(len(base.Modules))+" modules)", func() error {
-		return writeInitramfs(initramfs, b.cfg.Init, b.cfg.Guestd, b.cfg.Createos, base)
+		return writeInitramfs(initramfs, b.cfg.Init, b.cfg.Guestd, b.cfg.Createos, b.pyFiles, base)
 	})
 	if err != nil {
 		return nil, err
@@ -513,7 +523,7 @@ func (b *builder) buildImage(base *Base, key, dir string) (*Image, error) {
 		Initramfs:  filepath.Join(dir, InitramfsFile),
 		Disk:       filepath.Join(base.Dir, DiskFile),
 		DiskFormat: "qcow2", DiskVirtualBytes: base.DiskVirtualBytes,
-		BaseDir: base.Dir, GuestdSHA256: b.guestd, InitSHA256: b.init, CreateosSHA256: b.createos,
+		BaseDir: base.Dir, GuestdSHA256: b.guestd, InitSHA256: b.init, CreateosSHA256: b.createos, PythonSHA256: b.python,
 		CreatedAt: time.Now().UTC(),
 	}
 	if err := writeJSON(filepath.Join(tmp, ImageJSON), img); err != nil {
@@ -531,9 +541,9 @@ func (b *builder) buildImage(base *Base, key, dir string) (*Image, error) {
 var InitramfsDirs = []string{"dev", "proc", "sys", "newroot", ModulesDir}
 
 // writeInitramfs writes the initramfs: /init (strata-init), /guestd,
-// /createos, /dev/console (5,1: the kernel opens it as init's stdio), the modules
-// and their order.
-func writeInitramfs(path, initBin, guestd, createos string, base *Base) error {
+// /createos, the Python package under /python/strata, /dev/console (5,1:
+// the kernel opens it as init's stdio), the modules and their order.
+func writeInitramfs(path, initBin, guestd, createos string, python []pyFile, base *Base) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err
@@ -561,6 +571,19 @@ func writeInitramfs(path, initBin, guestd, createos string, base *Base) error {
 	}
 	if err == nil {
 		err = add("createos", createos, 0o755)
+	}
+	if err == nil && len(python) > 0 {
+		pkg := InitramfsPythonDir + "/strata"
+		for _, d := range append([]string{InitramfsPythonDir, pkg}, prefixAll(pkg+"/", pythonDirs(python))...) {
+			if err == nil {
+				err = w.Dir(d, 0o755)
+			}
+		}
+		for _, f := range python {
+			if err == nil {
+				err = add(pkg+"/"+f.rel, f.src, 0o644)
+			}
+		}
 	}
 	if err == nil {
 		err = add(ModulesOrder, filepath.Join(base.Dir, ModulesOrder), 0o644)

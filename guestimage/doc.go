@@ -1,6 +1,7 @@
 // Package guestimage builds the guest image of strata's microVM
 // sandboxes: an uncompressed kernel (vmlinux), an initramfs holding
-// strata-init, guestd and the kernel modules the boot needs, and a root
+// strata-init, guestd, createos, the Python SDK's package (python.go) and
+// the kernel modules the boot needs, and a root
 // disk (qcow2, XFS with reflink, a Debian userland). It builds; it does
 // not boot (the VMM does, from image.json).
 //
@@ -15,8 +16,8 @@
 // basekey is the sha256 of every input of the base (LayoutVersion, the
 // Debian suite, the package list, the kernel package's exact name and
 // version, the wanted modules, the disk size); imagekey is the sha256 of
-// the basekey, LayoutVersion and the sha256 of the guestd and strata-init
-// binaries. An image directory holds only what differs per image: its
+// the basekey, LayoutVersion, the sha256 of the guestd, strata-init and
+// createos binaries and the digest of the Python package's files. An image directory holds only what differs per image: its
 // image.json names the base's vmlinux and base.qcow2 by absolute path (no
 // copies). Everything is world-readable (0644 files, 0755 directories):
 // QEMU runs as an unprivileged user.

@@ -40,9 +40,10 @@ func BaseKey(in BaseInputs) string {
 }
 
 // ImageKey is the sha256 (hex) of an image's inputs: its base, the build's
-// layout and the binaries that go into the initramfs.
-func ImageKey(baseKey, guestdSHA256, initSHA256, createosSHA256 string) string {
-	s := fmt.Sprintf("strata-image\nlayout=%d\nbase=%s\nguestd=%s\ninit=%s\ncreateos=%s\n", LayoutVersion, baseKey, guestdSHA256, initSHA256, createosSHA256)
+// layout, the binaries that go into the initramfs and the Python package's
+// digest ("" for none).
+func ImageKey(baseKey, guestdSHA256, initSHA256, createosSHA256, pythonSHA256 string) string {
+	s := fmt.Sprintf("strata-image\nlayout=%d\nbase=%s\nguestd=%s\ninit=%s\ncreateos=%s\npython=%s\n", LayoutVersion, baseKey, guestdSHA256, initSHA256, createosSHA256, pythonSHA256)
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
 }

@@ -56,6 +56,7 @@ type Image struct {
 	GuestdSHA256     string    `json:"guestd_sha256"`
 	InitSHA256       string    `json:"init_sha256"`
 	CreateosSHA256   string    `json:"createos_sha256,omitempty"`
+	PythonSHA256     string    `json:"python_sha256,omitempty"` // the Python package's digest (pythonPackage)
 	CreatedAt        time.Time `json:"created_at"`
 
 	// Dir is the image directory (not stored).

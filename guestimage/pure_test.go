@@ -51,13 +51,13 @@ func TestBaseKey(t *testing.T) {
 }
 
 func TestImageKey(t *testing.T) {
-	k := ImageKey("base", "g", "i", "c")
-	for _, other := range []string{ImageKey("base2", "g", "i", "c"), ImageKey("base", "g2", "i", "c"), ImageKey("base", "g", "i2", "c"), ImageKey("base", "i", "g", "c"), ImageKey("base", "g", "i", "c2"), ImageKey("base", "g", "c", "i")} {
+	k := ImageKey("base", "g", "i", "c", "p")
+	for _, other := range []string{ImageKey("base2", "g", "i", "c", "p"), ImageKey("base", "g2", "i", "c", "p"), ImageKey("base", "g", "i2", "c", "p"), ImageKey("base", "i", "g", "c", "p"), ImageKey("base", "g", "i", "c2", "p"), ImageKey("base", "g", "c", "i", "p"), ImageKey("base", "g", "i", "c", ""), ImageKey("base", "g", "i", "c", "p2")} {
 		if other == k {
 			t.Error("a different input gives the same image key")
 		}
 	}
-	if ImageKey("base", "g", "i", "c") != k {
+	if ImageKey("base", "g", "i", "c", "p") != k {
 		t.Error("the key is not deterministic")
 	}
 }
@@ -450,5 +450,54 @@ func TestPruneImages(t *testing.T) {
 	}
 	if want := []string{".tmp-x", "a", "d", "e"}; !slices.Equal(left, want) {
 		t.Errorf("left %q, want %q (the current one, the newest others, and builds in progress)", left, want)
+	}
+}
+
+// TestPythonPackage: the package's .py files and py.typed go into the
+// image (caches do not), its digest follows their names and contents,
+// and a symlink in it is refused.
+func TestPythonPackage(t *testing.T) {
+	dir := t.TempDir()
+	write := func(rel, content string) {
+		t.Helper()
+		p := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := pythonPackage(dir); err == nil {
+		t.Fatal("a package without __init__.py was taken")
+	}
+	write("__init__.py", "x = 1\n")
+	write("py.typed", "")
+	write("aio/client.py", "y = 2\n")
+	write("__pycache__/x.cpython-311.pyc", "junk")
+	write("notes.txt", "not code")
+	files, d1, err := pythonPackage(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rels []string
+	for _, f := range files {
+		rels = append(rels, f.rel)
+	}
+	if want := []string{"__init__.py", "aio/client.py", "py.typed"}; !slices.Equal(rels, want) {
+		t.Fatalf("files %v, want %v", rels, want)
+	}
+	if dirs := pythonDirs(files); !slices.Equal(dirs, []string{"aio"}) {
+		t.Fatalf("dirs %v", dirs)
+	}
+	write("aio/client.py", "y = 3\n")
+	if _, d2, _ := pythonPackage(dir); d2 == d1 {
+		t.Fatal("the digest did not change with a file's content")
+	}
+	if err := os.Symlink("/etc/passwd", filepath.Join(dir, "evil.py")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := pythonPackage(dir); err == nil {
+		t.Fatal("a symlink in the package was taken")
 	}
 }

@@ -15,7 +15,9 @@
 // /run/strata/bin/guestd, so the guestd that runs is the one the image was
 // built with, never a file on the (writable) disk; /createos goes to
 // /run/strata/bin/createos the same way, and /usr/local/bin/createos (on
-// every guest shell's PATH) is made a link to it. It then frees the
+// every guest shell's PATH) is made a link to it; the Python SDK's
+// package (/python/strata) goes to /run/strata/python/strata, linked from
+// each system Python's /usr/local/lib/python3.N/dist-packages/strata. It then frees the
 // initramfs copies, moves /dev, /proc and /sys into the new root and
 // switches to it (MS_MOVE of /newroot onto "/", chroot ".").
 //

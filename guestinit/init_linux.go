@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -172,8 +173,11 @@ func (s *system) stage1() error {
 		// The guest boots without the CLI rather than not at all.
 		s.logf("createos not installed: %v", err)
 	}
+	if err := installPython(NewRoot); err != nil {
+		s.logf("the Python SDK not installed: %v", err)
+	}
 	// Free the initramfs copies: the rootfs stays in memory after the switch.
-	for _, p := range []string{InitramfsGuestd, InitramfsCreateos, "/modules", ModulesOrder} {
+	for _, p := range []string{InitramfsGuestd, InitramfsCreateos, InitramfsPython, "/modules", ModulesOrder} {
 		_ = os.RemoveAll(p)
 	}
 	for _, m := range MovedMounts() {
@@ -222,6 +226,60 @@ func installCreateos(root string) error {
 		return err
 	}
 	return os.Symlink(CreateosPath, link)
+}
+
+// installPython copies the initramfs's Python SDK package to the root's
+// PythonPath and links it into each system Python (PythonLinks); an image
+// without one leaves the root as it is.
+func installPython(root string) error {
+	if _, err := os.Stat(InitramfsPython); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	err := filepath.WalkDir(InitramfsPython, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(InitramfsPython, p)
+		if err != nil {
+			return err
+		}
+		dst := filepath.Join(root+PythonPath, rel)
+		switch {
+		case d.IsDir():
+			return os.MkdirAll(dst, 0o755)
+		case d.Type().IsRegular():
+			return copyFile(p, dst, 0o644)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(root + "/usr/lib")
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(entries))
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	for link, target := range PythonLinks(names) {
+		if t, err := os.Readlink(root + link); err == nil && t == target {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Dir(root+link), 0o755); err != nil {
+			return err
+		}
+		// A package installed there by hand (a directory) is the
+		// guest's choice: it stays, and wins.
+		if err := os.Remove(root + link); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%s is taken: %w", link, err)
+		}
+		if err := os.Symlink(target, root+link); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func loadModule(path string) error {

@@ -35,7 +35,29 @@ const (
 	InitramfsCreateos = "/createos"
 	CreateosLink      = "/usr/local/bin/createos"
 	ModulesOrder      = "/modules.order"
+	// InitramfsPython holds the Python SDK package (strata/…), which
+	// goes to PythonPath on /run the same way; PythonLinks says where the
+	// system Python finds it.
+	InitramfsPython = "/python"
+	PythonPath      = "/run/strata/python"
 )
+
+// PythonLinks are the links that put the SDK package (PythonPath/strata)
+// on the path of each system Python: given the entries of the root's
+// /usr/lib, it maps /usr/local/lib/python3.N/dist-packages/strata (where
+// Debian's python3.N looks for local packages) to the package, for each
+// python3.N there.
+func PythonLinks(usrLib []string) map[string]string {
+	links := map[string]string{}
+	for _, name := range usrLib {
+		minor, ok := strings.CutPrefix(name, "python3.")
+		if !ok || minor == "" || strings.Trim(minor, "0123456789") != "" {
+			continue
+		}
+		links["/usr/local/lib/"+name+"/dist-packages/strata"] = PythonPath + "/strata"
+	}
+	return links
+}
 
 // Stage1Mounts are the kernel filesystems that stage 1 needs before it can
 // load modules and find the root disk.

@@ -1,6 +1,7 @@
 package guestinit
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -137,4 +138,31 @@ func TestGrowBlocks(t *testing.T) {
 			t.Errorf("GrowBlocks(%d, %d) = %d, want %d", tt.disk, tt.blocksize, got, tt.want)
 		}
 	}
+}
+
+func TestPythonLinks(t *testing.T) {
+	got := PythonLinks([]string{"python3", "python3.11", "python3.12", "python3.", "python3.x", "python3.11-venv", "python2.7", "x86_64-linux-gnu"})
+	want := map[string]string{
+		"/usr/local/lib/python3.11/dist-packages/strata": "/run/strata/python/strata",
+		"/usr/local/lib/python3.12/dist-packages/strata": "/run/strata/python/strata",
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("PythonLinks: %v, want %v", got, want)
+	}
+}
+
+// FuzzPythonLinks: whatever /usr/lib holds, a link is only ever made in
+// a python3.N directory under /usr/local/lib, to the package.
+func FuzzPythonLinks(f *testing.F) {
+	f.Add("python3.11")
+	f.Add("python3.11/../../../etc")
+	f.Fuzz(func(t *testing.T, name string) {
+		for link, target := range PythonLinks([]string{name}) {
+			minor, ok := strings.CutPrefix(name, "python3.")
+			if !ok || minor == "" || strings.ContainsFunc(minor, func(r rune) bool { return r < '0' || r > '9' }) ||
+				target != PythonPath+"/strata" || link != "/usr/local/lib/"+name+"/dist-packages/strata" {
+				t.Fatalf("PythonLinks(%q): %s -> %s", name, link, target)
+			}
+		}
+	})
 }

@@ -31,7 +31,7 @@ func main() {
 	}
 }
 
-const usage = "usage: strata-image build --guestd FILE --init FILE --createos FILE [--cache DIR] [--kernel NAME] [--keep N]"
+const usage = "usage: strata-image build --guestd FILE --init FILE --createos FILE [--python DIR] [--cache DIR] [--kernel NAME] [--keep N]"
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "build" {
@@ -45,6 +45,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cfg.Guestd, "guestd", "", "static guestd `binary` (CGO_ENABLED=0)")
 	fs.StringVar(&cfg.Init, "init", "", "static strata-init `binary` (CGO_ENABLED=0)")
 	fs.StringVar(&cfg.Createos, "createos", "", "static createos `binary` (CGO_ENABLED=0), put on the guest's PATH")
+	fs.StringVar(&cfg.Python, "python", "", "`directory` of the pure-Python SDK package (sdk/python/strata), put on the guest's Python path")
 	fs.StringVar(&cfg.Kernel, "kernel", guestimage.DefaultKernel, "guest kernel: 6.12-cloud or 6.1")
 	fs.IntVar(&cfg.Keep, "keep", guestimage.DefaultKeep, "image directories to keep")
 	if err := fs.Parse(args[1:]); err != nil {
