@@ -31,13 +31,13 @@ func (c *Client) Changes(ctx context.Context, sandbox, id, against string) ([]Ch
 // ReadEntry reads the entry at rel (relative to the directory's root, ""
 // for the root) as it is in checkpoint id.
 func (c *Client) ReadEntry(ctx context.Context, sandbox, id, rel string) (Entry, json.RawMessage, error) {
-	p := SandboxPath(sandbox, "checkpoints", id, "files") + "/"
+	p := SandboxPath(sandbox, "checkpoints", id, "files")
 	if rel != "" {
 		segs := strings.Split(rel, "/")
 		for i, s := range segs {
 			segs[i] = url.PathEscape(s)
 		}
-		p += strings.Join(segs, "/")
+		p += "/" + strings.Join(segs, "/")
 	}
 	var e Entry
 	raw, err := c.Call(ctx, http.MethodGet, p, nil, &e)

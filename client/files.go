@@ -15,8 +15,12 @@ import (
 	"strata/internal/api"
 )
 
-// FilesPath is the API path of guest path p (absolute) in sandbox.
+// FilesPath is the API path of guest path p (absolute) in sandbox: the
+// files route itself for the root.
 func FilesPath(sandbox, p string) string {
+	if strings.Trim(p, "/") == "" {
+		return SandboxPath(sandbox, "files")
+	}
 	segs := strings.Split(strings.Trim(p, "/"), "/")
 	for i, s := range segs {
 		segs[i] = url.PathEscape(s)

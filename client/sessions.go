@@ -32,6 +32,13 @@ func (c *Client) ListSessions(ctx context.Context, sandbox string) ([]Session, j
 	return v.Sessions, raw, err
 }
 
+// GetSession returns one session's record.
+func (c *Client) GetSession(ctx context.Context, sandbox, id string) (Session, json.RawMessage, error) {
+	var se Session
+	raw, err := c.Call(ctx, http.MethodGet, SandboxPath(sandbox, "sessions", id), nil, &se)
+	return se, raw, err
+}
+
 // KillSession ends a session (SIGTERM, then SIGKILL 5 s later).
 func (c *Client) KillSession(ctx context.Context, sandbox, id string) (Session, json.RawMessage, error) {
 	var se Session

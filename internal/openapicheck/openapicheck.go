@@ -169,3 +169,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return resp, nil
 }
+
+// Match names the operation a request of method to path is, as
+// "METHOD /template", or reports none.
+func (d *Doc) Match(method, path string) (string, bool) {
+	for _, o := range d.ops {
+		if o.method == method && o.re.MatchString(path) {
+			return o.method + " " + o.path, true
+		}
+	}
+	return "", false
+}
