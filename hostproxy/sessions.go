@@ -317,19 +317,33 @@ func (s *Server) attachSession(c echo.Context) error {
 	client.SetReadLimit(api.MaxSessionFrame)
 
 	var once sync.Once
+	// fromClient is closed once the client's frames stop coming (its
+	// reader below has returned).
+	fromClient := make(chan struct{})
 	end := func(code websocket.StatusCode, reason string) {
 		once.Do(func() {
-			// The guest's side at once (no handshake with a guest that
-			// may not answer); the client's with its close frame. An
-			// operation's end (endAttachments) first tells the guest to
-			// hold the session for the client to attach again, in a
-			// frame no client can send: one write, bounded, to a guest
-			// that may not read it.
 			if at.byOperation() {
+				// An operation's end (endAttachments): the client's side
+				// first, with its close frame, while its reader still
+				// passes on what the client sent before it saw the close
+				// (stdin it would not know to send again); then the
+				// guest is told to hold the session for the client to
+				// attach again, in a frame no client can send (one
+				// write, bounded: the guest may not read it).
+				client.Close(code, reason)
+				select {
+				case <-fromClient:
+				case <-time.After(holdWait):
+				}
 				wctx, done := context.WithTimeout(ctx, holdWait)
 				guest.Write(wctx, websocket.MessageBinary, []byte{api.FrameHold})
 				done()
+				guest.CloseNow()
+				cancel()
+				return
 			}
+			// The guest's side at once (no handshake with a guest that
+			// may not answer); the client's with its close frame.
 			guest.CloseNow()
 			client.Close(code, reason)
 			cancel()
@@ -341,11 +355,14 @@ func (s *Server) attachSession(c echo.Context) error {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
+		defer close(fromClient)
 		// The client's frames: stdin (binary, first byte 0) and control.
 		for {
 			typ, b, err := client.Read(ctx)
 			if err != nil {
-				end(websocket.StatusNormalClosure, "")
+				if !at.byOperation() {
+					end(websocket.StatusNormalClosure, "")
+				}
 				return
 			}
 			if typ == websocket.MessageBinary && (len(b) == 0 || b[0] != api.StreamStdin) {
