@@ -19,7 +19,7 @@ STATE ?= /var/lib/strata
 IMAGE_CACHE ?= /var/cache/strata
 KERNEL ?= 6.12-cloud
 
-.PHONY: all build deps qemu image test test-short bench run run-local vet lint-openapi clean
+.PHONY: all build deps qemu image test test-short bench run run-local vet lint-openapi sdk-deps lint-sdk clean
 
 all: build
 
@@ -112,7 +112,21 @@ lint-openapi:
 # with it.
 SCALE_TESTS := TestManyCheckpoints
 
-test: deps vet lint-openapi
+# The SDKs' own tools: the TypeScript SDK's exact dependencies from its
+# lockfile (npm ci, with npm's cache outside the repository), its
+# compiler's and typedoc's checks (no warning passes), and Debian's pytest
+# for the Python SDK, whose reference pydoc must write for every module.
+NPM_CACHE := $(IMAGE_CACHE)/npm-cache
+sdk-deps:
+	@command -v node >/dev/null || { echo "the TypeScript SDK needs Node.js 20 or newer"; exit 1; }
+	@cd sdk/typescript && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --cache $(NPM_CACHE) --no-audit --no-fund --silent >&2; }
+	@/usr/bin/python3 -m pytest --version >/dev/null 2>&1 || { apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends python3-pytest >&2; }
+
+lint-sdk: sdk-deps
+	cd sdk/typescript && npm run --silent build && npm run --silent docs
+	@out=$$(mktemp -d) && cd sdk/python && ./docs.sh $$out >/dev/null; rc=$$?; rm -rf $$out; exit $$rc
+
+test: deps vet lint-openapi lint-sdk
 	@[ "$$(id -u)" = 0 ] || { echo "make test needs root (mount tests, microVMs); use 'make test-short' otherwise"; exit 1; }
 	@image=$$($(MAKE) -s --no-print-directory image) || exit 1; \
 	echo "guest image: $$image"; \

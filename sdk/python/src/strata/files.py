@@ -1,0 +1,310 @@
+"""Files in and out of a running sandbox (``/v1/sandboxes/{id}/files/{path…}``).
+
+Bodies stream both ways: ``write_stream`` sends a file object or an iterable
+of bytes with chunked encoding, ``read_stream`` returns a file-like object
+that is also an iterator of chunks, and ``upload``/``download`` move whole
+directories as tar streams (``tarfile`` in stream mode) without holding them
+in memory.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import os
+import tarfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Iterator
+
+from ._client import quote, quote_path
+from ._errors import StrataError
+from ._records import Record
+
+if TYPE_CHECKING:
+    from .sandbox import Sandbox
+
+CHUNK = 64 * 1024
+TRANSFER_TIMEOUT = 600.0
+
+
+class FileStream(io.RawIOBase):
+    """A file being read from a sandbox: ``read(n)``, ``readinto``, and
+    iteration over chunks of bytes (up to 64 KiB each). Close it (or use it
+    as a context manager) when done. ``size`` is its length, ``mode`` its
+    permission bits (``"0644"``), ``mtime`` its modification time."""
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        super().__init__()
+        self._conn = conn
+        self._resp = resp
+        length = resp.getheader("Content-Length")
+        self.size: int | None = int(length) if length and length.isdigit() else None
+        self.mode: str | None = resp.getheader("X-File-Mode")
+        self.mtime: str | None = resp.getheader("X-File-Mtime") or resp.getheader("Last-Modified")
+        self.content_type: str = resp.getheader("Content-Type") or ""
+
+    def readable(self) -> bool:
+        """True: a FileStream is read."""
+        return True
+
+    def readinto(self, b: Any) -> int:
+        """Read into a buffer; 0 at the end."""
+        try:
+            return self._resp.readinto(b)
+        except (OSError, http.client.HTTPException) as e:
+            raise StrataError("connection_error", f"reading a file: {e!r}") from None
+
+    def read(self, size: int = -1) -> bytes:
+        """Read up to size bytes (all that is left with -1)."""
+        try:
+            return self._resp.read() if size is None or size < 0 else self._resp.read(size)
+        except (OSError, http.client.HTTPException) as e:
+            raise StrataError("connection_error", f"reading a file: {e!r}") from None
+
+    def __iter__(self) -> Iterator[bytes]:  # type: ignore[override]
+        return self
+
+    def __next__(self) -> bytes:
+        chunk = self.read(CHUNK)
+        if not chunk:
+            raise StopIteration
+        return chunk
+
+    def close(self) -> None:
+        """Close the answer and its connection."""
+        if not self.closed:
+            self._resp.close()
+            self._conn.close()
+        super().close()
+
+
+class Files:
+    """``sb.files``: files and directories of the sandbox (paths absolute, in the guest)."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sb = sandbox
+
+    def _path(self, path: str) -> str:
+        if not path.startswith("/"):
+            raise StrataError("invalid_field", f"a sandbox path is absolute: {path!r}", 0, {"field": "path"})
+        rel = quote_path(path)
+        base = f"/v1/sandboxes/{quote(self._sb.id)}/files"
+        return base + ("/" + rel if rel else "")
+
+    # -- whole files ------------------------------------------------------
+
+    def write(
+        self,
+        path: str,
+        data: bytes | str,
+        *,
+        mode: int | str | None = None,
+        parents: bool = False,
+        mtime: str | None = None,
+    ) -> Record:
+        """Write a file (created or replaced atomically) from bytes (a str
+        as UTF-8). ``mode`` as an int (``0o755``) or octal string; ``parents``
+        makes missing directories; ``mtime`` RFC 3339. Returns
+        ``{"path","size_bytes"}``."""
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        return self._put(path, bytes(data), mode=mode, parents=parents, mtime=mtime, retry=True)
+
+    def write_stream(
+        self,
+        path: str,
+        source: BinaryIO | Iterable[bytes],
+        *,
+        mode: int | str | None = None,
+        parents: bool = False,
+        mtime: str | None = None,
+    ) -> Record:
+        """Write a file from a binary file object or an iterable of bytes,
+        streamed (chunked encoding: never held whole). Returns
+        ``{"path","size_bytes"}``."""
+        return self._put(path, source, mode=mode, parents=parents, mtime=mtime, retry=False)
+
+    def _put(self, path: str, body: Any, *, mode: int | str | None, parents: bool, mtime: str | None, retry: bool, content_type: str = "application/octet-stream") -> Record:
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        if mode is not None:
+            headers["X-File-Mode"] = format(mode, "04o") if isinstance(mode, int) else mode
+        if mtime is not None:
+            headers["X-File-Mtime"] = mtime
+        if isinstance(body, (bytes, bytearray)):
+            headers["Content-Length"] = str(len(body))
+        conn, resp = self._sb.client.stream(
+            "PUT", self._path(path), query={"parents": "true"} if parents else None,
+            headers=headers, body=body, retry=retry, timeout=TRANSFER_TIMEOUT,
+        )
+        try:
+            return _json_data(resp)
+        finally:
+            conn.close()
+
+    def read(self, path: str) -> bytes:
+        """A file's bytes (``409 not_a_file`` for a directory)."""
+        with self.read_stream(path) as f:
+            return f.read()
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """A file's content as text."""
+        return self.read(path).decode(encoding)
+
+    def read_stream(self, path: str, *, offset: int | None = None, length: int | None = None) -> FileStream:
+        """A file as a FileStream (file-like, and an iterator of chunks),
+        optionally from byte ``offset`` and at most ``length`` bytes (a range)."""
+        headers = {"Accept": "application/octet-stream"}
+        if offset is not None or length is not None:
+            start = offset or 0
+            end = "" if length is None else str(start + length - 1)
+            headers["Range"] = f"bytes={start}-{end}"
+        conn, resp = self._sb.client.stream("GET", self._path(path), headers=headers, retry=True, timeout=TRANSFER_TIMEOUT)
+        if (resp.getheader("Content-Type") or "").startswith("application/json"):
+            data = _json_data(resp)
+            conn.close()
+            raise StrataError("not_a_file", f"{path} is a directory", 409, {"path": path, "entries": data.get("entries")})
+        return FileStream(conn, resp)
+
+    # -- directories and metadata ------------------------------------------
+
+    def list(self, dir: str = "/") -> list[Record]:
+        """A directory's entries: ``{"name","type","size_bytes","mode","mtime","target"?}``."""
+        conn, resp = self._sb.client.stream("GET", self._path(dir), headers={"Accept": "application/json"}, retry=True)
+        try:
+            if not (resp.getheader("Content-Type") or "").startswith("application/json"):
+                raise StrataError("not_a_directory", f"{dir} is a file", 409, {"path": dir})
+            return list(_json_data(resp).get("entries") or [])
+        finally:
+            conn.close()
+
+    def stat(self, path: str) -> Record:
+        """What is at path (``HEAD``): ``{"path","type" ("file" or "dir"),
+        "size","mode","mtime"}``; StrataError ``file_not_found`` when nothing is."""
+        conn, resp = self._sb.client.stream("HEAD", self._path(path), retry=True)
+        try:
+            resp.read()
+            ctype = resp.getheader("Content-Type") or ""
+            length = resp.getheader("Content-Length")
+            return Record(
+                path=path,
+                type="file" if ctype.startswith("application/octet-stream") else "dir",
+                size=int(length) if length and length.isdigit() else None,
+                mode=resp.getheader("X-File-Mode"),
+                mtime=resp.getheader("X-File-Mtime") or resp.getheader("Last-Modified"),
+            )
+        finally:
+            conn.close()
+
+    def exists(self, path: str) -> bool:
+        """True when something is at path."""
+        try:
+            self.stat(path)
+            return True
+        except StrataError as e:
+            if e.code == "file_not_found":
+                return False
+            raise
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file or an empty directory (a whole tree with ``recursive``)."""
+        conn, resp = self._sb.client.stream("DELETE", self._path(path), query={"recursive": "true"} if recursive else None, retry=True)
+        try:
+            resp.read()
+        finally:
+            conn.close()
+
+    # -- trees as tar -------------------------------------------------------
+
+    def upload(self, local_dir: str | os.PathLike[str], dir: str) -> Record:
+        """Copy a local directory's tree into the sandbox directory ``dir``
+        (made), as a tar streamed while it is written: modes, mtimes and
+        symlinks kept. Returns ``{"path","size_bytes"}``."""
+        src = Path(local_dir)
+        if not src.is_dir():
+            raise StrataError("invalid_field", f"{src} is not a local directory", 0, {"field": "local_dir"})
+        r, w = os.pipe()
+        reader = os.fdopen(r, "rb")
+        writer = os.fdopen(w, "wb")
+        failure: list[BaseException] = []
+
+        def produce() -> None:
+            try:
+                with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tf:
+                    for entry in sorted(src.iterdir()):
+                        tf.add(str(entry), arcname=entry.name)
+            except BaseException as e:  # reported by upload
+                failure.append(e)
+            finally:
+                try:
+                    writer.close()
+                except OSError:
+                    pass
+
+        t = threading.Thread(target=produce, name="strata-upload", daemon=True)
+        t.start()
+        try:
+            return self._put(dir, _Chunks(reader), mode=None, parents=False, mtime=None, retry=False, content_type="application/x-tar")
+        finally:
+            reader.close()
+            t.join()
+            if failure and not isinstance(failure[0], BrokenPipeError):
+                raise StrataError("upload_failed", f"reading {src}: {failure[0]!r}")
+
+    def download(self, dir: str, local_dir: str | os.PathLike[str]) -> list[str]:
+        """Copy the sandbox directory ``dir``'s tree into ``local_dir``
+        (made), from a tar read as it streams. Entries that would land
+        outside ``local_dir`` are refused. Returns the names extracted."""
+        dest = Path(local_dir)
+        dest.mkdir(parents=True, exist_ok=True)
+        conn, resp = self._sb.client.stream("GET", self._path(dir), headers={"Accept": "application/x-tar"}, retry=True, timeout=TRANSFER_TIMEOUT)
+        names: list[str] = []
+        root = dest.resolve()
+        try:
+            with tarfile.open(fileobj=resp, mode="r|") as tf:
+                for member in tf:
+                    target = (root / member.name.lstrip("/")).resolve()
+                    if target != root and root not in target.parents:
+                        raise StrataError("invalid_field", f"tar entry {member.name!r} would land outside {dest}")
+                    if member.islnk():
+                        link = (root / member.linkname.lstrip("/")).resolve()
+                        if root not in link.parents:
+                            raise StrataError("invalid_field", f"tar hard link {member.name!r} leads outside {dest}")
+                    if hasattr(tarfile, "tar_filter"):
+                        tf.extract(member, root, filter="tar")
+                    else:  # Python 3.11 before 3.11.4: checked above
+                        tf.extract(member, root)
+                    names.append(member.name)
+        except (tarfile.TarError, http.client.HTTPException, OSError) as e:
+            raise StrataError("download_failed", f"reading the tar of {dir}: {e!r}") from None
+        finally:
+            conn.close()
+        return names
+
+
+class _Chunks:
+    """A pipe read as an iterable of chunks (for chunked encoding)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            b = self._f.read(CHUNK)
+            if not b:
+                return
+            yield b
+
+
+def _json_data(resp: http.client.HTTPResponse) -> Record:
+    import json
+
+    from ._records import to_record
+
+    raw = resp.read()
+    if not raw:
+        return Record()
+    env = json.loads(raw)
+    data = env.get("data") if isinstance(env, dict) else None
+    out = to_record(data)
+    return out if isinstance(out, Record) else Record(value=out)

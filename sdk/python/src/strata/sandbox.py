@@ -1,0 +1,343 @@
+"""Sandboxes: QEMU microVMs with a guest daemon, and their lifecycle.
+
+Which word means which level:
+
+- ``sb.checkpoints`` — **directory checkpoints**: one directory's files,
+  inside a running sandbox (checkpoints.py);
+- ``sb.snapshots`` — **VM snapshots**: the whole machine, memory included by
+  default (snapshots.py). The seeds call these checkpoints, so
+  ``sb.create_checkpoint(name)``, ``list_checkpoints``,
+  ``restore_checkpoint``, ``delete_checkpoint``, ``sb.fork`` and
+  ``Sandbox.create_from_checkpoint`` all work on VM snapshots.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, overload
+
+from ._client import Response, Strata, quote, resolve
+from ._errors import StrataError
+from ._records import Record
+from .checkpoints import Checkpoints, Retention
+from .exec import Exec
+from .files import Files
+from .snapshots import Snapshots
+from .tokens import AccessToken
+
+TRANSITIONAL = frozenset({"creating", "pausing", "resuming", "stopping", "destroying", "unresponsive"})
+WAIT_TIMEOUT = 300.0
+
+
+class ForkList(list["Sandbox"]):
+    """The sandboxes of ``sb.fork(…, count=N)``, in the order of their names;
+    ``failed`` lists the forks the server could not make (``{"code","message"}``)."""
+
+    failed: list[Record]
+
+    def __init__(self, items: list["Sandbox"], failed: list[Record]) -> None:
+        super().__init__(items)
+        self.failed = failed
+
+
+class Sandbox:
+    """A sandbox: ``Sandbox.create()``, ``Sandbox.connect(id)``, ``Sandbox.list()``.
+
+    Parts: ``exec`` (commands and sessions), ``files``, ``checkpoints``
+    (directory-level), ``snapshots`` (VM-level; the seeds' checkpoints),
+    ``access_token``. Every method is synchronous; ``AsyncSandbox`` is the
+    same API for asyncio. ``client`` is the configured ``Strata`` (the
+    module's default when none is given).
+    """
+
+    id: str
+    client: Strata
+    exec: Exec
+    files: Files
+    checkpoints: Checkpoints
+    snapshots: Snapshots
+    access_token: AccessToken
+
+    def __init__(self, id: str, *, client: Strata | None = None, info: Record | None = None) -> None:
+        self.id = id
+        self.client = resolve(client)
+        self._info: Record | None = info
+        self.exec = Exec(self)
+        self.files = Files(self)
+        self.checkpoints = Checkpoints(self)
+        self.snapshots = Snapshots(self)
+        self.access_token = AccessToken(self)
+
+    def __repr__(self) -> str:
+        state = self._info.get("state") if self._info else None
+        return f"Sandbox(id={self.id!r}, state={state!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sandbox) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def _path(self, *rest: str) -> str:
+        return f"/v1/sandboxes/{quote(self.id)}" + "".join("/" + quote(r) for r in rest)
+
+    # -- making and finding sandboxes --------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        name: str | None = None,
+        memory_mib: int | None = None,
+        vcpus: int | None = None,
+        disk_gib: int | None = None,
+        wait: bool = True,
+        timeout: float = WAIT_TIMEOUT,
+        client: Strata | None = None,
+    ) -> "Sandbox":
+        """Create a sandbox (a microVM booted from the guest image) and
+        return it once ``running`` (unless ``wait=False``). ``memory_mib``
+        (512; 128–8192), ``vcpus`` (1; 1–4), ``disk_gib`` (4; 1–64); ``name``
+        unique in the account (``409 name_taken``). Sent with an
+        Idempotency-Key, retried safely."""
+        body: dict[str, Any] = {}
+        for k, v in (("name", name), ("memory_mib", memory_mib), ("vcpus", vcpus), ("disk_gib", disk_gib)):
+            if v is not None:
+                body[k] = v
+        return cls._create(body, wait, timeout, resolve(client))
+
+    @classmethod
+    def _create(cls, body: dict[str, Any], wait: bool, timeout: float, client: Strata) -> "Sandbox":
+        resp = client.request("POST", "/v1/sandboxes", body=body, idempotent=True, timeout=timeout)
+        sb = cls(resp.data["id"], client=client, info=resp.data)
+        if wait:
+            sb._wait(resp, "running", timeout)
+        return sb
+
+    @classmethod
+    def create_from_checkpoint(
+        cls,
+        snapshot_id: str,
+        *,
+        sandbox: str | None = None,
+        name: str | None = None,
+        wait: bool = True,
+        timeout: float = WAIT_TIMEOUT,
+        client: Strata | None = None,
+    ) -> "Sandbox":
+        """A fork (the seeds' name): a new sandbox from VM snapshot
+        ``snapshot_id`` (id or name) of sandbox ``sandbox`` (default: the
+        configured ``CREATEOS_SANDBOX_ID``), running once returned."""
+        c = resolve(client)
+        source = sandbox or c.sandbox_id
+        if not source:
+            raise StrataError("invalid_field", "create_from_checkpoint needs sandbox=: the sandbox whose snapshot it is", 0, {"field": "sandbox"})
+        body: dict[str, Any] = {"from": {"sandbox": source, "snapshot": snapshot_id}}
+        if name is not None:
+            body["name"] = name
+        return cls._create(body, wait, timeout, c)
+
+    @classmethod
+    def connect(cls, id: str | None = None, *, client: Strata | None = None) -> "Sandbox":
+        """The sandbox ``id``; without one, the configured sandbox
+        (``CREATEOS_SANDBOX_ID``, from the credentials file inside a
+        sandbox: that sandbox). Makes no call (inside a sandbox its key
+        may not read sandbox records)."""
+        c = resolve(client)
+        sid = id or c.sandbox_id
+        if not sid:
+            raise StrataError("not_configured", "no sandbox id: pass one, or set CREATEOS_SANDBOX_ID")
+        return cls(sid, client=c)
+
+    @classmethod
+    def list(cls, *, client: Strata | None = None) -> list["Sandbox"]:
+        """Every sandbox of the account, oldest first (all pages)."""
+        c = resolve(client)
+        out: list[Sandbox] = []
+        offset = 0
+        while True:
+            data = c.request("GET", "/v1/sandboxes", query={"limit": 500, "offset": offset}).data
+            page = data.get("data") or []
+            out += [cls(r["id"], client=c, info=r) for r in page]
+            total = int((data.get("pagination") or {}).get("total") or 0)
+            offset += len(page)
+            if not page or offset >= total:
+                return out
+
+    # -- state -------------------------------------------------------------
+
+    @property
+    def info(self) -> Record:
+        """The sandbox's record as last read (read now when never read):
+        ``{"id","name","state","memory_mib","vcpus","disk_gib","created_at",…}``."""
+        if self._info is None:
+            return self.refresh()
+        return self._info
+
+    @property
+    def name(self) -> str:
+        """The sandbox's name."""
+        return str(self.info.get("name") or self.id)
+
+    @property
+    def state(self) -> str:
+        """The sandbox's state, read now."""
+        return str(self.refresh().get("state"))
+
+    def refresh(self) -> Record:
+        """Read the sandbox's record again (``GET /v1/sandboxes/{id}``)."""
+        self._info = self.client.request("GET", self._path()).data
+        return self._info
+
+    def _wait(self, resp: Response | None, target: str, timeout: float) -> Record:
+        """Poll until the sandbox is in ``target``: ``GET …?wait_s=`` (the
+        server answers as soon as the state changes), honouring
+        ``X-Poll-After`` between polls. Raises with the record's ``error``
+        when it ends in ``error``."""
+        deadline = time.monotonic() + timeout
+        rec: Record = resp.data if resp is not None else self.refresh()
+        poll_after = _poll_after(resp) if resp is not None else None
+        while True:
+            self._info = rec
+            state = rec.get("state")
+            if state == target:
+                return rec
+            if state == "error":
+                msg = rec.get("error") or "the sandbox ended in state error"
+                raise StrataError("sandbox_error", f"sandbox {self.id}: {msg}", 0, rec)
+            if state not in TRANSITIONAL and resp is None:
+                why = (rec.get("last_error") or {}).get("message")
+                raise StrataError(
+                    "sandbox_state",
+                    f"sandbox {self.id} is {state}, not on its way to {target}" + (f": {why}" if why else ""),
+                    409, {"state": state, "last_error": rec.get("last_error")},
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StrataError("timeout", f"sandbox {self.id} still {state} after {timeout:.0f} s", 0, {"state": state})
+            if poll_after:
+                time.sleep(min(poll_after, left))
+            wait_s = max(1, min(20, int(deadline - time.monotonic())))
+            r = self.client.request("GET", self._path(), query={"wait_s": wait_s}, timeout=wait_s + 30)
+            rec, poll_after, resp = r.data, _poll_after(r), None
+
+    def wait_until(self, state: str = "running", *, timeout: float = WAIT_TIMEOUT) -> Record:
+        """Wait until the sandbox is in ``state`` (default ``running``) and
+        return its record; StrataError when it ends in ``error``, rests in
+        another state, or ``timeout`` seconds pass."""
+        return self._wait(None, state, timeout)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def kill(self) -> Record:
+        """Delete the sandbox (``DELETE``): its VM, disk, checkpoints and
+        snapshots. Returns ``{"id","state":"destroyed"}``."""
+        resp = self.client.request("DELETE", self._path(), timeout=WAIT_TIMEOUT)
+        self._info = resp.data
+        return resp.data  # type: ignore[no-any-return]
+
+    def pause(self, *, wait: bool = True, timeout: float = WAIT_TIMEOUT) -> Record:
+        """Pause: the guest's memory goes to the host's disk. Returns once
+        ``paused`` unless ``wait=False``."""
+        resp = self.client.request("POST", self._path("pause"), timeout=timeout)
+        return self._wait(resp, "paused", timeout) if wait else resp.data
+
+    def resume(self, *, wait: bool = True, timeout: float = WAIT_TIMEOUT) -> Record:
+        """Resume a paused sandbox; returns once ``running`` unless ``wait=False``."""
+        resp = self.client.request("POST", self._path("resume"), timeout=timeout)
+        return self._wait(resp, "running", timeout) if wait else resp.data
+
+    def stop(self) -> Record:
+        """Shut the sandbox down cleanly (``stopped``; its disk stays)."""
+        resp = self.client.request("POST", self._path("stop"), timeout=WAIT_TIMEOUT)
+        self._info = resp.data
+        return resp.data  # type: ignore[no-any-return]
+
+    def start(self, *, wait: bool = True, timeout: float = WAIT_TIMEOUT) -> Record:
+        """Boot a stopped (or ``error``) sandbox from its disk; returns once
+        ``running`` unless ``wait=False``."""
+        resp = self.client.request("POST", self._path("start"), timeout=timeout)
+        return self._wait(resp, "running", timeout) if wait else resp.data
+
+    # -- forks ---------------------------------------------------------------
+
+    @overload
+    def fork(self, snapshot: str, *, name: str | None = ..., count: None = ..., wait: bool = ..., timeout: float = ...) -> "Sandbox": ...
+
+    @overload
+    def fork(self, snapshot: str, *, name: str | None = ..., count: int, wait: bool = ..., timeout: float = ...) -> ForkList: ...
+
+    def fork(
+        self,
+        snapshot: str,
+        *,
+        name: str | None = None,
+        count: int | None = None,
+        wait: bool = True,
+        timeout: float = WAIT_TIMEOUT,
+    ) -> "Sandbox | ForkList":
+        """New sandboxes from VM snapshot ``snapshot`` (id or name) of this
+        sandbox, running once returned. Without ``count``: one Sandbox
+        (named ``name``; ``POST /v1/sandboxes`` with ``from``, idempotent).
+        With ``count``: a ForkList of up to ``count`` (1–100), named
+        ``<name>-1`` … when ``name`` is given (``POST …/fork``)."""
+        if count is None:
+            body: dict[str, Any] = {"from": {"sandbox": self.id, "snapshot": snapshot}}
+            if name is not None:
+                body["name"] = name
+            return self._create(body, wait, timeout, self.client)
+        req: dict[str, Any] = {"count": count}
+        if name is not None:
+            req["name_prefix"] = name
+        resp = self.client.request("POST", self._path("snapshots", snapshot, "fork"), body=req, timeout=timeout)
+        forks = ForkList([Sandbox(r["id"], client=self.client, info=r) for r in resp.data.get("sandboxes") or []], list(resp.data.get("failed") or []))
+        if wait:
+            for f in forks:
+                f._wait(Response(202, {}, f.info), "running", timeout)
+        return forks
+
+    # -- the seeds' names for VM snapshots ----------------------------------
+
+    def create_checkpoint(
+        self,
+        name: str | None = None,
+        *,
+        comment: str | None = None,
+        memory: bool | None = None,
+        retention: Retention | None = None,
+    ) -> Record:
+        """The seeds' ``create_checkpoint("after-build")``: a **VM snapshot**
+        (``sb.snapshots.create(name=…)``), not a directory checkpoint."""
+        return self.snapshots.create(name=name, comment=comment, memory=memory, retention=retention)
+
+    def list_checkpoints(self) -> list[Record]:
+        """The seeds' name for ``sb.snapshots.list()`` (VM snapshots)."""
+        return self.snapshots.list()
+
+    def restore_checkpoint(self, id: str, *, disk_only: bool = False) -> Record:
+        """The seeds' name for ``sb.snapshots.restore(id)`` (VM snapshot);
+        returns once the sandbox runs again."""
+        return self.snapshots.restore(id, disk_only=disk_only)
+
+    def delete_checkpoint(self, id: str) -> None:
+        """The seeds' name for ``sb.snapshots.delete(id)`` (VM snapshot)."""
+        self.snapshots.delete(id)
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Leaving a ``with Sandbox.create() as sb:`` block kills the sandbox."""
+        try:
+            self.kill()
+        except StrataError as e:
+            if e.code != "sandbox_not_found":
+                raise
+
+
+def _poll_after(resp: Response) -> float | None:
+    v = resp.header("X-Poll-After")
+    try:
+        return float(v) if v else None
+    except ValueError:
+        return None

@@ -1,0 +1,78 @@
+"""VM snapshots (the seeds' checkpoints) and forks."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from strata import Sandbox, StrataError
+
+
+def delete_when_ready(sb: Sandbox, id: str) -> None:
+    """An automatic snapshot is processing while its memory is written: 409 operation_in_progress."""
+    deadline = time.monotonic() + 120
+    while sb.snapshots.get(id).status == "processing" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    sb.snapshots.delete(id)
+
+
+def test_snapshots(sb: Sandbox, name: str) -> None:
+    sb.exec.run("echo before > /root/snapfile")
+    s = sb.snapshots.create(name=name, comment="sdk test")
+    try:
+        assert s.status == "ready" and s.memory is True and s.sandbox == sb.id
+        assert s.get("name") == name
+        assert sb.snapshots.get(s.id).id == s.id
+        assert sb.snapshots.get(name).id == s.id  # a name wherever an id goes
+        assert s.id in [x.id for x in sb.snapshots.list()]
+        assert sb.snapshots.pin(s.id).pinned is True
+        assert sb.snapshots.unpin(s.id).pinned is False
+        with pytest.raises(StrataError) as e:
+            sb.snapshots.create(name=name)
+        assert e.value.status == 409 and e.value.code == "name_taken"
+
+        sb.exec.run("echo after > /root/snapfile")
+        r = sb.snapshots.restore(s.id)
+        assert r.snapshot_id == s.id and r.state == "running" and r.auto_id
+        assert sb.info.state == "running"
+        assert sb.exec.run("cat /root/snapfile").stdout == "before\n"
+        delete_when_ready(sb, r.auto_id)
+    finally:
+        sb.snapshots.delete(s.id)
+    with pytest.raises(StrataError) as e:
+        sb.snapshots.get(s.id)
+    assert e.value.status == 404 and e.value.code == "snapshot_not_found"
+
+
+def test_seed_aliases_and_forks(sb: Sandbox, name: str) -> None:
+    sb.exec.run("echo forked > /root/forkfile")
+    cp = sb.create_checkpoint(f"{name}-after-build", memory=False)
+    try:
+        assert cp["id"] in [c["id"] for c in sb.list_checkpoints()] and cp.memory is False
+        fork = Sandbox.create_from_checkpoint(cp["id"], sandbox=sb.id, name=f"{name}-one", client=sb.client)
+        try:
+            assert fork.info.state == "running" and fork.info["from"] == {"sandbox": sb.id, "snapshot": cp["id"]}
+            assert fork.exec.run("cat /root/forkfile").stdout == "forked\n"
+        finally:
+            fork.kill()
+        forks = sb.fork(f"{name}-after-build", name=name, count=1)
+        try:
+            assert len(forks) == 1 and not forks.failed
+            assert forks[0].info.name == f"{name}-1" and forks[0].info.state == "running"
+            assert forks[0].exec.run("cat /root/forkfile").stdout == "forked\n"
+        finally:
+            for f in forks:
+                f.kill()
+        one = sb.fork(cp["id"], name=f"{name}-two")
+        try:
+            assert one.info.name == f"{name}-two"
+        finally:
+            one.kill()
+        sb.exec.run("echo changed > /root/forkfile")
+        sb.restore_checkpoint(cp["id"])  # disk-only: a fresh boot of its disk
+        assert sb.exec.run("cat /root/forkfile").stdout == "forked\n"
+        for auto in [x for x in sb.list_checkpoints() if x.auto]:
+            delete_when_ready(sb, auto.id)
+    finally:
+        sb.delete_checkpoint(cp["id"])

@@ -1,0 +1,59 @@
+"""Access tokens, and an error of each class."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata import Sandbox, Strata, StrataError
+
+
+def test_access_token(sb: Sandbox) -> None:
+    sb.access_token.revoke()
+    assert sb.access_token.get().enabled is False
+    t = sb.access_token.issue()
+    try:
+        assert t.token.startswith("sbt_") and t.hint == t.token[-4:]
+        assert sb.access_token.get() == {"enabled": True, "hint": t.hint, "created_at": t.created_at}
+        with pytest.raises(StrataError) as e:
+            sb.access_token.issue()
+        assert e.value.status == 409 and e.value.code == "token_exists"
+        as_token = Sandbox.connect(sb.id, client=Strata(sb.client.api_url, t.token))
+        assert isinstance(as_token.checkpoints.list(), list)  # a token may use its sandbox's checkpoints
+        assert as_token.files.exists("/tmp")  # and its files
+        with pytest.raises(StrataError) as e:  # 403: a token on a lifecycle route
+            as_token.pause()
+        assert e.value.status == 403 and e.value.code == "forbidden"
+        r = sb.access_token.rotate()
+        assert r.token != t.token
+        with pytest.raises(StrataError) as e:  # the old one is gone
+            as_token.checkpoints.list()
+        assert e.value.status == 401 and e.value.code == "unauthorized"
+    finally:
+        sb.access_token.revoke()
+    with pytest.raises(StrataError) as e:
+        sb.access_token.rotate()
+    assert e.value.status == 404 and e.value.code == "token_not_found"
+
+
+def test_errors(sb: Sandbox, client: Strata) -> None:
+    cases = [
+        (400, "invalid_field", lambda: sb.files.remove("/")),
+        (400, "invalid_field", lambda: Sandbox.create(memory_mib=1, client=client)),
+        (401, "unauthorized", lambda: Sandbox.list(client=Strata(client.api_url, "sk_not_a_key_of_anyone_at_all"))),
+        (404, "sandbox_not_found", lambda: Sandbox.connect("sb-doesnotexist000000000000", client=client).refresh()),
+        (404, "checkpoint_not_found", lambda: sb.checkpoints.restore("cp_AAAAAAAAAAAAAAAAAAAAAA")),
+        (404, "session_not_found", lambda: sb.exec.get("se-0000000000000000")),
+        (404, "snapshot_not_found", lambda: sb.snapshots.get("v999999")),
+        (409, "name_taken", lambda: Sandbox.create(name=sb.info.name, client=client)),
+        (422, "path_not_absolute", lambda: sb.checkpoints.create(path="relative")),
+    ]
+    for status, code, call in cases:
+        with pytest.raises(StrataError) as e:
+            call()
+        err = e.value
+        assert (err.status, err.code) == (status, code), repr(err)
+        assert err.message and err.request_id
+        assert str(status) in str(err)
+    with pytest.raises(StrataError) as e:
+        sb.checkpoints.create(path="/proc/x" + "\x00")
+    assert e.value.code == "invalid_field" and e.value.data.get("field") == "path"

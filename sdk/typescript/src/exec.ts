@@ -1,0 +1,512 @@
+/**
+ * Commands: the one-shot exec and exec sessions ({@link Session}).
+ *
+ * @module
+ */
+import { Strata, camel, sandboxPath, sleep } from "./client.js";
+import { StrataError } from "./errors.js";
+import type { ExecResult, SessionOutput, SessionRecord } from "./types.js";
+import { openWs, type WsConn } from "./ws.js";
+
+/** Options of {@link Exec.run}. */
+export interface RunOptions {
+  /** Working directory (absolute); default `/`. */
+  cwd?: string;
+  /** Variables added to the environment. */
+  env?: Record<string, string>;
+  /** Standard input (at most 1 MiB). */
+  stdin?: string;
+  /** Seconds before every process of the command is killed (1–3600; default 60). */
+  timeoutS?: number;
+}
+
+/** Options of {@link Exec.start}. */
+export interface StartOptions {
+  /** Working directory (absolute); default `/`. */
+  cwd?: string;
+  /** Variables added to the environment. */
+  env?: Record<string, string>;
+  /** Run on a terminal (its output all comes as `stdout`). */
+  tty?: boolean;
+  /** Terminal rows (with `tty`; default 24). */
+  rows?: number;
+  /** Terminal columns (with `tty`; default 80). */
+  cols?: number;
+  /** The session carries on when its attachments close (else it gets SIGHUP when its last one does). */
+  detachable?: boolean;
+  /** Seconds before the session is killed (1–3600; default none). */
+  timeoutS?: number;
+}
+
+/** Options of {@link Exec.attach}. */
+export interface AttachOptions {
+  /** The output offset to start from (bytes of stdout and stderr already seen); default 0: all the session still holds. */
+  since?: number;
+}
+
+/** One chunk of a session's output. */
+export interface OutputChunk {
+  /** Which stream (everything is `stdout` on a terminal). */
+  stream: "stdout" | "stderr";
+  /** Its bytes. */
+  data: Uint8Array;
+}
+
+/** A command as an array runs directly; a string runs with `sh -c`. */
+function argv(cmd: string | string[]): string[] {
+  return typeof cmd === "string" ? ["sh", "-c", cmd] : cmd;
+}
+
+/**
+ * Commands in a sandbox: `sb.exec`.
+ *
+ * @example
+ * ```ts
+ * const r = await sb.exec.run("npm test", { cwd: "/app", timeoutS: 600 });
+ * if (r.exitCode !== 0) console.error(r.stderr);
+ * ```
+ */
+export class Exec {
+  /** @internal */
+  constructor(
+    private readonly client: Strata,
+    private readonly sandboxId: string,
+  ) {}
+
+  /**
+   * Runs a command to its end (`POST …/exec`) and returns its result; a
+   * non-zero exit is a result, not an error. Its output is kept up to 1 MiB
+   * per stream. Node's fetch gives up on an answer after 300 s: use
+   * {@link Exec.start} for longer commands.
+   *
+   * @param cmd - a string runs with `["sh", "-c", cmd]`; an array runs directly
+   * @param options - cwd, env, stdin, timeoutS
+   * @returns exit code, output, whether it timed out or was truncated, its duration
+   * @throws {@link StrataError} `exec_failed` (422) for a program that cannot start
+   */
+  async run(cmd: string | string[], options: RunOptions = {}): Promise<ExecResult> {
+    const { data } = await this.client.call("POST", sandboxPath(this.sandboxId, "exec"), {
+      json: { cmd: argv(cmd), cwd: options.cwd, env: options.env, stdin: options.stdin, timeout_s: options.timeoutS },
+    });
+    return camel<ExecResult>(data);
+  }
+
+  /**
+   * Starts a command as a session (`POST …/sessions`) and attaches to it
+   * from output offset 0. Read its output with `for await`, or
+   * {@link Session.text}; {@link Session.wait} gives its exit code.
+   *
+   * @param cmd - a string runs with `["sh", "-c", cmd]`; an array runs directly
+   * @param options - cwd, env, tty, rows, cols, detachable, timeoutS
+   * @returns the session, attached
+   */
+  async start(cmd: string | string[], options: StartOptions = {}): Promise<Session> {
+    const { data } = await this.client.call("POST", sandboxPath(this.sandboxId, "sessions"), {
+      json: {
+        cmd: argv(cmd),
+        cwd: options.cwd,
+        env: options.env,
+        tty: options.tty,
+        rows: options.rows,
+        cols: options.cols,
+        detachable: options.detachable,
+        timeout_s: options.timeoutS,
+      },
+    });
+    const record = camel<SessionRecord>(data);
+    const s = new Session(this.client, this.sandboxId, record.id, 0, record);
+    await s.attached();
+    return s;
+  }
+
+  /**
+   * Attaches to a session already running (or exited in the last 10 minutes).
+   *
+   * @param sessionId - `se-…`
+   * @param options - `since`: the output offset to start from (default 0)
+   * @returns the session, attached
+   */
+  async attach(sessionId: string, options: AttachOptions = {}): Promise<Session> {
+    const s = new Session(this.client, this.sandboxId, sessionId, options.since ?? 0);
+    await s.attached();
+    return s;
+  }
+
+  /**
+   * Lists the sandbox's sessions, oldest first (exited ones for 10 minutes).
+   *
+   * @returns the records
+   */
+  async list(): Promise<SessionRecord[]> {
+    const { data } = await this.client.call<{ sessions: unknown[] }>("GET", sandboxPath(this.sandboxId, "sessions"));
+    return camel<SessionRecord[]>(data.sessions);
+  }
+
+  /**
+   * Reads one session's record.
+   *
+   * @param sessionId - `se-…`
+   * @returns its record
+   */
+  async get(sessionId: string): Promise<SessionRecord> {
+    const { data } = await this.client.call("GET", sandboxPath(this.sandboxId, "sessions", sessionId));
+    return camel<SessionRecord>(data);
+  }
+
+  /**
+   * Ends a session: SIGTERM to its processes, SIGKILL 5 s later.
+   *
+   * @param sessionId - `se-…`
+   * @returns its record
+   */
+  async kill(sessionId: string): Promise<SessionRecord> {
+    const { data } = await this.client.call("DELETE", sandboxPath(this.sandboxId, "sessions", sessionId));
+    return camel<SessionRecord>(data);
+  }
+}
+
+/** How long an attachment ended by an operation on the sandbox is tried again (the server holds a session 60 s). */
+const REATTACH_FOR_MS = 55_000;
+/** The largest frame of an attachment, its stream byte included. */
+const MAX_FRAME = 64 << 10;
+
+/**
+ * A running command whose streams come through a WebSocket attachment.
+ *
+ * A memory snapshot, a pause or a restore of the sandbox ends every
+ * attachment (close code 1011): the session attaches again by itself, for
+ * up to 55 s while the sandbox is busy, from the output offset it had
+ * reached (`?since=`), so that no output is lost or seen twice; what is
+ * written to stdin meanwhile is sent once attached again. A connection
+ * that breaks (1006: hostproxy restarted) is attached again the same way.
+ *
+ * One consumer reads the output: iterate it, or call one of
+ * {@link Session.text}, {@link Session.stdout}, {@link Session.output}.
+ *
+ * @example
+ * ```ts
+ * const s = await sb.exec.start(["cat"]);
+ * s.write("hello\n");
+ * s.closeStdin();
+ * for await (const chunk of s) process.stdout.write(chunk.data);
+ * console.log("exit", await s.wait());
+ * ```
+ */
+export class Session implements AsyncIterable<OutputChunk> {
+  /** The session's id, `se-…`. */
+  readonly id: string;
+  /** The sandbox it runs in. */
+  readonly sandboxId: string;
+  /** Its record as `exec.start` answered (undefined for `exec.attach`). */
+  readonly record: SessionRecord | undefined;
+  /** How many times it attached again after an operation on the sandbox ended its attachment. */
+  reattachments = 0;
+  /** Bytes of output the server no longer held when asked for them (`dropped` messages). */
+  droppedBytes = 0;
+
+  private since: number;
+  private conn: WsConn | undefined;
+  private outbox: (string | Uint8Array)[] = [];
+  private queue: OutputChunk[] = [];
+  private wake: (() => void) | undefined;
+  private ended = false;
+  private failure: unknown;
+  private exitCode: number | undefined;
+  private detaching = false;
+  private readonly exit: Promise<number>;
+  private settle!: { resolve: (c: number) => void; reject: (e: unknown) => void };
+  private readonly first: Promise<void>;
+  private firstSettle!: { resolve: () => void; reject: (e: unknown) => void };
+
+  /** @internal */
+  constructor(
+    private readonly client: Strata,
+    sandboxId: string,
+    id: string,
+    since: number,
+    record?: SessionRecord,
+  ) {
+    this.id = id;
+    this.sandboxId = sandboxId;
+    this.since = since;
+    this.record = record;
+    this.exit = new Promise<number>((resolve, reject) => (this.settle = { resolve, reject }));
+    this.exit.catch(() => {});
+    this.first = new Promise<void>((resolve, reject) => (this.firstSettle = { resolve, reject }));
+    this.first.catch(() => {});
+    void this.pump();
+  }
+
+  /** The output offset reached: bytes of stdout and stderr received, plus those dropped. */
+  get offset(): number {
+    return this.since;
+  }
+
+  /** @internal Resolves once the first attachment is open (rejects if it could not be). */
+  attached(): Promise<void> {
+    return this.first;
+  }
+
+  /**
+   * Sends bytes to the command's standard input (split into frames of at
+   * most 64 KiB); while not attached, they are kept and sent once attached again.
+   *
+   * @param data - a string (UTF-8) or bytes
+   */
+  write(data: string | Uint8Array): void {
+    const bytes = typeof data === "string" ? new TextEncoder().encode(data) : data;
+    for (let i = 0; i < bytes.length; i += MAX_FRAME - 1) {
+      const part = bytes.subarray(i, i + MAX_FRAME - 1);
+      const frame = new Uint8Array(part.length + 1);
+      frame[0] = 0;
+      frame.set(part, 1);
+      this.send(frame);
+    }
+  }
+
+  /** Closes the command's standard input (`{"type":"eof"}`; on a terminal, ^D is typed). */
+  closeStdin(): void {
+    this.send(JSON.stringify({ type: "eof" }));
+  }
+
+  /**
+   * Resizes the session's terminal.
+   *
+   * @param rows - 1–1000
+   * @param cols - 1–1000
+   */
+  resize(rows: number, cols: number): void {
+    this.send(JSON.stringify({ type: "resize", rows, cols }));
+  }
+
+  /**
+   * Sends a signal to the session's process group.
+   *
+   * @param signal - `HUP INT QUIT KILL USR1 USR2 TERM CONT STOP TSTP WINCH`
+   */
+  signal(signal: string): void {
+    this.send(JSON.stringify({ type: "signal", signal: signal.replace(/^SIG/, "") }));
+  }
+
+  /**
+   * Ends the session (`DELETE …/sessions/{sid}`): SIGTERM to its
+   * processes, SIGKILL 5 s later. Its output still comes until its exit.
+   *
+   * @returns its record
+   */
+  async kill(): Promise<SessionRecord> {
+    const { data } = await this.client.call("DELETE", sandboxPath(this.sandboxId, "sessions", this.id));
+    return camel<SessionRecord>(data);
+  }
+
+  /**
+   * Waits for the session's end.
+   *
+   * @returns its exit code: the program's status, `128+N` when signal N ended it, `-1` when its timeout did
+   * @throws {@link StrataError} when the attachment could not be kept (`attachment_closed`, `network_error`, …)
+   */
+  wait(): Promise<number> {
+    return this.exit;
+  }
+
+  /**
+   * Closes this attachment without ending the session (a detachable
+   * session carries on; one that is not gets SIGHUP). The output ends and
+   * {@link Session.wait} rejects with `detached`.
+   */
+  detach(): void {
+    this.detaching = true;
+    this.conn?.close(1000, "detached");
+    this.finish(new StrataError("detached", "the session was detached"));
+  }
+
+  /**
+   * The output, chunk by chunk, until the session's end.
+   *
+   * @returns an iterator of chunks
+   */
+  async *[Symbol.asyncIterator](): AsyncIterator<OutputChunk> {
+    for (;;) {
+      const c = this.queue.shift();
+      if (c) {
+        yield c;
+        continue;
+      }
+      if (this.ended) {
+        if (this.failure && !(this.failure instanceof StrataError && this.failure.code === "detached")) throw this.failure;
+        return;
+      }
+      await new Promise<void>((r) => (this.wake = r));
+    }
+  }
+
+  /**
+   * Reads the whole output and the exit code.
+   *
+   * @returns stdout and stderr (UTF-8) and the exit code
+   */
+  async output(): Promise<SessionOutput> {
+    const out: Uint8Array[] = [];
+    const err: Uint8Array[] = [];
+    for await (const c of this) (c.stream === "stdout" ? out : err).push(c.data);
+    const dec = (l: Uint8Array[]) => Buffer.concat(l).toString("utf8");
+    return { stdout: dec(out), stderr: dec(err), exitCode: await this.wait() };
+  }
+
+  /**
+   * Reads the whole output, stdout and stderr as they came.
+   *
+   * @returns the output as UTF-8 text
+   */
+  async text(): Promise<string> {
+    const all: Uint8Array[] = [];
+    for await (const c of this) all.push(c.data);
+    return Buffer.concat(all).toString("utf8");
+  }
+
+  /**
+   * Reads the whole standard output (standard error is dropped).
+   *
+   * @returns stdout as UTF-8 text
+   */
+  async stdout(): Promise<string> {
+    return (await this.output()).stdout;
+  }
+
+  private send(frame: string | Uint8Array): void {
+    if (this.outbox.length === 0 && this.conn?.send(frame)) return;
+    this.outbox.push(frame);
+    this.flush();
+  }
+
+  private flush(): void {
+    while (this.conn && this.outbox.length > 0) {
+      if (!this.conn.send(this.outbox[0]!)) return;
+      this.outbox.shift();
+    }
+  }
+
+  private push(c: OutputChunk): void {
+    this.queue.push(c);
+    const w = this.wake;
+    this.wake = undefined;
+    w?.();
+  }
+
+  private finish(err?: unknown): void {
+    if (this.ended) return;
+    this.ended = true;
+    this.failure = err;
+    if (err) {
+      this.settle.reject(err);
+      this.firstSettle.reject(err);
+    } else this.settle.resolve(this.exitCode ?? 1);
+    const w = this.wake;
+    this.wake = undefined;
+    w?.();
+  }
+
+  /** Attaches, and attaches again after an operation's 1011, until the exit. */
+  private async pump(): Promise<void> {
+    let again = false;
+    for (;;) {
+      let closed: { code: number; reason: string };
+      try {
+        closed = await this.attachOnce(again);
+      } catch (e) {
+        this.finish(e);
+        return;
+      }
+      this.conn = undefined;
+      if (this.exitCode !== undefined) return this.finish();
+      if (this.detaching || this.ended) return;
+      if (closed.code === 1011 || closed.code === 1006) {
+        again = true;
+        this.reattachments++;
+        continue;
+      }
+      return this.finish(
+        new StrataError("attachment_closed", `the attachment closed before the command's exit (${closed.code}${closed.reason ? ": " + closed.reason : ""})`),
+      );
+    }
+  }
+
+  /** One attachment: resolves with its close once it ends. */
+  private async attachOnce(again: boolean): Promise<{ code: number; reason: string }> {
+    let done!: (c: { code: number; reason: string }) => void;
+    const closed = new Promise<{ code: number; reason: string }>((r) => (done = r));
+    const handlers = {
+      binary: (b: Uint8Array) => {
+        if (b.length === 0) return;
+        this.since += b.length - 1;
+        this.push({ stream: b[0] === 2 ? "stderr" : "stdout", data: b.slice(1) });
+      },
+      text: (s: string) => {
+        let m: { type?: string; bytes?: number; exit_code?: number | null };
+        try {
+          m = JSON.parse(s);
+        } catch {
+          return;
+        }
+        if (m.type === "dropped") {
+          this.since += m.bytes ?? 0;
+          this.droppedBytes += m.bytes ?? 0;
+        } else if (m.type === "exit") {
+          this.exitCode = typeof m.exit_code === "number" ? m.exit_code : 1;
+          this.conn?.close(1000);
+        }
+      },
+      close: (code: number, reason: string) => done({ code, reason }),
+    };
+    const path = sandboxPath(this.sandboxId, "sessions", this.id, "attach");
+    const open = async () => {
+      const q = `?since=${this.since}`;
+      this.client.notify("GET", path + q);
+      try {
+        return await openWs(this.client.apiUrl.replace(/^http/, "ws") + path + q, this.client.apiKey, handlers);
+      } catch (e) {
+        // The platform's WebSocket does not tell why an upgrade was
+        // refused: the session's record does (404, 409 sandbox_not_running…).
+        if (e instanceof StrataError && e.status === 0 && (globalThis as { WebSocket?: unknown }).WebSocket) {
+          await this.client.call("GET", sandboxPath(this.sandboxId, "sessions", this.id));
+        }
+        throw e;
+      }
+    };
+    let conn: WsConn;
+    if (!again) {
+      conn = await open();
+      this.firstSettle.resolve();
+    } else {
+      const deadline = Date.now() + REATTACH_FOR_MS;
+      for (;;) {
+        try {
+          conn = await open();
+          break;
+        } catch (e) {
+          let busy = !(e instanceof StrataError) || e.status === 0 || e.status >= 500 || (e.status === 409 && e.code !== "sandbox_not_running");
+          if (e instanceof StrataError && e.code === "sandbox_not_running") {
+            const state = e.data.state;
+            busy = state !== "paused" && state !== "stopped" && state !== "error";
+          }
+          if (!busy || Date.now() > deadline || this.detaching) {
+            if (e instanceof StrataError && e.code === "session_not_found") {
+              throw new StrataError(
+                "session_not_found",
+                "the attachment was ended by an operation on the sandbox, and the session is gone (the sandbox was restored to a moment before it, or its guestd started again)",
+                404,
+                e.data,
+                e.requestId,
+              );
+            }
+            throw e;
+          }
+          await sleep(250);
+        }
+      }
+    }
+    this.conn = conn;
+    this.flush();
+    return closed;
+  }
+}

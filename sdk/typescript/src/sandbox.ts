@@ -1,0 +1,351 @@
+/**
+ * Sandboxes: {@link Sandbox}.
+ *
+ * @module
+ */
+import { Strata, camel, sandboxPath, sleep } from "./client.js";
+import { StrataError } from "./errors.js";
+import { Checkpoints } from "./checkpoints.js";
+import { Exec } from "./exec.js";
+import { Files } from "./files.js";
+import { Snapshots, type SnapshotCreateOptions } from "./snapshots.js";
+import { AccessTokens } from "./tokens.js";
+import type { ForkRefusal, SandboxRecord, SandboxState, Snapshot, SnapshotRestored } from "./types.js";
+
+/** Whether to wait for the sandbox's state. */
+export interface WaitOptions {
+  /** `false`: return as soon as the server accepted the operation (default `true`). */
+  wait?: boolean;
+}
+
+/** Which client to use. */
+export interface ClientOptions {
+  /** The client (default: {@link Strata.default}). */
+  client?: Strata;
+}
+
+/** Options of {@link Sandbox.create}. */
+export interface SandboxCreateOptions extends WaitOptions, ClientOptions {
+  /** 1–63 lowercase letters, digits and `-` (unique per account); default: the id. */
+  name?: string;
+  /** Memory, MiB (128–8192; default 512). */
+  memoryMib?: number;
+  /** Virtual CPUs (1–4; default 1). */
+  vcpus?: number;
+  /** Disk, GiB (1–64; default 4). */
+  diskGib?: number;
+}
+
+/** Options of {@link Sandbox.fork}. */
+export interface ForkOptions extends WaitOptions {
+  /** The fork's name; with `count`, the prefix of the names `<name>-1` … */
+  name?: string;
+  /** Make this many forks in one call (1–100): an array is returned. */
+  count?: number;
+}
+
+/** The forks of a many-fork call: those made, and `failed`, the refusals of the others. */
+export type ForkSet = Sandbox[] & {
+  /** The forks that could not be made. */
+  failed: ForkRefusal[];
+};
+
+/** States on the way to another. */
+const TRANSITIONAL = new Set<SandboxState>(["creating", "pausing", "resuming", "stopping", "destroying", "unresponsive"]);
+
+/**
+ * A sandbox: a microVM with its own kernel and disk.
+ *
+ * Two levels of "checkpoint", named as the seeds name them:
+ * - `sb.checkpoints` ({@link Checkpoints}): **directory checkpoints**, one
+ *   directory inside the sandbox, captured and restored while it runs;
+ * - `sb.snapshots` ({@link Snapshots}) and the seeds' `createCheckpoint`,
+ *   `listCheckpoints`, `restoreCheckpoint`, `deleteCheckpoint`:
+ *   **VM snapshots** of the whole sandbox (disk and memory), the source of forks.
+ *
+ * @example
+ * ```ts
+ * const sb = await Sandbox.create({ name: "demo" });
+ * const r = await sb.exec.run("echo hi");
+ * const cp = await sb.createCheckpoint("after-setup"); // a VM snapshot
+ * const fork = await sb.fork(cp.id);
+ * await fork.kill();
+ * await sb.kill();
+ * ```
+ */
+export class Sandbox {
+  /** The sandbox's id, `sb-…`. */
+  readonly id: string;
+  /** The client it is reached with. */
+  readonly client: Strata;
+  /** Its record as last seen (see {@link Sandbox.refresh}). */
+  info: SandboxRecord;
+  /** Commands: one-shot runs and sessions. */
+  readonly exec: Exec;
+  /** Files in and out. */
+  readonly files: Files;
+  /** Directory checkpoints (one directory inside the sandbox). */
+  readonly checkpoints: Checkpoints;
+  /** VM snapshots (the whole sandbox). */
+  readonly snapshots: Snapshots;
+  /** The sandbox's access token. */
+  readonly accessToken: AccessTokens;
+
+  /**
+   * Wraps a record; use {@link Sandbox.create} or {@link Sandbox.connect} instead.
+   *
+   * @param client - the client
+   * @param info - the record
+   */
+  constructor(client: Strata, info: SandboxRecord) {
+    this.client = client;
+    this.id = info.id;
+    this.info = info;
+    this.exec = new Exec(client, this.id);
+    this.files = new Files(client, this.id);
+    this.checkpoints = new Checkpoints(client, this.id);
+    this.snapshots = new Snapshots(client, this.id, () => this.refresh());
+    this.accessToken = new AccessTokens(client, this.id);
+  }
+
+  /**
+   * Creates a sandbox and, unless `wait: false`, returns once it runs.
+   * Sent with an `Idempotency-Key`, retried with it: a retry never makes a
+   * second sandbox.
+   *
+   * @param options - name, memoryMib, vcpus, diskGib, wait, client
+   * @returns the sandbox
+   * @throws {@link StrataError} `name_taken` (409), `host_capacity` (503), `sandbox_error` when it ends in state `error`
+   */
+  static async create(options: SandboxCreateOptions = {}): Promise<Sandbox> {
+    const client = options.client ?? Strata.default();
+    const { data } = await client.call("POST", "/v1/sandboxes", {
+      json: { name: options.name, memory_mib: options.memoryMib, vcpus: options.vcpus, disk_gib: options.diskGib },
+      idempotent: true,
+    });
+    const sb = new Sandbox(client, camel<SandboxRecord>(data));
+    if (options.wait !== false) await sb.waitFor("running");
+    return sb;
+  }
+
+  /**
+   * Connects to an existing sandbox. With no id: the sandbox this program
+   * runs in (`CREATEOS_SANDBOX_ID`, or the credentials file).
+   *
+   * @param id - `sb-…`; default: the client's `sandboxId`
+   * @param options - client
+   * @returns the sandbox, its record read
+   * @throws {@link StrataError} `sandbox_not_found` (404); `invalid_argument` with no id to be found
+   */
+  static async connect(id?: string, options: ClientOptions = {}): Promise<Sandbox> {
+    const client = options.client ?? Strata.default();
+    const sid = id ?? client.sandboxId;
+    if (!sid) throw new StrataError("invalid_argument", "no sandbox id: pass one, or set CREATEOS_SANDBOX_ID (inside a sandbox, the credentials file has it)");
+    const { data } = await client.call("GET", sandboxPath(sid));
+    return new Sandbox(client, camel<SandboxRecord>(data));
+  }
+
+  /**
+   * Lists the account's sandboxes, oldest first (every page).
+   *
+   * @param options - client
+   * @returns the sandboxes
+   */
+  static async list(options: ClientOptions = {}): Promise<Sandbox[]> {
+    const client = options.client ?? Strata.default();
+    const out: Sandbox[] = [];
+    for (let offset = 0; ; ) {
+      const { data } = await client.call<{ data: unknown[]; pagination: { total: number; count: number } }>("GET", "/v1/sandboxes", {
+        query: { limit: 500, offset },
+      });
+      for (const r of camel<SandboxRecord[]>(data.data)) out.push(new Sandbox(client, r));
+      offset += data.pagination.count;
+      if (data.pagination.count === 0 || offset >= data.pagination.total) return out;
+    }
+  }
+
+  /**
+   * Makes a new sandbox from a VM snapshot (a fork), as the seeds'
+   * `Sandbox.createFromCheckpoint(cp.id)`.
+   *
+   * @param snapshot - a snapshot record, or its id or name (then `sandbox` is needed)
+   * @param options - `sandbox`: the id of the sandbox the snapshot is of; name, wait, client
+   * @returns the fork, running unless `wait: false`
+   */
+  static async createFromCheckpoint(
+    snapshot: string | Pick<Snapshot, "id" | "sandbox">,
+    options: { sandbox?: string; name?: string } & WaitOptions & ClientOptions = {},
+  ): Promise<Sandbox> {
+    const client = options.client ?? Strata.default();
+    const from = typeof snapshot === "string" ? options.sandbox : snapshot.sandbox;
+    if (!from) throw new StrataError("invalid_argument", "createFromCheckpoint needs the sandbox the snapshot is of: pass a snapshot record, or { sandbox }");
+    return Sandbox.forkOne(client, from, typeof snapshot === "string" ? snapshot : snapshot.id, options);
+  }
+
+  private static async forkOne(client: Strata, from: string, snapshot: string, options: { name?: string } & WaitOptions): Promise<Sandbox> {
+    const { data } = await client.call("POST", "/v1/sandboxes", { json: { name: options.name, from: { sandbox: from, snapshot } }, idempotent: true });
+    const sb = new Sandbox(client, camel<SandboxRecord>(data));
+    if (options.wait !== false) await sb.waitFor("running");
+    return sb;
+  }
+
+  /**
+   * Forks this sandbox from one of its VM snapshots: one fork (a Sandbox),
+   * or with `count` that many in one call (an array, with `failed` for the
+   * refusals). Each returns once running unless `wait: false`.
+   *
+   * @param snapshot - `v1`, … or its name
+   * @param options - name (with count: the names' prefix), count, wait
+   * @returns the fork, or the forks
+   */
+  fork(snapshot: string, options?: ForkOptions & { count?: undefined }): Promise<Sandbox>;
+  /**
+   * Forks this sandbox `count` times from one of its VM snapshots.
+   *
+   * @param snapshot - `v1`, … or its name
+   * @param options - count, name (the names' prefix), wait
+   * @returns the forks made, and `failed`
+   */
+  fork(snapshot: string, options: ForkOptions & { count: number }): Promise<ForkSet>;
+  async fork(snapshot: string, options: ForkOptions = {}): Promise<Sandbox | ForkSet> {
+    if (options.count === undefined) return Sandbox.forkOne(this.client, this.id, snapshot, options);
+    const { data } = await this.client.call<{ sandboxes: unknown[]; failed?: ForkRefusal[] }>("POST", sandboxPath(this.id, "snapshots", snapshot, "fork"), {
+      json: { count: options.count, name_prefix: options.name },
+    });
+    const set = camel<SandboxRecord[]>(data.sandboxes).map((r) => new Sandbox(this.client, r)) as ForkSet;
+    set.failed = data.failed ?? [];
+    if (options.wait !== false) await Promise.all(set.map((s) => s.waitFor("running")));
+    return set;
+  }
+
+  /**
+   * Reads the record again.
+   *
+   * @returns the record (also in {@link Sandbox.info})
+   */
+  async refresh(): Promise<SandboxRecord> {
+    const { data } = await this.client.call("GET", sandboxPath(this.id));
+    this.info = camel<SandboxRecord>(data);
+    return this.info;
+  }
+
+  /**
+   * Deletes the sandbox: its VM, disk, checkpoints and snapshots (forks are unaffected).
+   */
+  async kill(): Promise<void> {
+    const { data } = await this.client.call<{ state: SandboxState }>("DELETE", sandboxPath(this.id));
+    this.info = { ...this.info, state: data.state };
+  }
+
+  /**
+   * Pauses the sandbox (its memory goes to the host's disk); returns once
+   * it is `paused` unless `wait: false`.
+   *
+   * @param options - wait
+   */
+  async pause(options: WaitOptions = {}): Promise<void> {
+    await this.op("pause", options.wait === false ? undefined : "paused");
+  }
+
+  /**
+   * Resumes a paused sandbox; returns once it runs unless `wait: false`.
+   *
+   * @param options - wait
+   */
+  async resume(options: WaitOptions = {}): Promise<void> {
+    await this.op("resume", options.wait === false ? undefined : "running");
+  }
+
+  /** Shuts the sandbox down cleanly (`stopped` when this returns). */
+  async stop(): Promise<void> {
+    await this.op("stop", undefined);
+  }
+
+  /**
+   * Boots a stopped (or `error`) sandbox from its disk; returns once it
+   * runs unless `wait: false`.
+   *
+   * @param options - wait
+   */
+  async start(options: WaitOptions = {}): Promise<void> {
+    await this.op("start", options.wait === false ? undefined : "running");
+  }
+
+  private async op(name: string, want: SandboxState | undefined): Promise<void> {
+    const { data } = await this.client.call<{ state: SandboxState }>("POST", sandboxPath(this.id, name));
+    this.info = { ...this.info, state: data.state };
+    if (want) await this.waitFor(want, name);
+  }
+
+  /**
+   * Waits until the sandbox is in a state: polls its record (a long poll,
+   * `?wait_s=`), honouring `X-Poll-After`.
+   *
+   * @param want - the state to wait for
+   * @param operation - the operation waited for, to tell its failure (`lastError`)
+   * @returns the record
+   * @throws {@link StrataError} `sandbox_error` when it ends in `error`; `sandbox_state` in another lasting state; `wait_timeout`
+   */
+  async waitFor(want: SandboxState, operation?: string): Promise<SandboxRecord> {
+    const deadline = Date.now() + this.client.waitTimeoutMs;
+    for (;;) {
+      if (this.info.state === want) return this.info;
+      if (this.info.state === "error") {
+        throw new StrataError("sandbox_error", this.info.error ?? `sandbox ${this.id} is in state error`, 0, { state: "error", sandbox: this.id });
+      }
+      if (!TRANSITIONAL.has(this.info.state)) {
+        const last = this.info.lastError;
+        if (operation && last && last.operation === operation) {
+          throw new StrataError(last.code ?? "operation_failed", `${operation} of ${this.id} failed: ${last.message}`, 0, { state: this.info.state, sandbox: this.id });
+        }
+        throw new StrataError("sandbox_state", `sandbox ${this.id} is ${this.info.state}, not ${want}`, 0, { state: this.info.state, sandbox: this.id });
+      }
+      if (Date.now() > deadline) throw new StrataError("wait_timeout", `sandbox ${this.id} is still ${this.info.state} after ${this.client.waitTimeoutMs} ms`, 0, { state: this.info.state });
+      const waitS = Math.max(1, Math.min(20, Math.floor((deadline - Date.now()) / 1000)));
+      const { data, response } = await this.client.call("GET", sandboxPath(this.id), { query: { wait_s: waitS } });
+      this.info = camel<SandboxRecord>(data);
+      const after = Number(response.headers.get("X-Poll-After"));
+      if (TRANSITIONAL.has(this.info.state) && after > 0) await sleep(after * 1000);
+    }
+  }
+
+  /**
+   * The seeds' `createCheckpoint`: a **VM snapshot** (= `snapshots.create({ name })`).
+   * Directory checkpoints are `sb.checkpoints.create`.
+   *
+   * @param name - its name (unique per sandbox), or none
+   * @param options - comment, memory, retention
+   * @returns the snapshot
+   */
+  createCheckpoint(name?: string, options: Omit<SnapshotCreateOptions, "name"> = {}): Promise<Snapshot> {
+    return this.snapshots.create({ ...options, name });
+  }
+
+  /**
+   * The seeds' `listCheckpoints`: the **VM snapshots** (= `snapshots.list()`).
+   *
+   * @returns the snapshots
+   */
+  listCheckpoints(): Promise<Snapshot[]> {
+    return this.snapshots.list();
+  }
+
+  /**
+   * The seeds' `restoreCheckpoint`: restores a **VM snapshot** (= `snapshots.restore(id)`).
+   *
+   * @param id - `v1`, … or its name
+   * @returns the restore's answer
+   */
+  restoreCheckpoint(id: string): Promise<SnapshotRestored> {
+    return this.snapshots.restore(id);
+  }
+
+  /**
+   * The seeds' `deleteCheckpoint`: deletes a **VM snapshot** (= `snapshots.delete(id)`).
+   *
+   * @param id - `v1`, … or its name
+   */
+  deleteCheckpoint(id: string): Promise<void> {
+    return this.snapshots.delete(id);
+  }
+}

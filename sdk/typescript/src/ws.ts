@@ -1,0 +1,131 @@
+/**
+ * One WebSocket interface over the platform's `WebSocket` (when
+ * `globalThis.WebSocket` exists) or the `ws` package (Node 20).
+ *
+ * @module
+ */
+import { StrataError, } from "./errors.js";
+import { errorOf } from "./client.js";
+
+/** What an attachment's connection calls. @internal */
+export interface WsHandlers {
+  /** A text frame. */
+  text(s: string): void;
+  /** A binary frame. */
+  binary(b: Uint8Array): void;
+  /** The end, with its close code and reason (1006 when the connection broke). */
+  close(code: number, reason: string): void;
+}
+
+/** An open attachment. @internal */
+export interface WsConn {
+  /** Sends a frame; false when the connection is no longer open (nothing sent). */
+  send(data: string | Uint8Array): boolean;
+  /** Closes it. */
+  close(code?: number, reason?: string): void;
+}
+
+/** The subprotocol of attachments. */
+const PROTOCOL = "strata.v1";
+
+interface BrowserWebSocket {
+  binaryType: string;
+  readyState: number;
+  send(d: string | Uint8Array): void;
+  close(code?: number, reason?: string): void;
+  onopen: (() => void) | null;
+  onerror: ((e: unknown) => void) | null;
+  onclose: ((e: { code: number; reason: string }) => void) | null;
+  onmessage: ((e: { data: unknown }) => void) | null;
+}
+
+/**
+ * Opens url (ws:// or wss://) with key. The platform's WebSocket cannot
+ * send headers, so the key goes as a subprotocol `key.<key>` (the server
+ * answers `strata.v1`); `ws` sends it as `X-Api-Key`. A refusal before the
+ * upgrade is a StrataError from its JSend answer with `ws`; with the
+ * platform's WebSocket, whose failures say nothing, `network_error`.
+ * @internal
+ */
+export async function openWs(url: string, key: string, h: WsHandlers): Promise<WsConn> {
+  const G = (globalThis as { WebSocket?: new (url: string, protocols: string[]) => BrowserWebSocket }).WebSocket;
+  if (G) return openPlatform(G, url, key, h);
+  return openNodeWs(url, key, h);
+}
+
+function openPlatform(G: new (url: string, protocols: string[]) => BrowserWebSocket, url: string, key: string, h: WsHandlers): Promise<WsConn> {
+  return new Promise((resolve, reject) => {
+    const ws = new G(url, [PROTOCOL, "key." + key]);
+    ws.binaryType = "arraybuffer";
+    let open = false;
+    ws.onopen = () => {
+      open = true;
+      resolve({
+        send(d) {
+          if (ws.readyState !== 1) return false;
+          ws.send(d);
+          return true;
+        },
+        close(code, reason) {
+          ws.close(code, reason);
+        },
+      });
+    };
+    ws.onerror = () => {
+      if (!open) reject(new StrataError("network_error", `the attachment ${url.replace(/\?.*/, "")} could not be opened`));
+    };
+    ws.onmessage = (e) => {
+      if (typeof e.data === "string") h.text(e.data);
+      else h.binary(new Uint8Array(e.data as ArrayBuffer));
+    };
+    ws.onclose = (e) => {
+      if (!open) reject(new StrataError("network_error", `the attachment ${url.replace(/\?.*/, "")} could not be opened (${e.code})`));
+      else h.close(e.code, e.reason);
+    };
+  });
+}
+
+async function openNodeWs(url: string, key: string, h: WsHandlers): Promise<WsConn> {
+  const { default: WebSocket } = await import("ws");
+  return new Promise((resolve, reject) => {
+    const ws = new WebSocket(url, [PROTOCOL], { headers: { "X-Api-Key": key }, maxPayload: 1 << 20, perMessageDeflate: false });
+    let open = false;
+    ws.on("unexpected-response", (_req, res) => {
+      const chunks: Buffer[] = [];
+      res.on("data", (c: Buffer) => chunks.push(c));
+      res.on("end", () => {
+        const text = Buffer.concat(chunks).toString("utf8");
+        const headers = new Headers();
+        for (const [k, v] of Object.entries(res.headers)) if (typeof v === "string") headers.set(k, v);
+        reject(errorOf("GET", new URL(url).pathname, new Response(null, { status: res.statusCode ?? 500, headers }), text));
+        ws.terminate();
+      });
+      res.on("error", (e) => reject(new StrataError("network_error", e.message, 0, {}, undefined, { cause: e })));
+    });
+    ws.on("open", () => {
+      open = true;
+      resolve({
+        send(d) {
+          if (ws.readyState !== WebSocket.OPEN) return false;
+          ws.send(d, { binary: typeof d !== "string" });
+          return true;
+        },
+        close(code, reason) {
+          ws.close(code, reason);
+        },
+      });
+    });
+    ws.on("error", (e) => {
+      if (!open) reject(new StrataError("network_error", `the attachment could not be opened: ${e.message}`, 0, {}, undefined, { cause: e }));
+    });
+    ws.on("message", (data, isBinary) => {
+      const buf = Array.isArray(data) ? Buffer.concat(data) : Buffer.isBuffer(data) ? data : Buffer.from(data as ArrayBuffer);
+      if (isBinary) h.binary(new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength));
+      else h.text(buf.toString("utf8"));
+    });
+    ws.on("close", (code, reason) => {
+      if (open) h.close(code, reason.toString("utf8"));
+      else reject(new StrataError("network_error", `the attachment closed before it opened (${code})`));
+    });
+  });
+}
