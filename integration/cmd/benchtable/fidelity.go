@@ -416,30 +416,58 @@ func usedBytes(dir string) int64 {
 // btrfsRow times `btrfs subvolume snapshot -r` of the same tree as the
 // large directory, the reference for a capture: a copy-on-write
 // filesystem's own snapshot.
-func btrfsRow(base string, files int, bytes int64, runs int) (row, error) {
-	what := fmt.Sprintf("btrfs subvolume snapshot -r, %d files / %s (reference)", files, human(bytes))
+// btrfsRows are the reference: btrfs's own read-only snapshot of the same
+// tree on a loop-mounted btrfs, as BTRFS_IOC_SNAP_CREATE_V2 called from
+// this process (as strata's capture is: the fair comparison), with the
+// ratio of strata's capture median (capture) to it; and the btrfs command,
+// its process start included, as measured before.
+func btrfsRows(base string, files int, bytes int64, runs int, capture time.Duration) ([]row, error) {
+	what := fmt.Sprintf("%d files / %s (reference)", files, human(bytes))
 	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
-		return row{what, "", "", "not measured: mkfs.btrfs is missing (btrfs-progs)", "", ""}, nil
+		return []row{{"btrfs snapshot, " + what, "", "", "not measured: mkfs.btrfs is missing (btrfs-progs)", "", ""}}, nil
 	}
 	mnt, err := loopFS(base, "btrfs", bytes*2+(2<<30), "mkfs.btrfs", "-q", "-f")
 	if err != nil {
-		return row{}, err
+		return nil, err
 	}
 	defer unix.Unmount(mnt, unix.MNT_DETACH)
 	sv := filepath.Join(mnt, "tree")
 	if out, err := exec.Command("btrfs", "subvolume", "create", sv).CombinedOutput(); err != nil {
-		return row{}, fmt.Errorf("btrfs subvolume create: %v: %s", err, out)
+		return nil, fmt.Errorf("btrfs subvolume create: %v: %s", err, out)
 	}
 	fmt.Fprintf(os.Stderr, "writing the btrfs reference tree…\n")
 	if err := makeTree(sv, files, bytes); err != nil {
-		return row{}, err
+		return nil, err
 	}
 	unix.Sync()
-	snapT := timeN(runs, func(i int) error {
+	dirFd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dirFd)
+	svFd, err := unix.Open(sv, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(svFd)
+	ioctlT := timeN(runs, func(i int) error {
+		os.WriteFile(filepath.Join(sv, "changing"), []byte(fmt.Sprint(i)), 0o644)
+		return btrfsSnapshot(dirFd, svFd, fmt.Sprintf("ioctl-%d", i))
+	})
+	cmdT := timeN(runs, func(i int) error {
 		os.WriteFile(filepath.Join(sv, "changing"), []byte(fmt.Sprint(i)), 0o644)
 		return exec.Command("btrfs", "subvolume", "snapshot", "-r", sv, filepath.Join(mnt, fmt.Sprintf("snap-%d", i))).Run()
 	})
-	return row{what, dur(median(snapT)), dur(p99(snapT)), fmt.Sprintf("%d runs, one file changed before each; the command, its process start included", runs), "", ""}, nil
+	ratio := "strata's capture: not measured"
+	if m := median(ioctlT); m > 0 && capture > 0 {
+		ratio = fmt.Sprintf("strata's capture (%s) is %.2f× this", dur(capture), float64(capture)/float64(m))
+	}
+	return []row{
+		{"btrfs BTRFS_IOC_SNAP_CREATE_V2 (read-only), " + what, dur(median(ioctlT)), dur(p99(ioctlT)),
+			fmt.Sprintf("%d runs, one file changed before each; the ioctl from this process, as strata's capture is; %s", runs, ratio), "", ""},
+		{"btrfs subvolume snapshot -r, " + what, dur(median(cmdT)), dur(p99(cmdT)),
+			fmt.Sprintf("%d runs, one file changed before each; the command, its process start included", runs), "", ""},
+	}, nil
 }
 
 // procCount is the number of processes on the machine.

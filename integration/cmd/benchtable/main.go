@@ -83,6 +83,7 @@ func run(ctx context.Context) error {
 		printTable(br)
 		return nil
 	}
+	var bigCapture time.Duration
 	for _, size := range []struct {
 		name  string
 		files int
@@ -124,6 +125,7 @@ func run(ctx context.Context) error {
 			return err
 		})
 		capSteps := rec.summary("capture")
+		bigCapture = median(capT) // the last size's: the btrfs reference's
 		rec.reset()
 		resT := timeN(*rounds, func(i int) error {
 			id := first.ID
@@ -146,10 +148,10 @@ func run(ctx context.Context) error {
 		}
 	}
 
-	if r, err := btrfsRow(base, *bigFiles, *bigBytes, *rounds); err != nil {
+	if rs, err := btrfsRows(base, *bigFiles, *bigBytes, *rounds, bigCapture); err != nil {
 		return err
 	} else {
-		rows = append(rows, r)
+		rows = append(rows, rs...)
 	}
 
 	// 1,000 checkpoints of one directory.
