@@ -21,6 +21,7 @@ const (
 	opCompact        = "compact"
 	opSquash         = "squash"
 	opRecoverEnroll  = "recover.enroll"
+	opRecoverCapture = "recover.capture"
 	opClone          = "clone"
 	opRelease        = "release"
 	opRecoverClone   = "recover.clone"
