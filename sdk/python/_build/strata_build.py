@@ -7,15 +7,21 @@ anything. With ``requires = []`` and this backend in the tree
 
 It builds a pure-Python wheel of ``src/strata`` (METADATA, WHEEL, RECORD with
 sha256 hashes), an sdist (``.tar.gz`` with PKG-INFO), and an editable wheel
-(a ``.pth`` file naming ``src``).
+(a ``.pth`` file naming ``src``). File and directory names carry the
+distribution name normalized (PEP 503, then ``-`` as ``_``: PEP 427 and
+625); METADATA keeps the name as written. Both archives are reproducible:
+times from ``SOURCE_DATE_EPOCH`` (1980-01-01 without it), owners 0 and
+nameless, members in a fixed order.
 """
 
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
 import io
 import os
+import re
 import tarfile
 import time
 import tomllib
@@ -45,8 +51,21 @@ def _project() -> dict[str, Any]:
 
 
 def _name_version() -> tuple[str, str]:
+    """The distribution name as it goes in file names (PEP 503 normalized,
+    ``-`` as ``_``) and the version."""
     p = _project()
-    return p["name"], p["version"]
+    return _file_name(p["name"]), p["version"]
+
+
+def _file_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower().replace("-", "_")
+
+
+def _epoch() -> int:
+    try:
+        return max(315532800, int(os.environ.get("SOURCE_DATE_EPOCH", "315532800")))
+    except ValueError:
+        return 315532800
 
 
 def _metadata() -> str:
@@ -100,7 +119,7 @@ def _write_wheel(directory: str, files: list[tuple[str, bytes]]) -> str:
     record_lines = [f"{arc},{_hash(data)},{len(data)}" for arc, data in files]
     record_lines.append(f"{dist_info}/RECORD,,")
     files.append((f"{dist_info}/RECORD", ("\n".join(record_lines) + "\n").encode()))
-    stamp = time.gmtime(int(os.environ.get("SOURCE_DATE_EPOCH", "315532800")))[:6]
+    stamp = time.gmtime(_epoch())[:6]
     with zipfile.ZipFile(Path(directory) / wheel_name, "w", zipfile.ZIP_DEFLATED) as zf:
         for arc, data in files:
             info = zipfile.ZipInfo(arc, date_time=stamp)
@@ -165,14 +184,25 @@ def build_sdist(sdist_directory: str, config_settings: dict[str, Any] | None = N
         d = ROOT / sub
         if d.exists():
             members += [p for p in sorted(d.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
-    with tarfile.open(out, "w:gz", format=tarfile.PAX_FORMAT) as tf:
-        for path in members:
-            if path.exists():
-                tf.add(path, arcname=f"{base}/{path.relative_to(ROOT).as_posix()}", recursive=False)
-        pkg_info = _metadata().encode()
-        info = tarfile.TarInfo(f"{base}/PKG-INFO")
-        info.size = len(pkg_info)
-        info.mtime = int(time.time())
-        info.mode = 0o644
-        tf.addfile(info, io.BytesIO(pkg_info))
+    mtime = _epoch()
+
+    def normalize(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.mtime = mtime
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mode = 0o755 if info.mode & 0o111 else 0o644
+        info.pax_headers = {}
+        return info
+
+    # gzip's header holds a time and the file's name too: set both.
+    with open(out, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=mtime) as gz:
+        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            for path in members:
+                if path.exists():
+                    tf.add(path, arcname=f"{base}/{path.relative_to(ROOT).as_posix()}", recursive=False, filter=normalize)
+            pkg_info = _metadata().encode()
+            info = normalize(tarfile.TarInfo(f"{base}/PKG-INFO"))
+            info.size = len(pkg_info)
+            info.mode = 0o644
+            tf.addfile(info, io.BytesIO(pkg_info))
     return out.name

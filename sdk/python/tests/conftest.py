@@ -57,7 +57,15 @@ def client() -> Strata:
 
 @pytest.fixture(scope="session")
 def sb(client: Strata) -> Iterator[Sandbox]:
-    sandbox = Sandbox.create(name=f"sdk-test-{RUN}", client=client)
+    try:
+        sandbox = Sandbox.create(name=f"sdk-test-{RUN}", client=client)
+    except StrataError as e:
+        if e.data.get("id"):  # made, but it did not come to running: not left behind
+            try:
+                Sandbox.connect(e.data["id"], client=client).kill()
+            except StrataError:
+                pass
+        raise
     try:
         yield sandbox
     finally:

@@ -8,6 +8,7 @@ import base64
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -81,21 +82,480 @@ def test_websocket_mask() -> None:
 
 
 def test_build_backend(tmp_path: Path) -> None:
-    """The in-tree backend builds a wheel whose RECORD hashes match, and an sdist."""
+    """The in-tree backend builds a wheel whose RECORD hashes match and whose
+    METADATA names the project, and a reproducible sdist with every file of
+    the package, owned by 0, timed by SOURCE_DATE_EPOCH."""
+    import os
+    import tarfile
+    import tomllib
+
+    project = tomllib.loads((SDK / "pyproject.toml").read_text())["project"]
+    norm = project["name"].lower().replace("-", "_").replace(".", "_")
+    (tmp_path / "e").mkdir()
+    (tmp_path / "again").mkdir()
     code = (
         "import sys; sys.path.insert(0, '_build'); import strata_build as b;"
-        f"print(b.build_wheel({str(tmp_path)!r})); print(b.build_sdist({str(tmp_path)!r})); print(b.build_editable({str(tmp_path / 'e')!r}) if (__import__('os').makedirs({str(tmp_path / 'e')!r}) or True) else '')"
+        f"print(b.build_wheel({str(tmp_path)!r})); print(b.build_sdist({str(tmp_path)!r}));"
+        f"print(b.build_editable({str(tmp_path / 'e')!r})); print(b.build_sdist({str(tmp_path / 'again')!r}))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=SDK, capture_output=True, text=True, check=True).stdout.split()
+    env = dict(os.environ, SOURCE_DATE_EPOCH="1700000000")
+    out = subprocess.run([sys.executable, "-c", code], cwd=SDK, capture_output=True, text=True, check=True, env=env).stdout.split()
+    assert out[0] == f"{norm}-{project['version']}-py3-none-any.whl"
+    assert out[1] == f"{norm}-{project['version']}.tar.gz"
     wheel = tmp_path / out[0]
+    dist_info = f"{norm}-{project['version']}.dist-info"
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         assert "strata/__init__.py" in names and "strata/py.typed" in names
-        record = next(n for n in names if n.endswith("RECORD"))
+        package = sorted(p.relative_to(SDK / "src").as_posix() for p in (SDK / "src" / "strata").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        assert sorted(n for n in names if n.startswith("strata/")) == package
+        assert {f"{dist_info}/METADATA", f"{dist_info}/WHEEL", f"{dist_info}/RECORD"} <= set(names)
+        meta = zf.read(f"{dist_info}/METADATA").decode()
+        fields = dict(line.split(": ", 1) for line in meta.split("\n\n", 1)[0].splitlines())
+        assert fields["Name"] == project["name"] and fields["Version"] == project["version"]
+        assert fields["Metadata-Version"] and fields["Requires-Python"] == project["requires-python"]
+        record = f"{dist_info}/RECORD"
+        seen = set()
         for path, digest, size in csv.reader(io.StringIO(zf.read(record).decode())):
+            seen.add(path)
             if path == record:
                 continue
             data = zf.read(path)
             want = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
             assert digest == want and int(size) == len(data), path
-    assert (tmp_path / out[1]).exists()
+        assert seen == set(names), "RECORD lists every file of the wheel"
+    sdist = tmp_path / out[1]
+    assert sdist.read_bytes() == (tmp_path / "again" / out[3]).read_bytes(), "the sdist is reproducible"
+    base = f"{norm}-{project['version']}"
+    with tarfile.open(sdist) as tf:
+        members = tf.getmembers()
+        got = {m.name for m in members}
+        want = {f"{base}/PKG-INFO", f"{base}/pyproject.toml", f"{base}/README.md", f"{base}/docs.sh", f"{base}/_build/strata_build.py"}
+        want |= {f"{base}/src/{p}" for p in package}
+        want |= {f"{base}/tests/{p.name}" for p in (SDK / "tests").glob("*.py")}
+        assert want <= got, sorted(want - got)
+        assert all(m.name.startswith(base + "/") and "__pycache__" not in m.name for m in members)
+        for m in members:
+            assert (m.mtime, m.uid, m.gid, m.uname, m.gname) == (1700000000, 0, 0, "", ""), m.name
+        pkg_info = tf.extractfile(f"{base}/PKG-INFO").read().decode()  # type: ignore[union-attr]
+        assert f"Name: {project['name']}\n" in pkg_info and f"Version: {project['version']}\n" in pkg_info
+        assert tf.extractfile(f"{base}/src/strata/__init__.py").read() == (SDK / "src" / "strata" / "__init__.py").read_bytes()  # type: ignore[union-attr]
+    with zipfile.ZipFile(tmp_path / "e" / out[2]) as zf:
+        assert any(n.endswith(".pth") for n in zf.namelist())
+
+
+def test_build_backend_normalizes_names(tmp_path: Path) -> None:
+    """PEP 503/427: a name like My.Strata-SDK is my_strata_sdk in file names."""
+    sys.path.insert(0, str(SDK / "_build"))
+    try:
+        import strata_build
+
+        assert strata_build._file_name("My.Strata-SDK") == "my_strata_sdk"
+        assert strata_build._file_name("a__b--c") == "a_b_c"
+    finally:
+        sys.path.remove(str(SDK / "_build"))
+
+
+# -- errors the SDK makes, without a stack -----------------------------------
+
+
+def test_retry_after_garbage() -> None:
+    from strata._client import _retry_after
+
+    assert _retry_after({"retry-after": "3"}) == 3.0
+    assert _retry_after({"retry-after": "soon"}) is None
+    assert _retry_after({"retry-after": "Mon, 99 Foo 2024 99:99:99 GMT"}) is None
+    assert _retry_after({}) is None
+
+
+def test_not_jsend_is_http_status() -> None:
+    from strata._client import error_from
+
+    e = error_from(502, {}, b"<html>bad gateway</html>", "GET", "/v1/x")
+    assert (e.code, e.status) == ("http_502", 502)
+    assert error_from(401, {}, b"", "HEAD", "/v1/x").code == "http_401"
+
+
+def test_stdin_must_be_text() -> None:
+    from strata.exec import _stdin_text
+
+    assert _stdin_text(b"caf\xc3\xa9") == "café"
+    for bad in (b"\xff\xfe", "\udc80", b"x" * ((1 << 20) + 1), 12):
+        try:
+            _stdin_text(bad)  # type: ignore[arg-type]
+            raise AssertionError(f"{bad!r} should be refused")
+        except strata.StrataError as e:
+            assert e.code == "invalid_argument" and e.data["field"] == "stdin"
+
+
+def test_flush_keeps_only_unsent() -> None:
+    """A flush that fails at message i keeps messages i… (none is sent twice)."""
+    from strata import exec as ex
+
+    sent: list[bytes] = []
+
+    class WS:
+        def send_binary(self, data: bytes) -> None:
+            if data == b"c":
+                raise _websocket.WebSocketClosed(1006)
+            sent.append(data)
+
+        def send_text(self, text: str) -> None:
+            self.send_binary(text.encode())
+
+    s = ex.Session.__new__(ex.Session)
+    s._lock = __import__("threading").Lock()
+    s._closing = False
+    s._pending = [(_websocket.OP_BINARY, b"a"), (_websocket.OP_BINARY, b"b"), (_websocket.OP_BINARY, b"c"), (_websocket.OP_TEXT, b"d")]
+    assert s._flush(WS())  # type: ignore[arg-type]
+    assert sent == [b"a", b"b"]
+    assert s._pending == [(_websocket.OP_BINARY, b"c"), (_websocket.OP_TEXT, b"d")]
+
+
+# -- the WebSocket client against a local server -----------------------------
+
+
+def _serve_once(answer) -> tuple[str, dict]:
+    """A one-connection TCP server on 127.0.0.1: answer(conn, request) runs
+    on the connection; returns its ws:// URL and what it saw."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    seen: dict = {}
+
+    def run() -> None:
+        conn, _ = srv.accept()
+        srv.close()
+        with conn:
+            conn.settimeout(10)
+            req = b""
+            while b"\r\n\r\n" not in req:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                req += chunk
+            seen["request"] = req.decode("latin-1")
+            try:
+                answer(conn, seen["request"], seen)
+            except OSError:
+                pass
+
+    threading.Thread(target=run, daemon=True).start()
+    return f"ws://127.0.0.1:{srv.getsockname()[1]}/x", seen
+
+
+def _accept_key(request: str) -> str:
+    key = next(line.split(":", 1)[1].strip() for line in request.split("\r\n") if line.lower().startswith("sec-websocket-key:"))
+    return base64.b64encode(hashlib.sha1((key + _websocket.GUID).encode()).digest()).decode()
+
+
+def _upgrade(conn, request: str, connection: str = "Upgrade") -> None:
+    conn.sendall(
+        (
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+            f"Connection: {connection}\r\nSec-WebSocket-Accept: {_accept_key(request)}\r\n"
+            "Sec-WebSocket-Protocol: strata.v1\r\n\r\n"
+        ).encode()
+    )
+
+
+def test_websocket_refusal_bodies() -> None:
+    """A refusal keeps its JSend code whether its body has a length, is
+    chunked, or has a Content-Length that makes no sense."""
+    jsend = json.dumps({"status": "fail", "data": {"code": "sandbox_not_running", "message": "paused", "state": "paused"}}).encode()
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(jsend[i : i + 7]), jsend[i : i + 7]) for i in range(0, len(jsend), 7)) + b"0\r\n\r\n"
+    answers = [
+        b"HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(jsend), jsend),
+        b"HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked,
+        b"HTTP/1.1 409 Conflict\r\nContent-Length: nonsense\r\nConnection: close\r\n\r\n" + jsend,
+    ]
+    for raw in answers:
+        url, _ = _serve_once(lambda conn, req, seen, raw=raw: conn.sendall(raw))
+        try:
+            _websocket.WebSocket.connect(url, timeout=5)
+            raise AssertionError("a refusal should raise")
+        except strata.StrataError as e:
+            assert (e.status, e.code, e.data.get("state")) == (409, "sandbox_not_running", "paused"), repr(e)
+    # A huge length is not read whole: the error comes of what there is.
+    url, _ = _serve_once(lambda conn, req, seen: (conn.sendall(b"HTTP/1.1 503 x\r\nContent-Length: 99999999999\r\n\r\n" + b"y" * 100), conn.shutdown(1)))
+    try:
+        _websocket.WebSocket.connect(url, timeout=5)
+        raise AssertionError("a refusal should raise")
+    except strata.StrataError as e:
+        assert (e.status, e.code) == (503, "http_503")
+
+
+def test_websocket_handshake_failures_are_network_errors() -> None:
+    import socket
+    import struct
+
+    def reset(conn, req, seen) -> None:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+
+    for answer in (
+        reset,
+        lambda conn, req, seen: _upgrade(conn, req, connection="keep-alive"),  # no Connection: Upgrade
+        lambda conn, req, seen: conn.sendall(b"garbage\r\n\r\n"),
+    ):
+        url, _ = _serve_once(answer)
+        try:
+            _websocket.WebSocket.connect(url, timeout=5)
+            raise AssertionError("should fail")
+        except strata.StrataError as e:
+            assert (e.code, e.status) == ("network_error", 0), repr(e)
+    # a handshake that times out
+    url, _ = _serve_once(lambda conn, req, seen: __import__("time").sleep(3))
+    try:
+        _websocket.WebSocket.connect(url, timeout=0.5)
+        raise AssertionError("should time out")
+    except strata.StrataError as e:
+        assert e.code == "network_error"
+
+
+def test_websocket_frames_from_the_server() -> None:
+    """Masked server frames and 1-byte close payloads are protocol errors;
+    a close with no status is answered with 1000; a ping after our close
+    gets no pong and no error."""
+    import struct
+
+    def frames(*raw: bytes):
+        def answer(conn, req, seen) -> None:
+            _upgrade(conn, req)
+            for r in raw:
+                conn.sendall(r)
+            got = b""
+            try:
+                while True:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    got += chunk
+            except OSError:
+                pass
+            seen["got"] = got
+
+        return answer
+
+    def close_code_sent(got: bytes) -> int | None:
+        # the client's frames: find its close (opcode 8), unmask its payload
+        i = 0
+        while i + 6 <= len(got):
+            op, n = got[i] & 0x0F, got[i + 1] & 0x7F
+            mask = got[i + 2 : i + 6]
+            payload = _websocket._mask(got[i + 6 : i + 6 + n], mask)
+            if op == 8:
+                return struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
+            i += 6 + n
+        return None
+
+    cases = [
+        (b"\x82\x83abcd" + _websocket._mask(b"\x01hi", b"abcd"), 1002),  # masked binary frame
+        (b"\x88\x01\x03", 1002),  # a close with a 1-byte payload
+        (b"\x88\x00", 1005),  # a close with no status
+    ]
+    for raw, want in cases:
+        url, seen = _serve_once(frames(raw))
+        ws = _websocket.WebSocket.connect(url, timeout=5)
+        assert "Host: 127.0.0.1:" in seen["request"]
+        try:
+            ws.recv()
+            raise AssertionError("recv should raise")
+        except _websocket.WebSocketClosed as c:
+            assert c.code == want
+        ws.shutdown()
+        for _ in range(50):
+            if "got" in seen:
+                break
+            __import__("time").sleep(0.05)
+        assert close_code_sent(seen.get("got", b"")) == (1000 if want == 1005 else want)
+    # a ping after our close: skipped, then the server's close is read
+    url, seen = _serve_once(frames())
+    ws = _websocket.WebSocket.connect(url, timeout=5)
+    ws.close(1000)
+    ws._buf += b"\x89\x02hi\x88\x02\x03\xe8"
+    try:
+        ws.recv()
+        raise AssertionError("recv should raise")
+    except _websocket.WebSocketClosed as c:
+        assert c.code == 1000
+    ws.shutdown()
+    # 1006 is never sent
+    url, seen = _serve_once(frames())
+    ws = _websocket.WebSocket.connect(url, timeout=5)
+    ws.close(1006)
+    ws.shutdown()
+    for _ in range(50):
+        if "got" in seen:
+            break
+        __import__("time").sleep(0.05)
+    assert close_code_sent(seen.get("got", b"")) == 1000
+
+
+def test_websocket_ipv6_host_header() -> None:
+    import socket
+
+    try:
+        srv = socket.socket(socket.AF_INET6)
+        srv.bind(("::1", 0))
+    except OSError:
+        import pytest
+
+        pytest.skip("no IPv6 loopback")
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    got: dict = {}
+
+    def run() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            got["req"] = conn.recv(4096).decode("latin-1")
+            conn.sendall(b"HTTP/1.1 404 x\r\nContent-Length: 0\r\n\r\n")
+        srv.close()
+
+    import threading
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        _websocket.WebSocket.connect(f"ws://[::1]:{port}/x", timeout=5)
+    except strata.StrataError as e:
+        assert e.code == "http_404"
+    assert f"Host: [::1]:{port}\r\n" in got["req"]
+
+
+def test_upload_aborts_when_the_tree_cannot_be_read(tmp_path: Path, monkeypatch) -> None:
+    """A failing tar producer breaks the request off: the server never sees
+    the chunked body's end (so no partial tar is taken for a whole)."""
+    import http.server
+    import tarfile
+    import threading
+
+    seen: dict = {}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            complete = False
+            try:
+                while True:
+                    line = self.rfile.readline()
+                    if not line:
+                        break
+                    n = int(line.split(b";")[0], 16)
+                    self.rfile.read(n + 2)
+                    if n == 0:
+                        complete = True
+                        break
+            except (OSError, ValueError):
+                pass
+            seen["complete"] = complete
+            body = b'{"status":"success","data":{"path":"/x","size_bytes":1}}'
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:
+                pass
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = strata.Strata(f"http://127.0.0.1:{srv.server_address[1]}", "k", retry_for=0)
+        sb = strata.Sandbox.connect("sb-x", client=client)
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "a").write_bytes(os.urandom(200_000))
+        (src / "b").write_text("b")
+        real_add = tarfile.TarFile.add
+
+        def add(self, name, *a, **k):
+            if name.endswith("/b"):
+                raise OSError("cannot read b")
+            return real_add(self, name, *a, **k)
+
+        monkeypatch.setattr(tarfile.TarFile, "add", add)
+        try:
+            sb.files.upload(src, "/x")
+            raise AssertionError("upload should fail")
+        except strata.StrataError as e:
+            assert e.code == "upload_failed" and "cannot read b" in e.message
+        for _ in range(100):
+            if "complete" in seen:
+                break
+            __import__("time").sleep(0.05)
+        assert seen.get("complete") is False
+        monkeypatch.setattr(tarfile.TarFile, "add", real_add)
+        assert sb.files.upload(src, "/x")["size_bytes"] == 1
+        assert seen["complete"] is True
+    finally:
+        srv.shutdown()
+
+
+def test_async_session_cancel_and_back_pressure() -> None:
+    """AsyncSession over a stand-in session: cancelled __anext__ calls lose
+    nothing and keep the order; the reader thread stays at most 64 chunks
+    ahead (it waits, it does not drop); wait() returns the exit code."""
+    import asyncio
+    import queue
+    import threading
+    import time
+
+    from strata.aio import ASYNC_QUEUE, AsyncSession
+    from strata.exec import Output
+
+    class Fake:
+        id = "se-fake"
+        reattached = 0
+        _closing = False
+
+        def __init__(self) -> None:
+            self.q: "queue.Queue[Output | None]" = queue.Queue()
+            self.exit_code: int | None = None
+            self.taken = 0
+
+        def next_chunk(self) -> Output | None:
+            item = self.q.get()
+            if item is None:
+                self.q.put(None)
+                self.exit_code = 0
+                return None
+            self.taken += 1
+            return item
+
+    fake = Fake()
+    want = [f"{i}\n".encode() for i in range(300)]
+
+    def produce() -> None:
+        time.sleep(0.3)  # the first __anext__ calls are cancelled while nothing came
+        for i, b in enumerate(want):
+            fake.q.put(Output("stdout", b))
+            if i < 20:
+                time.sleep(0.01)
+        fake.q.put(None)
+
+    async def main() -> None:
+        s = AsyncSession(fake)  # type: ignore[arg-type]
+        threading.Thread(target=produce, daemon=True).start()
+        got: list[bytes] = []
+        cancelled = 0
+        for _ in range(40):
+            try:
+                got.append((await asyncio.wait_for(s.__anext__(), 0.01)).data)
+            except asyncio.TimeoutError:
+                cancelled += 1
+        assert cancelled >= 5
+        await asyncio.sleep(0.5)  # the producer has put everything: the reader is held by the bound
+        assert fake.taken <= len(got) + ASYNC_QUEUE + 1, (fake.taken, len(got))
+        async for chunk in s:
+            got.append(chunk.data)
+        assert got == want
+        assert await s.wait() == 0
+
+    asyncio.run(main())

@@ -57,3 +57,18 @@ def test_errors(sb: Sandbox, client: Strata) -> None:
     with pytest.raises(StrataError) as e:
         sb.checkpoints.create(path="/proc/x" + "\x00")
     assert e.value.code == "invalid_field" and e.value.data.get("field") == "path"
+
+
+def test_sdk_error_codes(sb: Sandbox) -> None:
+    """The codes of the errors the SDK makes itself."""
+    for call in (lambda: sb.files.read("relative"), lambda: sb.exec.run("cat", stdin=b"\xff\xfe"), lambda: sb.exec.run([])):
+        with pytest.raises(StrataError) as e:
+            call()
+        assert (e.value.code, e.value.status) == ("invalid_argument", 0), repr(e.value)
+    assert sb.exec.run("cat", stdin="é".encode()).stdout == "é"
+    with pytest.raises(StrataError) as e:
+        Sandbox.list(client=Strata("http://127.0.0.1:1", "k", retry_for=0.5))
+    assert (e.value.code, e.value.status) == ("network_error", 0)
+    with pytest.raises(StrataError) as e:
+        sb.exec.start("sleep 5").wait(timeout=0.2)
+    assert e.value.code == "wait_timeout"

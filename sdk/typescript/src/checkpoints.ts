@@ -131,11 +131,11 @@ export class Checkpoints {
    * @param id - `cp_…`
    * @param path - relative to the directory's root
    * @returns its bytes
-   * @throws {@link StrataError} `not_a_file` when the entry is no file
+   * @throws {@link StrataError} `invalid_argument` when the entry is no file
    */
   async readFile(id: string, path: string): Promise<Uint8Array> {
     const e = await this.entry(id, path);
-    if (e.type !== "file") throw new StrataError("not_a_file", `${path} is a ${e.type} in ${id}`, 0, { path });
+    if (e.type !== "file") throw new StrataError("invalid_argument", `${path} is a ${e.type} in ${id}, not a file`, 0, { path, type: e.type });
     return new Uint8Array(Buffer.from(e.content ?? "", "base64"));
   }
 
@@ -145,10 +145,11 @@ export class Checkpoints {
    * @param id - `cp_…`
    * @param dir - relative to the directory's root (default: the root)
    * @returns names and types, sorted by name
+   * @throws {@link StrataError} `invalid_argument` when the entry is no directory
    */
   async listFiles(id: string, dir = ""): Promise<DirEntry[]> {
     const e = await this.entry(id, dir);
-    if (e.type !== "dir") throw new StrataError("not_a_directory", `${dir} is a ${e.type} in ${id}`, 0, { path: dir });
+    if (e.type !== "dir") throw new StrataError("invalid_argument", `${dir} is a ${e.type} in ${id}, not a directory`, 0, { path: dir, type: e.type });
     return e.entries ?? [];
   }
 

@@ -127,7 +127,7 @@ export class Strata {
    * the credentials file.
    *
    * @param options - the settings; see {@link StrataOptions}
-   * @throws {@link StrataError} `not_configured` when no address or no key is found
+   * @throws {@link StrataError} `invalid_argument` when no address or no key is found
    */
   constructor(options: StrataOptions = {}) {
     const file = options.credentialsFile ?? process.env.CREATEOS_CREDENTIALS ?? DEFAULT_CREDENTIALS_FILE;
@@ -141,8 +141,8 @@ export class Strata {
     };
     const url = get(options.apiUrl, "CREATEOS_API_URL");
     const key = get(options.apiKey, "CREATEOS_API_KEY");
-    if (!url) throw new StrataError("not_configured", `no API address: set CREATEOS_API_URL or pass apiUrl (${file} has none either)`);
-    if (!key) throw new StrataError("not_configured", `no API key: set CREATEOS_API_KEY or pass apiKey (${file} has none either)`);
+    if (!url) throw new StrataError("invalid_argument", `no API address: set CREATEOS_API_URL or pass apiUrl (${file} has none either)`);
+    if (!key) throw new StrataError("invalid_argument", `no API key: set CREATEOS_API_KEY or pass apiKey (${file} has none either)`);
     this.apiUrl = url.replace(/\/+$/, "");
     this.apiKey = key;
     this.sandboxId = get(options.sandboxId, "CREATEOS_SANDBOX_ID");
@@ -215,6 +215,10 @@ export class Strata {
     const streamed = typeof ReadableStream !== "undefined" && body instanceof ReadableStream;
     const retryable = !streamed && (method === "GET" || method === "HEAD" || !!options.idempotent);
     const deadline = Date.now() + this.retryTimeoutMs;
+    // A retryable call is tried again at least once after a network error
+    // or a 5xx, even when its first attempt took the whole budget (a fetch
+    // that timed out): what the budget bounds is the waiting between tries.
+    const mayRetry = (attempt: number, backoff: number) => attempt === 0 || Date.now() + backoff < deadline;
     for (let attempt = 0; ; attempt++) {
       const backoff = Math.min(250 * 2 ** attempt, 5000);
       let response: Response;
@@ -224,7 +228,7 @@ export class Strata {
         if (streamed) init.duplex = "half";
         response = await fetch(url, init);
       } catch (err) {
-        if (!streamed && (retryable || refused(err)) && Date.now() + backoff < deadline) {
+        if (!streamed && ((retryable && mayRetry(attempt, backoff)) || (refused(err) && Date.now() + backoff < deadline))) {
           await sleep(backoff);
           continue;
         }
@@ -241,7 +245,7 @@ export class Strata {
       if (response.status >= 500 && retryable && response.status !== 507) {
         const text = await response.text();
         const err = errorOf(method, path, response, text);
-        if (err.code !== "host_capacity" && Date.now() + backoff < deadline) {
+        if (err.code !== "host_capacity" && mayRetry(attempt, backoff)) {
           await sleep(backoff);
           continue;
         }
@@ -254,36 +258,62 @@ export class Strata {
         throw new StrataError(code, `HEAD ${path}: HTTP ${response.status}`, response.status, {}, response.headers.get("X-Request-Id") ?? undefined);
       }
       const text = await response.text();
-      if (response.status >= 200 && response.status < 300) {
-        let env: { status?: string; data?: unknown };
-        try {
-          env = JSON.parse(text);
-        } catch {
-          throw new StrataError("bad_response", `${method} ${path}: HTTP ${response.status} with a body that is not JSON`, response.status);
-        }
-        return { data: env.data as T, response };
-      }
+      if (response.status >= 200 && response.status < 300) return { data: dataOf<T>(method, path, response, text), response };
       throw errorOf(method, path, response, text);
     }
   }
 }
 
-/** The StrataError of an answer that is no success. */
+/** JSON.parse, `undefined` for text that is not JSON. */
+function parseJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+}
+
+/** Whether v is a plain JSON object (not null, not an array). */
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+/**
+ * The JSend `data` of a success's body.
+ *
+ * @throws {@link StrataError} `http_<status>` when the body is not a JSend success
+ */
+export function dataOf<T>(method: string, path: string, response: Response, text: string): T {
+  const env = parseJson(text);
+  if (!isObject(env) || env.status !== "success") {
+    throw new StrataError(
+      `http_${response.status}`,
+      `${method} ${path}: HTTP ${response.status} with a body that is not JSend: ${text.slice(0, 200)}`,
+      response.status,
+      {},
+      response.headers.get("X-Request-Id") ?? undefined,
+    );
+  }
+  return env.data as T;
+}
+
+/**
+ * The StrataError of an answer that is no success: the JSend `fail` or
+ * `error`'s code, message and other fields; `http_<status>` for an answer
+ * that is not JSend (any JSON that is not a JSend object, `null` included)
+ * or that names no code.
+ */
 export function errorOf(method: string, path: string, response: Response, text: string): StrataError {
   const requestId = response.headers.get("X-Request-Id") ?? undefined;
-  let env: { status?: string; data?: Record<string, unknown>; message?: string };
-  try {
-    env = JSON.parse(text);
-  } catch {
-    return new StrataError(`http_${response.status}`, `${method} ${path}: HTTP ${response.status}: ${text.slice(0, 200)}`, response.status, {}, requestId);
+  const env = parseJson(text);
+  const fallback = `http_${response.status}`;
+  if (!isObject(env) || (env.status !== "fail" && env.status !== "error")) {
+    return new StrataError(fallback, `${method} ${path}: HTTP ${response.status}: ${text.slice(0, 200)}`, response.status, {}, requestId);
   }
-  if (env.status === "fail") {
-    const { code, message, ...rest } = (env.data ?? {}) as Record<string, unknown>;
-    return new StrataError(typeof code === "string" ? code : "unknown", typeof message === "string" ? message : `HTTP ${response.status}`, response.status, rest, requestId);
-  }
-  const data = (env.data ?? {}) as Record<string, unknown>;
-  const { code, ...rest } = data;
-  return new StrataError(typeof code === "string" ? code : "server_error", env.message ?? `HTTP ${response.status}`, response.status, rest, requestId);
+  const data = isObject(env.data) ? env.data : {};
+  const { code, message, ...rest } = data;
+  const msg = typeof message === "string" ? message : typeof env.message === "string" ? env.message : `${method} ${path}: HTTP ${response.status}`;
+  return new StrataError(typeof code === "string" && code ? code : fallback, msg, response.status, rest, requestId);
 }
 
 /** The path of a sandbox, and of parts below it (each escaped). */

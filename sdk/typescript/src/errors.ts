@@ -13,15 +13,29 @@
  *   (`invalid_field`, `sandbox_not_found`, `directory_busy`, …), `data`
  *   the fields beside it that name what failed (`field`, `path`, `holders`,
  *   `state`, …);
- * - a JSend **error** (5xx): `code` is the classified code when the server
- *   gives one (`guest_unavailable`, `guest_timeout`, `host_capacity`,
- *   `insufficient_storage`), else `"server_error"`;
- * - no answer at all (connection refused or reset, a WebSocket that could
- *   not be opened): `status` is `0` and `code` is `"network_error"`;
- * - a sandbox that ended in state `error` while the SDK waited for it:
- *   `code` `"sandbox_error"`, `message` the record's `error`;
- * - an SDK-side refusal (no configuration, a bad argument): `status` `0`
- *   and a code of its own (`"not_configured"`, `"invalid_argument"`, …).
+ * - a JSend **error** (5xx): `code` is the classified code the server
+ *   gives (`guest_unavailable`, `guest_timeout`, `host_capacity`,
+ *   `insufficient_storage`, …);
+ * - a sandbox that settled in another state than the one waited for: the
+ *   server's codes too (the failed operation's from the record's
+ *   `lastError`, else `sandbox_state`), with `data.state`.
+ *
+ * The SDK's own codes, for errors it makes itself, are exactly these:
+ *
+ * - `network_error`: no answer (connection refused or reset, a timeout,
+ *   a WebSocket that could not be opened); `status` `0`;
+ * - `wait_timeout`: a wait for a sandbox's state ran out (`waitTimeoutMs`);
+ * - `attachment_closed`: a session's attachment broke and could not be
+ *   opened again, or the session was detached (`data.detached`) or has
+ *   exited and is written to;
+ * - `invalid_argument`: a bad argument (no configuration, a relative
+ *   path, a file's path where a directory is needed…), caught before any
+ *   request or from the answer's headers; `status` `0`;
+ * - `http_<status>`: an answer that is not JSend, or names no code
+ *   (`http_502` from a proxy, …).
+ *
+ * The one other is `tar_failed`: the system's `tar` that `files.upload`
+ * and `files.download` run could not be run or failed (`data.stderr`).
  *
  * @example
  * ```ts

@@ -169,6 +169,15 @@ export class Exec {
 const REATTACH_FOR_MS = 55_000;
 /** The largest frame of an attachment, its stream byte included. */
 const MAX_FRAME = 64 << 10;
+/** Chunks of output held unread before the attachment stops reading (back-pressure)… */
+const MAX_QUEUE = 256;
+/** …or bytes of them, whichever comes first. */
+const MAX_QUEUE_BYTES = 4 << 20;
+
+/** Whether a session that failed with e may be attached again later (its sandbox paused or stopped, a broken connection…). */
+function resumable(e: unknown): boolean {
+  return !(e instanceof StrataError && (e.status === 401 || e.status === 403 || e.status === 404));
+}
 
 /**
  * A running command whose streams come through a WebSocket attachment.
@@ -180,8 +189,20 @@ const MAX_FRAME = 64 << 10;
  * written to stdin meanwhile is sent once attached again. A connection
  * that breaks (1006: hostproxy restarted) is attached again the same way.
  *
+ * When the sandbox is paused or stopped (or stays busy longer), the
+ * session fails: {@link Session.wait} and the output reject, with
+ * `sandbox_not_running` for instance. Stdin written then is kept, and
+ * {@link Session.reattach} (once the sandbox runs again, after
+ * `sb.resume()`) continues the session from its offset, sending that
+ * stdin first. Once the session has exited or was detached, writing to it
+ * throws `attachment_closed`.
+ *
  * One consumer reads the output: iterate it, or call one of
  * {@link Session.text}, {@link Session.stdout}, {@link Session.output}.
+ * At most 256 chunks (or 4 MiB) are held unread: then the attachment stops reading
+ * (the command's output waits at the server) until the consumer catches
+ * up. With the platform's `WebSocket`, which has no flow control, the
+ * bound cannot be kept, and unread output is held in memory.
  *
  * @example
  * ```ts
@@ -199,7 +220,7 @@ export class Session implements AsyncIterable<OutputChunk> {
   readonly sandboxId: string;
   /** Its record as `exec.start` answered (undefined for `exec.attach`). */
   readonly record: SessionRecord | undefined;
-  /** How many times it attached again after an operation on the sandbox ended its attachment. */
+  /** How many times it attached again: by itself after an operation on the sandbox ended its attachment, or by {@link Session.reattach}. */
   reattachments = 0;
   /** Bytes of output the server no longer held when asked for them (`dropped` messages). */
   droppedBytes = 0;
@@ -208,14 +229,24 @@ export class Session implements AsyncIterable<OutputChunk> {
   private conn: WsConn | undefined;
   private outbox: (string | Uint8Array)[] = [];
   private queue: OutputChunk[] = [];
+  private queuedBytes = 0;
   private wake: (() => void) | undefined;
+  /** No more output comes (exit, detach, or a failure until reattach). */
   private ended = false;
   private failure: unknown;
   private exitCode: number | undefined;
-  private detaching = false;
-  private readonly exit: Promise<number>;
+  private detached = false;
+  /** Each run of attachments (the first, and each reattach) has its own; events of an older one are ignored. */
+  private epoch = 0;
+  /** Reads of the attachment are paused (the queue is full). */
+  private paused = false;
+  /** wait() was called: with no reader, output beyond the bound is let go rather than hold the wait up. */
+  private waited = false;
+  /** Iterators of the output running now. */
+  private readers = 0;
+  private exit!: Promise<number>;
   private settle!: { resolve: (c: number) => void; reject: (e: unknown) => void };
-  private readonly first: Promise<void>;
+  private first!: Promise<void>;
   private firstSettle!: { resolve: () => void; reject: (e: unknown) => void };
 
   /** @internal */
@@ -230,11 +261,19 @@ export class Session implements AsyncIterable<OutputChunk> {
     this.sandboxId = sandboxId;
     this.since = since;
     this.record = record;
+    this.begin();
+  }
+
+  /** Starts a run of attachments: new promises for its end and its first attachment. */
+  private begin(): void {
+    const epoch = ++this.epoch;
+    this.ended = false;
+    this.failure = undefined;
     this.exit = new Promise<number>((resolve, reject) => (this.settle = { resolve, reject }));
     this.exit.catch(() => {});
     this.first = new Promise<void>((resolve, reject) => (this.firstSettle = { resolve, reject }));
     this.first.catch(() => {});
-    void this.pump();
+    void this.pump(epoch);
   }
 
   /** The output offset reached: bytes of stdout and stderr received, plus those dropped. */
@@ -249,11 +288,15 @@ export class Session implements AsyncIterable<OutputChunk> {
 
   /**
    * Sends bytes to the command's standard input (split into frames of at
-   * most 64 KiB); while not attached, they are kept and sent once attached again.
+   * most 64 KiB); while not attached (an operation on the sandbox, or a
+   * failure before {@link Session.reattach}), they are kept and sent once
+   * attached again.
    *
    * @param data - a string (UTF-8) or bytes
+   * @throws {@link StrataError} `attachment_closed` once the session has exited or was detached, or failed for good
    */
   write(data: string | Uint8Array): void {
+    this.usable();
     const bytes = typeof data === "string" ? new TextEncoder().encode(data) : data;
     for (let i = 0; i < bytes.length; i += MAX_FRAME - 1) {
       const part = bytes.subarray(i, i + MAX_FRAME - 1);
@@ -264,8 +307,13 @@ export class Session implements AsyncIterable<OutputChunk> {
     }
   }
 
-  /** Closes the command's standard input (`{"type":"eof"}`; on a terminal, ^D is typed). */
+  /**
+   * Closes the command's standard input (`{"type":"eof"}`; on a terminal, ^D is typed).
+   *
+   * @throws {@link StrataError} `attachment_closed` once the session has exited or was detached, or failed for good
+   */
   closeStdin(): void {
+    this.usable();
     this.send(JSON.stringify({ type: "eof" }));
   }
 
@@ -274,8 +322,10 @@ export class Session implements AsyncIterable<OutputChunk> {
    *
    * @param rows - 1–1000
    * @param cols - 1–1000
+   * @throws {@link StrataError} `attachment_closed` once the session has exited or was detached, or failed for good
    */
   resize(rows: number, cols: number): void {
+    this.usable();
     this.send(JSON.stringify({ type: "resize", rows, cols }));
   }
 
@@ -283,9 +333,25 @@ export class Session implements AsyncIterable<OutputChunk> {
    * Sends a signal to the session's process group.
    *
    * @param signal - `HUP INT QUIT KILL USR1 USR2 TERM CONT STOP TSTP WINCH`
+   * @throws {@link StrataError} `attachment_closed` once the session has exited or was detached, or failed for good
    */
   signal(signal: string): void {
+    this.usable();
     this.send(JSON.stringify({ type: "signal", signal: signal.replace(/^SIG/, "") }));
+  }
+
+  /** Throws unless what is sent now can still reach the command. */
+  private usable(): void {
+    if (this.exitCode !== undefined) {
+      throw new StrataError("attachment_closed", `session ${this.id} has exited (${this.exitCode}): nothing more can be sent to it`, 0, { session: this.id, exitCode: this.exitCode });
+    }
+    if (this.detached) {
+      throw new StrataError("attachment_closed", `session ${this.id} was detached: attach again (exec.attach or reattach()) to send to it`, 0, { session: this.id, detached: true });
+    }
+    if (this.ended && !resumable(this.failure)) {
+      const why = this.failure instanceof Error ? this.failure.message : String(this.failure);
+      throw new StrataError("attachment_closed", `session ${this.id} failed for good (${why}): nothing more can be sent to it`, 0, { session: this.id }, undefined, { cause: this.failure });
+    }
   }
 
   /**
@@ -300,24 +366,57 @@ export class Session implements AsyncIterable<OutputChunk> {
   }
 
   /**
-   * Waits for the session's end.
+   * Waits for the session's end. Output still unread is kept for a
+   * reader; but while none reads it, what comes beyond 256 unread chunks
+   * (or 4 MiB) is let go, so that the wait is not held up by output nobody reads.
    *
    * @returns its exit code: the program's status, `128+N` when signal N ended it, `-1` when its timeout did
-   * @throws {@link StrataError} when the attachment could not be kept (`attachment_closed`, `network_error`, …)
+   * @throws {@link StrataError} when the attachment could not be kept (`sandbox_not_running`,
+   *   `attachment_closed`, `network_error`, …); `attachment_closed` (`data.detached`) after {@link Session.detach}
    */
   wait(): Promise<number> {
+    this.waited = true;
+    this.flow();
     return this.exit;
   }
 
   /**
    * Closes this attachment without ending the session (a detachable
    * session carries on; one that is not gets SIGHUP). The output ends and
-   * {@link Session.wait} rejects with `detached`.
+   * {@link Session.wait} rejects with `attachment_closed` (`data.detached`).
+   * An attachment still being opened (after an operation on the sandbox)
+   * is closed as soon as it opens.
    */
   detach(): void {
-    this.detaching = true;
-    this.conn?.close(1000, "detached");
-    this.finish(new StrataError("detached", "the session was detached"));
+    this.detached = true;
+    if (this.ended) return;
+    const conn = this.conn;
+    this.conn = undefined;
+    conn?.close(1000, "detached");
+    this.finish(this.epoch, new StrataError("attachment_closed", `session ${this.id} was detached`, 0, { session: this.id, detached: true }));
+  }
+
+  /**
+   * Attaches again, from the output offset reached, after the session
+   * failed (its sandbox was paused or stopped, or stayed busy longer than
+   * 55 s; or after {@link Session.detach}): once the sandbox runs again,
+   * e.g. after `sb.resume()`. The stdin written since the failure (and
+   * during the gap before it) is sent first. Then iterate the output,
+   * and {@link Session.wait}, again. Does nothing while attached.
+   *
+   * @throws {@link StrataError} `attachment_closed` when the session has exited; the attachment's
+   *   error when it cannot be opened (`sandbox_not_running` while still paused; the session stays
+   *   failed, and reattach may be tried again)
+   */
+  async reattach(): Promise<void> {
+    if (!this.ended) return this.first;
+    if (this.exitCode !== undefined) {
+      throw new StrataError("attachment_closed", `session ${this.id} has exited (${this.exitCode})`, 0, { session: this.id, exitCode: this.exitCode });
+    }
+    this.detached = false;
+    this.reattachments++;
+    this.begin();
+    return this.first;
   }
 
   /**
@@ -326,17 +425,25 @@ export class Session implements AsyncIterable<OutputChunk> {
    * @returns an iterator of chunks
    */
   async *[Symbol.asyncIterator](): AsyncIterator<OutputChunk> {
-    for (;;) {
-      const c = this.queue.shift();
-      if (c) {
-        yield c;
-        continue;
+    this.readers++;
+    try {
+      for (;;) {
+        const c = this.queue.shift();
+        if (c) {
+          this.queuedBytes -= c.data.length;
+          this.flow();
+          yield c;
+          continue;
+        }
+        if (this.ended) {
+          if (this.failure && !this.detached) throw this.failure;
+          return;
+        }
+        await new Promise<void>((r) => (this.wake = r));
       }
-      if (this.ended) {
-        if (this.failure && !(this.failure instanceof StrataError && this.failure.code === "detached")) throw this.failure;
-        return;
-      }
-      await new Promise<void>((r) => (this.wake = r));
+    } finally {
+      this.readers--;
+      this.flow();
     }
   }
 
@@ -386,17 +493,42 @@ export class Session implements AsyncIterable<OutputChunk> {
     }
   }
 
+  /** Whether output beyond the bound is let go: wait() was called and nobody reads. */
+  private unread(): boolean {
+    return this.waited && this.readers === 0;
+  }
+
+  /** Whether the queue holds as much unread output as it may. */
+  private full(): boolean {
+    return this.queue.length >= MAX_QUEUE || this.queuedBytes >= MAX_QUEUE_BYTES;
+  }
+
+  /** Pauses the attachment's reads while the queue is full, and reads again once it is half empty (or nobody reads). */
+  private flow(): void {
+    const conn = this.conn;
+    if (!this.paused && this.full() && !this.unread()) {
+      this.paused = conn?.pause() ?? true;
+    } else if (this.paused && ((this.queue.length <= MAX_QUEUE / 2 && this.queuedBytes <= MAX_QUEUE_BYTES / 2) || this.unread())) {
+      this.paused = false;
+      conn?.resume();
+    }
+  }
+
   private push(c: OutputChunk): void {
+    if (this.full() && this.unread()) return;
     this.queue.push(c);
+    this.queuedBytes += c.data.length;
+    this.flow();
     const w = this.wake;
     this.wake = undefined;
     w?.();
   }
 
-  private finish(err?: unknown): void {
-    if (this.ended) return;
+  private finish(epoch: number, err?: unknown): void {
+    if (this.ended || epoch !== this.epoch) return;
     this.ended = true;
     this.failure = err;
+    if (this.exitCode !== undefined) this.outbox = [];
     if (err) {
       this.settle.reject(err);
       this.firstSettle.reject(err);
@@ -406,42 +538,55 @@ export class Session implements AsyncIterable<OutputChunk> {
     w?.();
   }
 
-  /** Attaches, and attaches again after an operation's 1011, until the exit. */
-  private async pump(): Promise<void> {
+  /** Attaches, and attaches again after an operation's 1011, until the exit (or until this run is over). */
+  private async pump(epoch: number): Promise<void> {
     let again = false;
     for (;;) {
-      let closed: { code: number; reason: string };
+      let closed: { code: number; reason: string } | undefined;
       try {
-        closed = await this.attachOnce(again);
+        closed = await this.attachOnce(epoch, again);
       } catch (e) {
-        this.finish(e);
+        this.finish(epoch, e);
         return;
       }
+      if (epoch !== this.epoch || this.ended || closed === undefined) return;
       this.conn = undefined;
-      if (this.exitCode !== undefined) return this.finish();
-      if (this.detaching || this.ended) return;
+      if (this.exitCode !== undefined) return this.finish(epoch);
       if (closed.code === 1011 || closed.code === 1006) {
         again = true;
         this.reattachments++;
         continue;
       }
       return this.finish(
-        new StrataError("attachment_closed", `the attachment closed before the command's exit (${closed.code}${closed.reason ? ": " + closed.reason : ""})`),
+        epoch,
+        new StrataError("attachment_closed", `the attachment closed before the command's exit (${closed.code}${closed.reason ? ": " + closed.reason : ""})`, 0, {
+          session: this.id,
+          closeCode: closed.code,
+        }),
       );
     }
   }
 
-  /** One attachment: resolves with its close once it ends. */
-  private async attachOnce(again: boolean): Promise<{ code: number; reason: string }> {
+  /**
+   * One attachment: resolves with its close once it ends; undefined when
+   * the run was over (detached) by the time it opened (it is closed at once).
+   */
+  private async attachOnce(epoch: number, again: boolean): Promise<{ code: number; reason: string } | undefined> {
     let done!: (c: { code: number; reason: string }) => void;
     const closed = new Promise<{ code: number; reason: string }>((r) => (done = r));
+    let conn: WsConn | undefined;
+    // Events of an attachment of a run that is over (detached, failed, or
+    // replaced by a reattach) are ignored. (Output may come before open()
+    // has returned: it is this attachment's.)
+    const live = () => epoch === this.epoch && !this.ended;
     const handlers = {
       binary: (b: Uint8Array) => {
-        if (b.length === 0) return;
+        if (b.length === 0 || !live()) return;
         this.since += b.length - 1;
         this.push({ stream: b[0] === 2 ? "stderr" : "stdout", data: b.slice(1) });
       },
       text: (s: string) => {
+        if (!live()) return;
         let m: { type?: string; bytes?: number; exit_code?: number | null };
         try {
           m = JSON.parse(s);
@@ -453,7 +598,7 @@ export class Session implements AsyncIterable<OutputChunk> {
           this.droppedBytes += m.bytes ?? 0;
         } else if (m.type === "exit") {
           this.exitCode = typeof m.exit_code === "number" ? m.exit_code : 1;
-          this.conn?.close(1000);
+          conn?.close(1000);
         }
       },
       close: (code: number, reason: string) => done({ code, reason }),
@@ -473,13 +618,13 @@ export class Session implements AsyncIterable<OutputChunk> {
         throw e;
       }
     };
-    let conn: WsConn;
+    const over = () => epoch !== this.epoch || this.ended;
     if (!again) {
       conn = await open();
-      this.firstSettle.resolve();
     } else {
       const deadline = Date.now() + REATTACH_FOR_MS;
       for (;;) {
+        if (over()) return undefined;
         try {
           conn = await open();
           break;
@@ -489,7 +634,7 @@ export class Session implements AsyncIterable<OutputChunk> {
             const state = e.data.state;
             busy = state !== "paused" && state !== "stopped" && state !== "error";
           }
-          if (!busy || Date.now() > deadline || this.detaching) {
+          if (!busy || Date.now() > deadline || over()) {
             if (e instanceof StrataError && e.code === "session_not_found") {
               throw new StrataError(
                 "session_not_found",
@@ -505,8 +650,17 @@ export class Session implements AsyncIterable<OutputChunk> {
         }
       }
     }
+    if (over()) {
+      // Detached (or over otherwise) while it was being opened: it is not kept.
+      conn.close(1000, "detached");
+      return undefined;
+    }
     this.conn = conn;
-    this.flush();
+    if (this.paused && !conn.pause()) this.paused = false;
+    if (!again) this.firstSettle.resolve();
+    // The exit may have come before open() returned: nothing more will.
+    if (this.exitCode !== undefined) conn.close(1000);
+    else this.flush();
     return closed;
   }
 }

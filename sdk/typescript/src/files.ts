@@ -3,10 +3,12 @@
  *
  * @module
  */
-import { spawn } from "node:child_process";
-import { mkdir } from "node:fs/promises";
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdir, readdir } from "node:fs/promises";
 import { Readable } from "node:stream";
-import { Strata, camel, sandboxPath } from "./client.js";
+import { pipeline } from "node:stream/promises";
+import type { ReadableStream as NodeReadableStream } from "node:stream/web";
+import { Strata, camel, dataOf, sandboxPath } from "./client.js";
 import { StrataError } from "./errors.js";
 import type { FileEntry, FileStat, FileWritten } from "./types.js";
 
@@ -47,6 +49,49 @@ function toStream(src: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>): 
     async cancel() {
       await it.return?.();
     },
+  });
+}
+
+/** A running `tar`: its exit code (a StrataError `tar_failed` when it could not be run), its stderr so far, and a kill. */
+interface Tar {
+  proc: ChildProcess;
+  exit: Promise<number>;
+  stderr(): string;
+  /** Kills tar unless it has exited. */
+  kill(): void;
+}
+
+/** Runs the system's tar with args; its stdio streams never throw unhandled errors. */
+function runTar(args: string[], stdio: ["ignore", "pipe", "pipe"] | ["pipe", "ignore", "pipe"]): Tar {
+  const proc = spawn("tar", args, { stdio });
+  let err = "";
+  const noop = () => {};
+  proc.stdin?.on("error", noop);
+  proc.stdout?.on("error", noop);
+  proc.stderr?.on("error", noop);
+  proc.stderr?.on("data", (b: Buffer) => {
+    if (err.length < 4096) err += b.toString();
+  });
+  const exit = new Promise<number>((resolve, reject) => {
+    proc.on("error", (e) => reject(new StrataError("tar_failed", `could not run tar: ${e.message}`, 0, {}, undefined, { cause: e })));
+    proc.on("close", (code, signal) => resolve(code ?? (signal ? 128 : 1)));
+  });
+  exit.catch(noop);
+  return {
+    proc,
+    exit,
+    stderr: () => err.trim(),
+    kill() {
+      if (proc.exitCode === null && proc.signalCode === null && proc.pid !== undefined) proc.kill("SIGKILL");
+    },
+  };
+}
+
+/** Resolves once tar runs; rejects with its `tar_failed` when it cannot be run (no tar on the PATH). */
+function started(tar: Tar): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    tar.proc.once("spawn", () => resolve());
+    tar.exit.catch(reject);
   });
 }
 
@@ -111,7 +156,7 @@ export class Files {
    *
    * @param path - an absolute path in the sandbox
    * @returns its bytes
-   * @throws {@link StrataError} `file_not_found` (404), `not_a_file` (409)
+   * @throws {@link StrataError} `file_not_found` (404), `not_a_file` (409: not a regular file); `invalid_argument` for a directory
    */
   async read(path: string): Promise<Uint8Array> {
     const res = await this.open(path);
@@ -144,19 +189,27 @@ export class Files {
     const { response } = await this.client.call("GET", p, { raw: true, headers: { Accept: "application/octet-stream" } });
     if (!(response.headers.get("Content-Type") ?? "").startsWith("application/octet-stream")) {
       await response.body?.cancel();
-      throw new StrataError("not_a_file", `${path} is a directory`, 409, { path });
+      throw new StrataError("invalid_argument", `${path} is a directory, not a file`, 0, { path, type: "dir" });
     }
     return response;
   }
 
   /**
-   * Lists a directory.
+   * Lists a directory. A file's path is refused as soon as the answer's
+   * headers tell it is a file (its content is not read).
    *
    * @param dir - an absolute path in the sandbox
    * @returns its entries
+   * @throws {@link StrataError} `file_not_found` (404); `invalid_argument` when `dir` is a file
    */
   async list(dir: string): Promise<FileEntry[]> {
-    const { data } = await this.client.call<{ entries: unknown[] }>("GET", filesPath(this.sandboxId, dir));
+    const p = filesPath(this.sandboxId, dir);
+    const { response } = await this.client.call("GET", p, { raw: true, headers: { Accept: "application/json" } });
+    if (!(response.headers.get("Content-Type") ?? "").startsWith("application/json")) {
+      await response.body?.cancel();
+      throw new StrataError("invalid_argument", `${dir} is a file, not a directory`, 0, { path: dir, type: "file" });
+    }
+    const data = dataOf<{ entries: unknown[] }>("GET", p, response, await response.text());
     return camel<FileEntry[]>(data.entries);
   }
 
@@ -211,31 +264,56 @@ export class Files {
   /**
    * Copies a local directory's tree into the sandbox, as a tar made by the
    * system's `tar` and unpacked there (modes, mtimes and symlinks kept).
+   * The directory's entries are packed (`tar -C localDir -cf - -- name…`),
+   * not the directory itself: `dir`'s own mode and owner are left as they are.
+   * The body ends only once tar has exited successfully; a tar that fails
+   * breaks the upload off, so no partial tree is taken for the whole.
    *
    * @param localDir - a directory here
    * @param dir - the directory in the sandbox (made when missing)
    * @param options - `parents`: make its missing parents too
    * @returns the directory and the bytes of the files written
+   * @throws {@link StrataError} `invalid_argument` when `localDir` cannot be read; `tar_failed` when tar
+   *   cannot be run or fails (`data.stderr`)
    */
   async upload(localDir: string, dir: string, options: { parents?: boolean } = {}): Promise<FileWritten> {
-    const tar = spawn("tar", ["-C", localDir, "-cf", "-", "."], { stdio: ["ignore", "pipe", "pipe"] });
-    let stderr = "";
-    tar.stderr.on("data", (b: Buffer) => (stderr += b.toString()));
-    const exited = new Promise<number>((r) => tar.on("close", (code) => r(code ?? 1)));
-    let out: FileWritten;
+    let names: string[];
     try {
-      const { data } = await this.client.call("PUT", filesPath(this.sandboxId, dir), {
-        body: Readable.toWeb(tar.stdout) as ReadableStream<Uint8Array>,
-        headers: { "Content-Type": "application/x-tar" },
-        query: { parents: options.parents ? "true" : undefined },
-      });
-      out = camel<FileWritten>(data);
-    } finally {
-      if (tar.exitCode === null) tar.kill();
+      names = (await readdir(localDir)).sort();
+    } catch (e) {
+      throw new StrataError("invalid_argument", `cannot read the local directory ${localDir}: ${(e as Error).message}`, 0, { path: localDir }, undefined, { cause: e });
     }
-    const code = await exited;
-    if (code !== 0) throw new StrataError("tar_failed", `tar -c of ${localDir} failed (${code}): ${stderr.trim()}`);
-    return out;
+    const target = filesPath(this.sandboxId, dir);
+    const put = (body: Uint8Array | ReadableStream<Uint8Array>) =>
+      this.client.call("PUT", target, { body, headers: { "Content-Type": "application/x-tar" }, query: { parents: options.parents ? "true" : undefined } });
+    // An empty directory is an empty archive (tar refuses to make one).
+    if (names.length === 0) return camel<FileWritten>((await put(new Uint8Array(1024))).data);
+    // bsdtar reads a name starting with @ as an archive to copy: ./ keeps it a name.
+    const tar = runTar(["-C", localDir, "-cf", "-", "--", ...names.map((n) => (n.startsWith("@") ? "./" + n : n))], ["ignore", "pipe", "pipe"]);
+    await started(tar);
+    let tarFailure: StrataError | undefined;
+    const fail = (code: number) =>
+      new StrataError("tar_failed", `tar -c of ${localDir} failed (exit ${code})${tar.stderr() ? ": " + tar.stderr() : ""}`, 0, { path: localDir, stderr: tar.stderr() });
+    const stdout = tar.proc.stdout!;
+    async function* packed(): AsyncGenerator<Uint8Array> {
+      try {
+        for await (const chunk of stdout) yield new Uint8Array(chunk as Buffer);
+        const code = await tar.exit;
+        if (code !== 0) throw (tarFailure = fail(code));
+      } catch (e) {
+        tarFailure ??= e instanceof StrataError ? e : fail(-1);
+        throw tarFailure;
+      }
+    }
+    try {
+      const { data } = await put(toStream(packed()));
+      // The body ended once tar exited 0: nothing is left to wait for.
+      return camel<FileWritten>(data);
+    } catch (e) {
+      tar.kill();
+      stdout.destroy();
+      throw tarFailure ?? e;
+    }
   }
 
   /**
@@ -244,22 +322,53 @@ export class Files {
    *
    * @param dir - the directory in the sandbox
    * @param localDir - the directory here
+   * @throws {@link StrataError} `invalid_argument` when `dir` is a file or `localDir` cannot be made;
+   *   `network_error` when the answer breaks off; `tar_failed` when tar cannot be run or fails (`data.stderr`)
    */
   async download(dir: string, localDir: string): Promise<void> {
     const { response } = await this.client.call("GET", filesPath(this.sandboxId, dir), { raw: true, headers: { Accept: "application/x-tar" } });
+    const cancel = () => response.body?.cancel().catch(() => {});
     if (!(response.headers.get("Content-Type") ?? "").startsWith("application/x-tar")) {
-      await response.body?.cancel();
-      throw new StrataError("not_a_directory", `${dir} is not a directory`, 409, { path: dir });
+      await cancel();
+      throw new StrataError("invalid_argument", `${dir} is a file, not a directory`, 0, { path: dir, type: "file" });
     }
-    await mkdir(localDir, { recursive: true });
-    const tar = spawn("tar", ["-C", localDir, "-xf", "-"], { stdio: ["pipe", "ignore", "pipe"] });
-    let stderr = "";
-    tar.stderr.on("data", (b: Buffer) => (stderr += b.toString()));
-    const exited = new Promise<number>((r) => tar.on("close", (code) => r(code ?? 1)));
-    const body = Readable.fromWeb(response.body as import("node:stream/web").ReadableStream<Uint8Array>);
-    body.pipe(tar.stdin);
-    const broke = new Promise<never>((_, rej) => body.on("error", (e) => rej(new StrataError("network_error", `the tar of ${dir} broke off: ${e.message}`, 0, {}, undefined, { cause: e }))));
-    const code = await Promise.race([exited, broke]);
-    if (code !== 0) throw new StrataError("tar_failed", `tar -x into ${localDir} failed (${code}): ${stderr.trim()}`);
+    try {
+      await mkdir(localDir, { recursive: true });
+    } catch (e) {
+      await cancel();
+      throw new StrataError("invalid_argument", `cannot make the local directory ${localDir}: ${(e as Error).message}`, 0, { path: localDir }, undefined, { cause: e });
+    }
+    const tar = runTar(["-C", localDir, "-xf", "-"], ["pipe", "ignore", "pipe"]);
+    try {
+      await started(tar);
+    } catch (e) {
+      await cancel();
+      throw e;
+    }
+    const fail = (code: number) =>
+      new StrataError("tar_failed", `tar -x into ${localDir} failed (exit ${code})${tar.stderr() ? ": " + tar.stderr() : ""}`, 0, { path: localDir, stderr: tar.stderr() });
+    const body = response.body
+      ? Readable.fromWeb(response.body as NodeReadableStream<Uint8Array>)
+      : Readable.from([]);
+    try {
+      await pipeline(body, tar.proc.stdin!);
+    } catch (e) {
+      // Either the answer broke off (the body is errored) or tar stopped
+      // reading (it exited early: EPIPE). pipeline has destroyed both ends,
+      // which cancels the answer's body.
+      if (body.errored) {
+        tar.kill();
+        await tar.exit.catch(() => {});
+        throw new StrataError("network_error", `the tar of ${dir} broke off: ${(e as Error).message}`, 0, { path: dir }, undefined, { cause: e });
+      }
+      const timer = setTimeout(() => tar.kill(), 10_000);
+      const code = await tar.exit.finally(() => clearTimeout(timer));
+      // tar may stop reading after the archive's end marker and exit 0: the tree is whole.
+      if (code !== 0) throw fail(code);
+      return;
+    }
+    // Every byte is written and stdin is closed: tar is let finish.
+    const code = await tar.exit;
+    if (code !== 0) throw fail(code);
   }
 }

@@ -10,7 +10,7 @@ import { Exec } from "./exec.js";
 import { Files } from "./files.js";
 import { Snapshots, type SnapshotCreateOptions } from "./snapshots.js";
 import { AccessTokens } from "./tokens.js";
-import type { ForkRefusal, SandboxRecord, SandboxState, Snapshot, SnapshotRestored } from "./types.js";
+import type { ForkRefusal, SandboxInfo, SandboxRecord, SandboxState, Snapshot, SnapshotRestored } from "./types.js";
 
 /** Whether to wait for the sandbox's state. */
 export interface WaitOptions {
@@ -53,6 +53,18 @@ export type ForkSet = Sandbox[] & {
 /** States on the way to another. */
 const TRANSITIONAL = new Set<SandboxState>(["creating", "pausing", "resuming", "stopping", "destroying", "unresponsive"]);
 
+/** e, with the sandbox's id added to its data (so that the caller can find, and kill, what was made). */
+function naming(e: unknown, sandbox: string): unknown {
+  if (!(e instanceof StrataError)) return e;
+  if (e.data.sandbox === sandbox) return e;
+  return new StrataError(e.code, `${e.message} (sandbox ${sandbox})`, e.status, { ...e.data, sandbox }, e.requestId, { cause: e });
+}
+
+/** Whether e is the server's refusal of the key (403 `forbidden`). */
+function forbidden(e: unknown): boolean {
+  return e instanceof StrataError && e.status === 403 && e.code === "forbidden";
+}
+
 /**
  * A sandbox: a microVM with its own kernel and disk.
  *
@@ -78,8 +90,12 @@ export class Sandbox {
   readonly id: string;
   /** The client it is reached with. */
   readonly client: Strata;
-  /** Its record as last seen (see {@link Sandbox.refresh}). */
-  info: SandboxRecord;
+  /**
+   * Its record as last seen (see {@link Sandbox.refresh}). Only its `id`
+   * (the other fields `undefined`) after {@link Sandbox.connect} with a key
+   * that may not read the record, such as a sandbox access token.
+   */
+  info: SandboxInfo;
   /** Commands: one-shot runs and sessions. */
   readonly exec: Exec;
   /** Files in and out. */
@@ -95,16 +111,18 @@ export class Sandbox {
    * Wraps a record; use {@link Sandbox.create} or {@link Sandbox.connect} instead.
    *
    * @param client - the client
-   * @param info - the record
+   * @param info - the record, or `{ id }` alone
    */
-  constructor(client: Strata, info: SandboxRecord) {
+  constructor(client: Strata, info: SandboxInfo) {
     this.client = client;
     this.id = info.id;
     this.info = info;
     this.exec = new Exec(client, this.id);
     this.files = new Files(client, this.id);
     this.checkpoints = new Checkpoints(client, this.id);
-    this.snapshots = new Snapshots(client, this.id, () => this.refresh());
+    // After a restore the record is read again; a key that may not read it
+    // (it may not restore either, today) does without.
+    this.snapshots = new Snapshots(client, this.id, () => this.refresh().catch((e: unknown) => (forbidden(e) ? undefined : Promise.reject(e))));
     this.accessToken = new AccessTokens(client, this.id);
   }
 
@@ -115,7 +133,9 @@ export class Sandbox {
    *
    * @param options - name, memoryMib, vcpus, diskGib, wait, client
    * @returns the sandbox
-   * @throws {@link StrataError} `name_taken` (409), `host_capacity` (503), `sandbox_error` when it ends in state `error`
+   * @throws {@link StrataError} `name_taken` (409), `host_capacity` (503); when the wait for `running`
+   *   fails (see {@link Sandbox.waitFor}), its error with the sandbox's id in `data.sandbox`: the sandbox
+   *   exists, and is the caller's to kill
    */
   static async create(options: SandboxCreateOptions = {}): Promise<Sandbox> {
     const client = options.client ?? Strata.default();
@@ -124,7 +144,7 @@ export class Sandbox {
       idempotent: true,
     });
     const sb = new Sandbox(client, camel<SandboxRecord>(data));
-    if (options.wait !== false) await sb.waitFor("running");
+    if (options.wait !== false) await sb.waitFor("running").catch((e: unknown) => Promise.reject(naming(e, sb.id)));
     return sb;
   }
 
@@ -132,17 +152,29 @@ export class Sandbox {
    * Connects to an existing sandbox. With no id: the sandbox this program
    * runs in (`CREATEOS_SANDBOX_ID`, or the credentials file).
    *
+   * The record is read (`GET /v1/sandboxes/{id}`) when the key may: an
+   * account API key. A sandbox access token, or a key the sandbox's
+   * channel restricts, may not (403 `forbidden`): the sandbox is then
+   * returned with `info` holding only its id, and everything the key may
+   * do (files, sessions, checkpoints, snapshots) works as well; the record
+   * can be read later with an account key.
+   *
    * @param id - `sb-…`; default: the client's `sandboxId`
    * @param options - client
-   * @returns the sandbox, its record read
+   * @returns the sandbox, its record read when the key may read it
    * @throws {@link StrataError} `sandbox_not_found` (404); `invalid_argument` with no id to be found
    */
   static async connect(id?: string, options: ClientOptions = {}): Promise<Sandbox> {
     const client = options.client ?? Strata.default();
     const sid = id ?? client.sandboxId;
     if (!sid) throw new StrataError("invalid_argument", "no sandbox id: pass one, or set CREATEOS_SANDBOX_ID (inside a sandbox, the credentials file has it)");
-    const { data } = await client.call("GET", sandboxPath(sid));
-    return new Sandbox(client, camel<SandboxRecord>(data));
+    try {
+      const { data } = await client.call("GET", sandboxPath(sid));
+      return new Sandbox(client, camel<SandboxRecord>(data));
+    } catch (e) {
+      if (forbidden(e)) return new Sandbox(client, { id: sid });
+      throw e;
+    }
   }
 
   /**
@@ -185,7 +217,7 @@ export class Sandbox {
   private static async forkOne(client: Strata, from: string, snapshot: string, options: { name?: string } & WaitOptions): Promise<Sandbox> {
     const { data } = await client.call("POST", "/v1/sandboxes", { json: { name: options.name, from: { sandbox: from, snapshot } }, idempotent: true });
     const sb = new Sandbox(client, camel<SandboxRecord>(data));
-    if (options.wait !== false) await sb.waitFor("running");
+    if (options.wait !== false) await sb.waitFor("running").catch((e: unknown) => Promise.reject(naming(e, sb.id)));
     return sb;
   }
 
@@ -205,6 +237,9 @@ export class Sandbox {
    * @param snapshot - `v1`, … or its name
    * @param options - count, name (the names' prefix), wait
    * @returns the forks made, and `failed`
+   * @throws {@link StrataError} when the wait of any fork fails: the first failure's code, with
+   *   `data.sandboxes` the ids of every fork made (running or not: the caller's to kill),
+   *   `data.notRunning` those whose wait failed, `data.errors` their errors, `data.failed` the refusals
    */
   fork(snapshot: string, options: ForkOptions & { count: number }): Promise<ForkSet>;
   async fork(snapshot: string, options: ForkOptions = {}): Promise<Sandbox | ForkSet> {
@@ -214,7 +249,27 @@ export class Sandbox {
     });
     const set = camel<SandboxRecord[]>(data.sandboxes).map((r) => new Sandbox(this.client, r)) as ForkSet;
     set.failed = data.failed ?? [];
-    if (options.wait !== false) await Promise.all(set.map((s) => s.waitFor("running")));
+    if (options.wait !== false) {
+      const waits = await Promise.allSettled(set.map((s) => s.waitFor("running")));
+      const bad = waits.flatMap((w, i) => (w.status === "rejected" ? [{ sandbox: set[i]!.id, error: w.reason as unknown }] : []));
+      if (bad.length > 0) {
+        const first = bad[0]!.error;
+        const code = first instanceof StrataError ? first.code : "network_error";
+        throw new StrataError(
+          code,
+          `${bad.length} of ${set.length} forks did not reach running (${bad.map((b) => `${b.sandbox}: ${(b.error as Error)?.message ?? b.error}`).join("; ")})`,
+          first instanceof StrataError ? first.status : 0,
+          {
+            sandboxes: set.map((s) => s.id),
+            notRunning: bad.map((b) => b.sandbox),
+            errors: bad.map((b) => ({ sandbox: b.sandbox, code: b.error instanceof StrataError ? b.error.code : undefined, message: (b.error as Error)?.message ?? String(b.error) })),
+            failed: set.failed,
+          },
+          first instanceof StrataError ? first.requestId : undefined,
+          { cause: first },
+        );
+      }
+    }
     return set;
   }
 
@@ -234,7 +289,12 @@ export class Sandbox {
    */
   async kill(): Promise<void> {
     const { data } = await this.client.call<{ state: SandboxState }>("DELETE", sandboxPath(this.id));
-    this.info = { ...this.info, state: data.state };
+    this.setState(data.state);
+  }
+
+  /** Notes a state the server answered (an unread record stays unread: waitFor reads it). */
+  private setState(state: SandboxState): void {
+    if (this.info.state !== undefined) this.info = { ...this.info, state };
   }
 
   /**
@@ -273,39 +333,47 @@ export class Sandbox {
 
   private async op(name: string, want: SandboxState | undefined): Promise<void> {
     const { data } = await this.client.call<{ state: SandboxState }>("POST", sandboxPath(this.id, name));
-    this.info = { ...this.info, state: data.state };
+    this.setState(data.state);
     if (want) await this.waitFor(want, name);
   }
 
   /**
    * Waits until the sandbox is in a state: polls its record (a long poll,
-   * `?wait_s=`), honouring `X-Poll-After`.
+   * `?wait_s=`), honouring `X-Poll-After`. An unread record (see
+   * {@link Sandbox.info}) is read first.
    *
    * @param want - the state to wait for
    * @param operation - the operation waited for, to tell its failure (`lastError`)
    * @returns the record
-   * @throws {@link StrataError} `sandbox_error` when it ends in `error`; `sandbox_state` in another lasting state; `wait_timeout`
+   * @throws {@link StrataError} when the sandbox settles in another state: the failed operation's
+   *   code from the record's `lastError` when there is one, else the server's `sandbox_state`
+   *   (`data.state`, and in state `error` `data.error`); `wait_timeout` when `waitTimeoutMs` ran out
    */
   async waitFor(want: SandboxState, operation?: string): Promise<SandboxRecord> {
     const deadline = Date.now() + this.client.waitTimeoutMs;
     for (;;) {
-      if (this.info.state === want) return this.info;
-      if (this.info.state === "error") {
-        throw new StrataError("sandbox_error", this.info.error ?? `sandbox ${this.id} is in state error`, 0, { state: "error", sandbox: this.id });
-      }
-      if (!TRANSITIONAL.has(this.info.state)) {
-        const last = this.info.lastError;
-        if (operation && last && last.operation === operation) {
-          throw new StrataError(last.code ?? "operation_failed", `${operation} of ${this.id} failed: ${last.message}`, 0, { state: this.info.state, sandbox: this.id });
+      const info = this.info;
+      let waitS: number | undefined;
+      if (info.state !== undefined) {
+        if (info.state === want) return info;
+        if (!TRANSITIONAL.has(info.state)) {
+          const last = info.lastError;
+          const data = { state: info.state, sandbox: this.id, ...(info.error ? { error: info.error } : {}) };
+          if (operation && last && last.operation === operation) {
+            throw new StrataError(last.code || "sandbox_state", `${operation} of ${this.id} failed: ${last.message}`, 0, data);
+          }
+          const why = info.state === "error" && info.error ? `: ${info.error}` : "";
+          throw new StrataError("sandbox_state", `sandbox ${this.id} is ${info.state}, not ${want}${why}`, 0, data);
         }
-        throw new StrataError("sandbox_state", `sandbox ${this.id} is ${this.info.state}, not ${want}`, 0, { state: this.info.state, sandbox: this.id });
+        if (Date.now() > deadline) {
+          throw new StrataError("wait_timeout", `sandbox ${this.id} is still ${info.state} after ${this.client.waitTimeoutMs} ms`, 0, { state: info.state, sandbox: this.id });
+        }
+        waitS = Math.max(1, Math.min(20, Math.floor((deadline - Date.now()) / 1000)));
       }
-      if (Date.now() > deadline) throw new StrataError("wait_timeout", `sandbox ${this.id} is still ${this.info.state} after ${this.client.waitTimeoutMs} ms`, 0, { state: this.info.state });
-      const waitS = Math.max(1, Math.min(20, Math.floor((deadline - Date.now()) / 1000)));
       const { data, response } = await this.client.call("GET", sandboxPath(this.id), { query: { wait_s: waitS } });
       this.info = camel<SandboxRecord>(data);
       const after = Number(response.headers.get("X-Poll-After"));
-      if (TRANSITIONAL.has(this.info.state) && after > 0) await sleep(after * 1000);
+      if (this.info.state !== undefined && TRANSITIONAL.has(this.info.state) && after > 0) await sleep(after * 1000);
     }
   }
 

@@ -58,6 +58,18 @@ export interface SandboxRecord {
   unresponsiveReason?: string;
 }
 
+/**
+ * The record of a sandbox whose record this key may not read: its `id`
+ * only, every other field `undefined`. {@link Sandbox.connect} gives it
+ * when the server refuses the record (403 `forbidden`: a sandbox access
+ * token, or a key the sandbox's channel restricts); a later
+ * {@link Sandbox.refresh} with an account key reads the whole record.
+ */
+export type UnreadSandboxRecord = Pick<SandboxRecord, "id"> & Partial<Record<Exclude<keyof SandboxRecord, "id">, undefined>>;
+
+/** A sandbox's record as a {@link Sandbox} holds it: read, or only its id (test `state !== undefined`). */
+export type SandboxInfo = SandboxRecord | UnreadSandboxRecord;
+
 /** Retention of a create: `delete_oldest` deletes the oldest eligible records so that at most `maxCount` remain with the new one. */
 export interface Retention {
   /** The only mode: `"delete_oldest"` (the default here). */

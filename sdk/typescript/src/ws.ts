@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { StrataError, } from "./errors.js";
+import { StrataError } from "./errors.js";
 import { errorOf } from "./client.js";
 
 /** What an attachment's connection calls. @internal */
@@ -23,7 +23,18 @@ export interface WsConn {
   send(data: string | Uint8Array): boolean;
   /** Closes it. */
   close(code?: number, reason?: string): void;
+  /**
+   * Stops reading from the connection (back-pressure: the server's
+   * writes wait, and it keeps the output); false when the transport
+   * cannot (the platform's WebSocket has no flow control).
+   */
+  pause(): boolean;
+  /** Reads again after {@link WsConn.pause}. */
+  resume(): void;
 }
+
+/** How long the opening handshake of an attachment may take, in ms. */
+export const HANDSHAKE_TIMEOUT_MS = 30_000;
 
 /** The subprotocol of attachments. */
 const PROTOCOL = "strata.v1";
@@ -58,7 +69,22 @@ function openPlatform(G: new (url: string, protocols: string[]) => BrowserWebSoc
     const ws = new G(url, [PROTOCOL, "key." + key]);
     ws.binaryType = "arraybuffer";
     let open = false;
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      reject(new StrataError("network_error", `the attachment ${url.replace(/\?.*/, "")} could not be opened: no handshake in ${HANDSHAKE_TIMEOUT_MS} ms`));
+      try {
+        ws.close();
+      } catch {
+        // closing a socket still connecting may throw on some platforms: it is given up either way
+      }
+    }, HANDSHAKE_TIMEOUT_MS);
     ws.onopen = () => {
+      clearTimeout(timer);
+      if (timedOut) {
+        ws.close(1000);
+        return;
+      }
       open = true;
       resolve({
         send(d) {
@@ -69,9 +95,12 @@ function openPlatform(G: new (url: string, protocols: string[]) => BrowserWebSoc
         close(code, reason) {
           ws.close(code, reason);
         },
+        pause: () => false,
+        resume() {},
       });
     };
     ws.onerror = () => {
+      clearTimeout(timer);
       if (!open) reject(new StrataError("network_error", `the attachment ${url.replace(/\?.*/, "")} could not be opened`));
     };
     ws.onmessage = (e) => {
@@ -79,6 +108,7 @@ function openPlatform(G: new (url: string, protocols: string[]) => BrowserWebSoc
       else h.binary(new Uint8Array(e.data as ArrayBuffer));
     };
     ws.onclose = (e) => {
+      clearTimeout(timer);
       if (!open) reject(new StrataError("network_error", `the attachment ${url.replace(/\?.*/, "")} could not be opened (${e.code})`));
       else h.close(e.code, e.reason);
     };
@@ -88,7 +118,12 @@ function openPlatform(G: new (url: string, protocols: string[]) => BrowserWebSoc
 async function openNodeWs(url: string, key: string, h: WsHandlers): Promise<WsConn> {
   const { default: WebSocket } = await import("ws");
   return new Promise((resolve, reject) => {
-    const ws = new WebSocket(url, [PROTOCOL], { headers: { "X-Api-Key": key }, maxPayload: 1 << 20, perMessageDeflate: false });
+    const ws = new WebSocket(url, [PROTOCOL], {
+      headers: { "X-Api-Key": key },
+      maxPayload: 1 << 20,
+      perMessageDeflate: false,
+      handshakeTimeout: HANDSHAKE_TIMEOUT_MS,
+    });
     let open = false;
     ws.on("unexpected-response", (_req, res) => {
       const chunks: Buffer[] = [];
@@ -112,6 +147,13 @@ async function openNodeWs(url: string, key: string, h: WsHandlers): Promise<WsCo
         },
         close(code, reason) {
           ws.close(code, reason);
+        },
+        pause() {
+          ws.pause();
+          return true;
+        },
+        resume() {
+          ws.resume();
         },
       });
     });

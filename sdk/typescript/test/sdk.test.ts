@@ -51,7 +51,7 @@ if (!API_URL || !API_KEY) {
 
   after(async () => {
     for (const s of made) await s.kill().catch(() => {});
-    for (const s of await Sandbox.list()) if (s.info.name.startsWith(prefix)) await s.kill().catch(() => {});
+    for (const s of await Sandbox.list()) if (s.info.name?.startsWith(prefix)) await s.kill().catch(() => {});
   });
 
   describe("sandboxes", () => {
@@ -82,7 +82,7 @@ if (!API_URL || !API_KEY) {
         assert.equal(client.apiUrl, API_URL.replace(/\/+$/, ""));
         const here = await Sandbox.connect(undefined, { client });
         assert.equal(here.id, sb.id);
-        assert.throws(() => new Strata({ credentialsFile: join(dir, "none") }), (e: unknown) => e instanceof StrataError && e.code === "not_configured");
+        assert.throws(() => new Strata({ credentialsFile: join(dir, "none") }), (e: unknown) => e instanceof StrataError && e.code === "invalid_argument");
       } finally {
         process.env.CREATEOS_API_URL = saved.u;
         process.env.CREATEOS_API_KEY = saved.k;
@@ -154,7 +154,8 @@ if (!API_URL || !API_KEY) {
       const first = await it.next();
       assert.equal(new TextDecoder().decode((first.value as { data: Uint8Array }).data), "one\n");
       s.detach();
-      await assert.rejects(s.wait(), (e: unknown) => e instanceof StrataError && e.code === "detached");
+      await assert.rejects(s.wait(), (e: unknown) => e instanceof StrataError && e.code === "attachment_closed" && e.data.detached === true);
+      assert.throws(() => s.write("x"), (e: unknown) => e instanceof StrataError && e.code === "attachment_closed");
       const all = await sb.exec.attach(s.id, { since: 0 });
       assert.equal(await all.text(), "one\ntwo\n");
       const rest = await sb.exec.attach(s.id, { since: 4 });
@@ -175,6 +176,26 @@ if (!API_URL || !API_KEY) {
       assert.equal(seen.join(""), Array.from({ length: 30 }, (_, i) => `line${i + 1}\n`).join(""));
       assert.ok(s.reattachments >= 1, "the snapshot ended the attachment, and the session attached again");
       await sb.snapshots.delete(snap.id);
+    });
+
+    test("unread output is bounded (the attachment stops reading), and nothing is lost", async () => {
+      // ~1.9 MB of output, in many frames; nothing read for a while.
+      const s = await sb.exec.start("seq 1 300000");
+      await new Promise((r) => setTimeout(r, 3000));
+      const held = (s as unknown as { queue: unknown[] }).queue.length;
+      assert.ok(held <= 300, `at most 256 chunks (and the few already parsed) are held unread, not ${held}`);
+      const text = await s.text();
+      assert.equal(await s.wait(), 0);
+      const want = Array.from({ length: 300000 }, (_, i) => `${i + 1}\n`).join("");
+      assert.equal(s.offset, want.length);
+      assert.equal(s.droppedBytes, 0, "the server held the output while the attachment did not read");
+      assert.equal(text, want);
+      assert.throws(() => s.write("late"), (e: unknown) => e instanceof StrataError && e.code === "attachment_closed");
+    });
+
+    test("wait() with nobody reading is not held up by unread output", async () => {
+      const s = await sb.exec.start("seq 1 300000");
+      assert.equal(await s.wait(), 0);
     });
 
     test("stdin written while detached by a snapshot is sent after", async () => {
@@ -279,6 +300,50 @@ if (!API_URL || !API_KEY) {
         await sb.files.remove("/workspace/tree", { recursive: true });
       } finally {
         await rm(src, { recursive: true });
+        await rm(dst, { recursive: true });
+      }
+    });
+
+    test("a tar carries the directory's entries, not the directory (its mode is kept); an empty directory; no tar", async () => {
+      const src = await mkdtemp(join(tmpdir(), "sdkts-entries-"));
+      const empty = await mkdtemp(join(tmpdir(), "sdkts-empty-"));
+      const dst = await mkdtemp(join(tmpdir(), "sdkts-notar-"));
+      try {
+        await chmod(src, 0o700);
+        await writeFile(join(src, "-dash.txt"), "dash\n");
+        await writeFile(join(src, "plain.txt"), "plain\n");
+        await sb.exec.run("mkdir -m 711 /workspace/kept");
+        await sb.files.upload(src, "/workspace/kept");
+        assert.equal((await sb.exec.run("stat -c %a /workspace/kept")).stdout.trim(), "711", "no ./ entry set the directory's mode");
+        assert.equal(await sb.files.readText("/workspace/kept/-dash.txt"), "dash\n");
+        assert.deepEqual((await sb.files.list("/workspace/kept")).map((e) => e.name), ["-dash.txt", "plain.txt"]);
+        // list() of a file is refused from the answer's headers.
+        const e = await rejectsWith(sb.files.list("/workspace/kept/plain.txt"), 0, "invalid_argument");
+        assert.equal(e.data.path, "/workspace/kept/plain.txt");
+        await rejectsWith(sb.files.read("/workspace/kept"), 0, "invalid_argument");
+        await rejectsWith(sb.files.download("/workspace/kept/plain.txt", dst), 0, "invalid_argument");
+
+        await sb.files.upload(empty, "/workspace/kept/empty");
+        assert.equal((await sb.files.stat("/workspace/kept/empty")).type, "dir");
+        await rejectsWith(sb.files.upload(join(empty, "none"), "/workspace/kept/none"), 0, "invalid_argument");
+
+        // No tar on the PATH: a StrataError, not a crash.
+        const path = process.env.PATH;
+        process.env.PATH = join(empty, "no-bin");
+        try {
+          await rejectsWith(sb.files.upload(src, "/workspace/kept/notar"), 0, "tar_failed");
+          await rejectsWith(sb.files.download("/workspace/kept", dst), 0, "tar_failed");
+        } finally {
+          process.env.PATH = path;
+        }
+        assert.equal(await sb.files.exists("/workspace/kept/notar"), false);
+        // The download refused above let its answer go: another works.
+        await sb.files.download("/workspace/kept", dst);
+        assert.equal(await readFile(join(dst, "plain.txt"), "utf8"), "plain\n");
+        await sb.files.remove("/workspace/kept", { recursive: true });
+      } finally {
+        await rm(src, { recursive: true });
+        await rm(empty, { recursive: true });
         await rm(dst, { recursive: true });
       }
     });
@@ -389,6 +454,7 @@ if (!API_URL || !API_KEY) {
       assert.equal(many.length, 2);
       assert.deepEqual(many.failed, []);
       assert.deepEqual(many.map((f) => f.info.name), [`${prefix}-many-1`, `${prefix}-many-2`]);
+      assert.deepEqual(many.map((f) => f.info.state), ["running", "running"]);
       for (const f of many) assert.equal((await f.exec.run("cat /workspace/origin")).stdout, sb.id);
       await Promise.all(many.map((f) => f.kill()));
 
@@ -412,7 +478,7 @@ if (!API_URL || !API_KEY) {
         { strategy: "sort -rn data.txt", exitCode: 0, stdout: "3\n2\n1\n" },
         { strategy: "wc -l < data.txt", exitCode: 0, stdout: "3\n" },
       ]);
-      const left = (await Sandbox.list()).filter((s) => s.info.name.startsWith(`${prefix}-explore`));
+      const left = (await Sandbox.list()).filter((s) => s.info.name?.startsWith(`${prefix}-explore`));
       assert.deepEqual(left, [], "the example killed its forks");
     });
   });
@@ -421,26 +487,44 @@ if (!API_URL || !API_KEY) {
     test("issue, get, rotate, revoke; what a token may do", async () => {
       await sb.accessToken.revoke();
       const issued = await sb.accessToken.issue();
-      assert.match(issued.token ?? "", /^sbt_/);
-      assert.equal(issued.hint, issued.token!.slice(-4));
-      await rejectsWith(sb.accessToken.issue(), 409, "token_exists");
-      assert.deepEqual((await sb.accessToken.get()).enabled, true);
+      try {
+        assert.match(issued.token ?? "", /^sbt_/);
+        assert.equal(issued.hint, issued.token!.slice(-4));
+        await rejectsWith(sb.accessToken.issue(), 409, "token_exists");
+        assert.deepEqual((await sb.accessToken.get()).enabled, true);
 
-      const asToken = await Sandbox.connect(sb.id).catch(() => undefined);
-      assert.ok(asToken);
-      const tokenClient = new Strata({ apiUrl: API_URL, apiKey: issued.token!, onRequest: options.onRequest });
-      const mine = new Sandbox(tokenClient, sb.info);
-      assert.ok(Array.isArray(await mine.checkpoints.list()));
-      assert.equal(await mine.files.exists("/workspace"), true);
-      // 403: a token on lifecycle and on token management.
-      await rejectsWith(mine.pause(), 403, "forbidden");
-      await rejectsWith(mine.accessToken.get(), 403, "forbidden");
+        // A token may not read the sandbox's record (403): connect still works, with its id only.
+        const tokenClient = new Strata({ apiUrl: API_URL, apiKey: issued.token!, onRequest: options.onRequest });
+        await rejectsWith(tokenClient.call("GET", `/v1/sandboxes/${sb.id}`), 403, "forbidden");
+        const mine = await Sandbox.connect(sb.id, { client: tokenClient });
+        assert.equal(mine.id, sb.id);
+        assert.equal(mine.client, tokenClient);
+        assert.deepEqual(mine.info, { id: sb.id });
+        assert.ok(Array.isArray(await mine.checkpoints.list()));
+        assert.equal(await mine.files.exists("/workspace"), true);
+        assert.ok(Array.isArray(await mine.snapshots.list()));
+        const s = await mine.exec.start("echo via token");
+        assert.equal(await s.text(), "via token\n");
+        // As inside the sandbox: connect() with no id is the client's sandbox.
+        const inside = new Strata({ apiUrl: API_URL, apiKey: issued.token!, sandboxId: sb.id, onRequest: options.onRequest });
+        const here = await Sandbox.connect(undefined, { client: inside });
+        assert.equal(here.id, sb.id);
+        assert.ok(Array.isArray(await here.checkpoints.list()));
+        // 403: a token on lifecycle and on token management.
+        await rejectsWith(mine.pause(), 403, "forbidden");
+        await rejectsWith(mine.accessToken.get(), 403, "forbidden");
+        await rejectsWith(mine.refresh(), 403, "forbidden");
+        // The account key connects with the whole record.
+        assert.equal((await Sandbox.connect(sb.id)).info.state, "running");
 
-      const rotated = await sb.accessToken.rotate();
-      assert.notEqual(rotated.token, issued.token);
-      // 401: the rotated-out token.
-      await rejectsWith(mine.checkpoints.list(), 401, "unauthorized");
-      await sb.accessToken.revoke();
+        const rotated = await sb.accessToken.rotate();
+        assert.notEqual(rotated.token, issued.token);
+        // 401: the rotated-out token.
+        await rejectsWith(mine.checkpoints.list(), 401, "unauthorized");
+        await rejectsWith(Sandbox.connect(sb.id, { client: tokenClient }), 401, "unauthorized");
+      } finally {
+        await sb.accessToken.revoke();
+      }
       assert.equal((await sb.accessToken.get()).enabled, false);
       await rejectsWith(sb.accessToken.rotate(), 404, "token_not_found");
     });
@@ -467,17 +551,36 @@ if (!API_URL || !API_KEY) {
   });
 
   describe("lifecycle", () => {
-    test("pause and resume; a detachable session survives, attached again from its offset", async () => {
-      const s = await sb.exec.start("echo before; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo after", { detachable: true });
+    test("pause and resume; a detachable session survives: reattach() sends the stdin written meanwhile", async () => {
+      const s = await sb.exec.start("echo before; read line; echo \"got $line\"", { detachable: true });
       const it = s[Symbol.asyncIterator]();
       assert.equal(new TextDecoder().decode(((await it.next()).value as { data: Uint8Array }).data), "before\n");
       await sb.pause();
       assert.equal(sb.info.state, "paused");
       // A paused sandbox is not attached again by itself.
       await assert.rejects(s.wait(), (e: unknown) => e instanceof StrataError && e.code === "sandbox_not_running" && e.data.state === "paused");
+      await assert.rejects(it.next(), (e: unknown) => e instanceof StrataError && e.code === "sandbox_not_running");
       await rejectsWith(sb.exec.run("true"), 409, "sandbox_not_running");
+      s.write("kept\n");
+      await rejectsWith(s.reattach(), 409, "sandbox_not_running");
       await sb.resume();
       assert.equal(sb.info.state, "running");
+      const n = s.reattachments;
+      await s.reattach();
+      assert.equal(s.reattachments, n + 1);
+      assert.equal(await s.text(), "got kept\n");
+      assert.equal(await s.wait(), 0);
+      await rejectsWith(s.reattach(), 0, "attachment_closed");
+      assert.throws(() => s.closeStdin(), (e: unknown) => e instanceof StrataError && e.code === "attachment_closed");
+    });
+
+    test("pause and resume; another attachment continues from the offset", async () => {
+      const s = await sb.exec.start("echo before; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo after", { detachable: true });
+      const it = s[Symbol.asyncIterator]();
+      assert.equal(new TextDecoder().decode(((await it.next()).value as { data: Uint8Array }).data), "before\n");
+      await sb.pause();
+      await assert.rejects(s.wait(), (e: unknown) => e instanceof StrataError && e.code === "sandbox_not_running");
+      await sb.resume();
       const again = await sb.exec.attach(s.id, { since: s.offset });
       await sb.exec.run("touch /tmp/go");
       assert.equal(await again.text(), "after\n");

@@ -6,9 +6,16 @@ library is needed, and the package imports on any Python 3.11).
 Retries: GET and HEAD, and the POSTs that carry an ``Idempotency-Key``
 (sandbox create and fork, directory checkpoint create and restore: the routes
 that take one, see docs/api.md) are sent again with the same key after a
-network error, a 500/502/503/504 or a 429, for up to ``retry_for`` seconds,
-honouring ``Retry-After``. Any other call is retried only when it certainly
-did nothing: a 429 (refused at the edge) or a refused connection.
+network error (a timeout included), a 500/502/503/504 or a 429, for up to
+``retry_for`` seconds counted from the first failure (so a call that ran
+into its own timeout is still retried at least once), honouring
+``Retry-After``. Any other call is retried only when it certainly did
+nothing: a 429 (refused at the edge) or a refused connection.
+
+Codes of the errors the SDK makes itself (the others are the API's):
+``network_error`` (no answer came), ``http_<status>`` (an answer that is not
+JSend), ``wait_timeout``, ``attachment_closed``, ``invalid_argument``; see
+``StrataError``.
 """
 
 from __future__ import annotations
@@ -93,14 +100,7 @@ def error_from(status: int, headers: dict[str, str], raw: bytes, method: str = "
         code = str(data.pop("code", "") or "server_error")
         return StrataError(code, str(env.get("message") or f"HTTP {status}"), status, to_record(data), request_id)
     # No JSend body: a HEAD's refusal, or something in front of the API.
-    code = {
-        400: "invalid_field",
-        401: "unauthorized",
-        403: "forbidden",
-        404: "not_found",
-        409: "conflict",
-        429: "rate_limited",
-    }.get(status, "server_error" if status >= 500 else f"http_{status}")
+    code = f"http_{status}"
     text = raw[:200].decode("utf-8", "replace").strip()
     what = f"{method} {path}: " if method else ""
     return StrataError(code, f"{what}HTTP {status}" + (f": {text}" if text else ""), status, {}, request_id)
@@ -112,9 +112,13 @@ def _retry_after(headers: dict[str, str]) -> float | None:
         return None
     try:
         return max(0.0, float(v))
-    except ValueError:
+    except (TypeError, ValueError):
+        pass
+    try:
         when = email.utils.parsedate_to_datetime(v)
         return max(0.0, when.timestamp() - time.time()) if when else None
+    except (TypeError, ValueError, IndexError, OverflowError, OSError):
+        return None  # not a number of seconds nor an HTTP date: ignored
 
 
 class Strata:
@@ -215,8 +219,12 @@ class Strata:
 
     def _with_retries(self, attempt: Callable[[], T], retry: bool, what: str) -> T:
         """Run attempt() until it returns; retry as the module docstring says.
-        attempt raises _Retry(delay, err) for a retryable outcome."""
-        deadline = time.monotonic() + self.retry_for
+        attempt raises _Retry(delay, err) for a retryable outcome. The budget
+        (``retry_for``) counts from the first failure, not from the first
+        attempt: an attempt may take up to the call's timeout (longer than
+        the budget by default), and a call that ran into it is still sent
+        once more."""
+        deadline: float | None = None
         backoff = 0.25
         while True:
             try:
@@ -224,6 +232,8 @@ class Strata:
             except _Retry as r:
                 safe = retry or r.never_done
                 now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.retry_for
                 delay = r.delay if r.delay is not None else backoff * (0.5 + random.random())
                 if not safe or now + delay > deadline:
                     raise r.error from None
@@ -270,9 +280,9 @@ class Strata:
                     resp = conn.getresponse()
                     raw = resp.read()
                 except ConnectionRefusedError as e:
-                    raise _Retry(None, StrataError("connection_error", f"{method} {path}: {e}"), never_done=True) from None
+                    raise _Retry(None, StrataError("network_error", f"{method} {path}: {e}"), never_done=True) from None
                 except (OSError, http.client.HTTPException) as e:
-                    raise _Retry(None, StrataError("connection_error", f"{method} {path}: {e!r}")) from None
+                    raise _Retry(None, StrataError("network_error", f"{method} {path}: {e!r}")) from None
             finally:
                 conn.close()
             hdrs = _headers_of(resp)
@@ -282,7 +292,7 @@ class Strata:
                     try:
                         env = json.loads(raw)
                     except ValueError:
-                        raise StrataError("invalid_answer", f"{method} {path}: HTTP {resp.status} with a body that is not JSON", resp.status, {}, hdrs.get("x-request-id")) from None
+                        raise StrataError(f"http_{resp.status}", f"{method} {path}: HTTP {resp.status} with a body that is not JSON", resp.status, {}, hdrs.get("x-request-id")) from None
                     data = to_record(env.get("data")) if isinstance(env, dict) else env
                 return Response(resp.status, hdrs, data, hdrs.get("x-request-id"), raw)
             err = error_from(resp.status, hdrs, raw, method, path)
@@ -325,10 +335,10 @@ class Strata:
                 resp = conn.getresponse()
             except ConnectionRefusedError as e:
                 conn.close()
-                raise _Retry(None, StrataError("connection_error", f"{method} {path}: {e}"), never_done=not chunked) from None
+                raise _Retry(None, StrataError("network_error", f"{method} {path}: {e}"), never_done=not chunked) from None
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
-                raise _Retry(None, StrataError("connection_error", f"{method} {path}: {e!r}")) from None
+                raise _Retry(None, StrataError("network_error", f"{method} {path}: {e!r}")) from None
             except BaseException:
                 conn.close()
                 raise
@@ -338,8 +348,10 @@ class Strata:
             raw = b"" if method == "HEAD" else resp.read(1 << 20)
             conn.close()
             err = error_from(resp.status, hdrs, raw, method, path)
-            if method == "HEAD" and resp.status == 404:
-                err.code = "file_not_found"
+            if method == "HEAD" and resp.status in (404, 409):
+                # A HEAD's refusal has no body to carry the code: the files
+                # routes' own codes for these two statuses.
+                err.code = "file_not_found" if resp.status == 404 else "not_a_file"
             if resp.status in RETRY_STATUSES:
                 raise _Retry(_retry_after(hdrs), err, never_done=resp.status == 429 and not chunked)
             raise err

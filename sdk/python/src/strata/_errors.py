@@ -12,10 +12,17 @@ class StrataError(Exception):
         code: the API's stable code (``"sandbox_not_found"``, ``"directory_busy"``,
             ``"invalid_field"`` …); for a server error (5xx) the classified code
             the server gave (``"guest_timeout"``, ``"insufficient_storage"``) or
-            ``"server_error"``; ``"connection_error"`` when no answer came,
-            ``"timeout"`` when a wait ran out, ``"session_error"`` for a broken
-            session attachment, ``"sandbox_error"`` when a sandbox ended in state
-            ``error``.
+            ``"server_error"``. The SDK's own codes: ``"network_error"`` when
+            no answer came (refused, reset, TLS, timed out; status 0),
+            ``"http_<status>"`` for an answer that is not JSend (e.g.
+            ``"http_502"`` from a proxy), ``"wait_timeout"`` when a wait for a
+            state ran out, ``"attachment_closed"`` when a session's attachment
+            broke and could not be opened again, ``"invalid_argument"`` for a
+            bad argument caught before any request; and
+            ``"not_configured"``, ``"sandbox_error"`` (a sandbox ended in
+            state ``error``), ``"sandbox_state"``, ``"not_a_file"``,
+            ``"not_a_directory"``, ``"file_not_found"`` (a HEAD's 404),
+            ``"upload_failed"``, ``"download_failed"``.
         message: one human sentence.
         status: the HTTP status (0 when there was no answer).
         data: the other fields of the answer (``path``, ``holders``, ``limit``,

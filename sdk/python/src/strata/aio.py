@@ -1,10 +1,20 @@
 """The asyncio client: ``AsyncSandbox``, the same API as ``Sandbox``, awaitable.
 
 How: each call runs the synchronous client in a worker thread
-(``asyncio.to_thread``), so the event loop never blocks on the network and
-the two clients cannot drift apart; many calls may be awaited at once
-(``asyncio.gather``), each in its own thread. Sessions are async iterators
-(``async for chunk in session``) over the same background reader.
+(``asyncio.to_thread``, the loop's default executor), so the event loop
+never blocks on the network and the two clients cannot drift apart; many
+calls may be awaited at once (``asyncio.gather``). Such a call ends by
+itself (each request has its timeout).
+
+Sessions are async iterators (``async for chunk in session``) and take no
+worker of the executor while they wait: each AsyncSession has a reader
+thread of its own that moves the session's output into an ``asyncio.Queue``
+(``loop.call_soon_threadsafe``), at most 64 chunks ahead of the reader
+(the thread waits when the queue is full: nothing is dropped). Awaiting
+``__anext__``, ``wait()`` or ``output()`` only awaits that queue, so
+cancelling one (``asyncio.wait_for`` with a timeout) loses no output: the
+next ``__anext__`` gets the chunk it would have got. Waiting sessions do
+not hold up the other calls of an AsyncSandbox.
 """
 
 from __future__ import annotations
@@ -12,9 +22,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import threading
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, ParamSpec, TypeVar, BinaryIO
 
 from ._client import Strata
+from ._errors import StrataError
 from ._records import Record
 from .checkpoints import Checkpoints, Retention
 from .exec import Command, Exec, ExecResult, Output, Session
@@ -37,13 +49,34 @@ def _threaded(fn: Callable[..., R]) -> Callable[..., Awaitable[R]]:
     return method
 
 
+ASYNC_QUEUE = 64  # chunks an AsyncSession's reader thread may be ahead
+
+
+class _End:
+    """The end of one reader's output (``gen``: which reader), with the
+    attachment's failure if any."""
+
+    def __init__(self, gen: int, error: StrataError | None) -> None:
+        self.gen = gen
+        self.error = error
+
+
 class AsyncSession:
     """A session (see ``Session``) for asyncio: ``async for chunk in
     session`` yields ``Output(stream, data)``; the other methods are
-    awaitable."""
+    awaitable. Its output comes through a reader thread of its own into an
+    ``asyncio.Queue`` (see the module docstring): cancelling a pending
+    ``__anext__``, ``wait()`` or ``output()`` loses nothing."""
 
     def __init__(self, sync: Session) -> None:
         self._sync = sync
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: "asyncio.Queue[Output | _End] | None" = None
+        self._slots = threading.Semaphore(ASYNC_QUEUE)
+        self._stop = threading.Event()
+        self._gen = 0
+        self._end: _End | None = None
+        self._reader: threading.Thread | None = None
 
     @property
     def id(self) -> str:
@@ -70,17 +103,134 @@ class AsyncSession:
         """True while an attachment is open."""
         return self._sync.attached
 
+    @property
+    def sync(self) -> Session:
+        """The synchronous Session underneath (do not iterate both)."""
+        return self._sync
+
     def __repr__(self) -> str:
         return f"Async{self._sync!r}"
+
+    # -- the reader thread ------------------------------------------------
+
+    def _ensure_reader(self) -> "asyncio.Queue[Output | _End]":
+        loop = asyncio.get_running_loop()
+        if self._queue is None or self._loop is not loop:
+            if self._reader is not None and self._reader.is_alive():
+                raise StrataError("invalid_argument", f"session {self.id} is read by another event loop")
+            # A first read, or a new loop (asyncio.run again): what the old
+            # loop's queue held is gone with it.
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            self._reader = None
+            self._slots = threading.Semaphore(ASYNC_QUEUE)
+        if self._reader is None and self._end is None:
+            self._reader = threading.Thread(
+                target=self._read, args=(loop, self._queue, self._gen), name=f"strata-async-{self.id}", daemon=True
+            )
+            self._reader.start()
+        return self._queue
+
+    def _read(self, loop: asyncio.AbstractEventLoop, q: "asyncio.Queue[Output | _End]", gen: int) -> None:
+        """The reader thread: the sync session's chunks into q, in order,
+        waiting for room (at most ASYNC_QUEUE ahead), then its end."""
+        error: StrataError | None = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    chunk = self._sync.next_chunk()
+                except StrataError as e:
+                    error = e
+                    break
+                if chunk is None:
+                    break
+                while not self._slots.acquire(timeout=0.5):  # back-pressure: wait for room
+                    if self._stop.is_set() or loop.is_closed():
+                        break
+                else:
+                    loop.call_soon_threadsafe(q.put_nowait, chunk)
+        except RuntimeError:  # the loop was closed: nobody reads any more
+            return
+        except Exception as e:  # a bug: do not leave the reader hanging
+            error = StrataError("attachment_closed", f"session {self.id}: {e!r}")
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, _End(gen, error))
+        except RuntimeError:
+            pass
+
+    async def _next(self) -> Output | None:
+        """The next chunk, or None at the end (raises the attachment's failure)."""
+        while self._end is None:
+            q = self._ensure_reader()
+            item = await q.get()  # cancel-safe: an item is taken only when returned
+            if isinstance(item, _End):
+                self._reader = None  # that reader has ended
+                if item.gen != self._gen:
+                    continue  # the end of a reader from before reattach(): a new one goes on
+                self._end = item
+                break
+            self._slots.release()
+            return item
+        if self._end.error is not None and not self._sync._closing:
+            raise self._end.error
+        return None
 
     def __aiter__(self) -> AsyncIterator[Output]:
         return self
 
     async def __anext__(self) -> Output:
-        chunk = await asyncio.to_thread(self._sync.next_chunk)
+        chunk = await self._next()
         if chunk is None:
             raise StopAsyncIteration
         return chunk
+
+    async def wait(self, timeout: float | None = None) -> int:
+        """Wait for the command's exit and return its code (see
+        ``Session.wait``): output not yet read is read and dropped;
+        StrataError ``wait_timeout`` after ``timeout`` seconds (the session
+        goes on and may be waited for again), or the attachment's failure."""
+
+        async def drain() -> None:
+            while await self._next() is not None:
+                pass
+
+        if timeout is None:
+            await drain()
+        else:
+            try:
+                await asyncio.wait_for(drain(), timeout)
+            except asyncio.TimeoutError:
+                raise StrataError("wait_timeout", f"session {self.id} still running after {timeout} s") from None
+        if self._sync.exit_code is None:
+            raise StrataError("attachment_closed", f"session {self.id}: the attachment was closed before the command's exit")
+        return self._sync.exit_code
+
+    async def output(self) -> tuple[bytes, bytes]:
+        """Read the rest of the output until the exit: (stdout, stderr)."""
+        out, err = bytearray(), bytearray()
+        async for chunk in self:
+            (err if chunk.stream == "stderr" else out).extend(chunk.data)
+        return bytes(out), bytes(err)
+
+    async def reattach(self) -> None:
+        """Attach again from the offset reached, after the attachment failed
+        for good (see ``Session.reattach``); output then goes on."""
+        before = self._sync.reattached
+        await asyncio.to_thread(self._sync.reattach)
+        if self._sync.reattached != before:
+            # The end the reader reports (or reported) is no longer the end:
+            # it is skipped, and a reader of this generation takes over.
+            self._gen += 1
+            self._end = None
+            self._stop.clear()
+
+    async def close(self) -> None:
+        """End this attachment (the session goes on if it is detachable);
+        the reader thread ends too."""
+        try:
+            await asyncio.to_thread(self._sync.close)
+        finally:
+            self._stop.set()
 
     write = _threaded(Session.write)
     close_stdin = _threaded(Session.close_stdin)
@@ -88,10 +238,6 @@ class AsyncSession:
     signal = _threaded(Session.signal)
     kill = _threaded(Session.kill)
     refresh = _threaded(Session.refresh)
-    wait = _threaded(Session.wait)
-    output = _threaded(Session.output)
-    close = _threaded(Session.close)
-    reattach = _threaded(Session.reattach)
 
     async def __aenter__(self) -> "AsyncSession":
         return self

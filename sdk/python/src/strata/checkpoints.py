@@ -52,7 +52,7 @@ class Checkpoints:
             return str(matches[0]["id"])
         if not matches:
             raise StrataError("checkpoint_not_found", f"no checkpoint is named {id_or_name!r}", 404, {"checkpoint_id": id_or_name})
-        raise StrataError("invalid_field", f"{len(matches)} checkpoints are named {id_or_name!r}: use an id", 400, {"field": "checkpoint"})
+        raise StrataError("invalid_argument", f"{len(matches)} checkpoints are named {id_or_name!r}: use an id", 0, {"field": "checkpoint"})
 
     def create(self, path: str, *, name: str | None = None, retention: Retention | None = None) -> Record:
         """Capture the directory at ``path`` (enrolling it on its first

@@ -48,8 +48,37 @@ def argv(command: Command) -> list[str]:
         return ["sh", "-c", command]
     cmd = list(command)
     if not cmd or not all(isinstance(c, str) for c in cmd):
-        raise StrataError("invalid_field", "a command is a string or a non-empty list of strings")
+        raise StrataError("invalid_argument", "a command is a string or a non-empty list of strings", 0, {"field": "cmd"})
     return cmd
+
+
+MAX_RUN_STDIN = 1 << 20
+
+
+def _stdin_text(stdin: str | bytes | bytearray | memoryview) -> str:
+    """exec.run's stdin as the API takes it: text of at most 1 MiB (UTF-8)."""
+    if isinstance(stdin, (bytes, bytearray, memoryview)):
+        raw = bytes(stdin)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise StrataError(
+                "invalid_argument",
+                f"stdin is not UTF-8 text (byte {e.start}): the API takes exec's stdin as a string; "
+                "write binary input to a session (exec.start) instead",
+                0, {"field": "stdin"},
+            ) from None
+    elif isinstance(stdin, str):
+        text = stdin
+        try:
+            raw = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise StrataError("invalid_argument", "stdin holds characters UTF-8 cannot encode (lone surrogates)", 0, {"field": "stdin"}) from None
+    else:
+        raise StrataError("invalid_argument", f"stdin is a str or bytes, not {type(stdin).__name__}", 0, {"field": "stdin"})
+    if len(raw) > MAX_RUN_STDIN:
+        raise StrataError("invalid_argument", f"stdin is {len(raw)} bytes, over the API's 1 MiB", 0, {"field": "stdin", "limit": MAX_RUN_STDIN})
+    return text
 
 
 @dataclass
@@ -147,7 +176,11 @@ class Session:
 
     # -- attachments ------------------------------------------------------
 
-    def _attach(self, first: bool) -> WebSocket:
+    def _attach(self, first: bool) -> WebSocket | None:
+        """Open an attachment from the offset reached; when not ``first``,
+        try again while the sandbox is busy (see the module docstring).
+        None when close() was called meanwhile (an attachment opened then
+        is closed at once)."""
         client = self.sandbox.client
         path = f"/v1/sandboxes/{quote(self.sandbox.id)}/sessions/{quote(self.id)}/attach"
         from ._client import _record
@@ -155,12 +188,16 @@ class Session:
         url = client.api_url + path + f"?since={self.offset}"
         deadline = time.monotonic() + REATTACH_FOR
         while True:
+            if self._closing and not first:
+                return None
             _record("GET", path)
             try:
-                return WebSocket.connect(url, {"X-Api-Key": client.api_key}, [SUBPROTOCOL], timeout=30.0)
+                ws = WebSocket.connect(url, {"X-Api-Key": client.api_key}, [SUBPROTOCOL], timeout=30.0)
             except StrataError as e:
                 if first:
                     raise
+                if self._closing:
+                    return None
                 busy = e.status == 0 or e.status >= 500 or (e.status == 409 and e.code != "sandbox_not_running")
                 if e.code == "sandbox_not_running":
                     busy = e.data.get("state") not in ("paused", "stopped", "error")
@@ -173,23 +210,36 @@ class Session:
                             e.status, e.data, e.request_id,
                         ) from None
                     raise StrataError(
-                        e.code,
+                        e.code if e.status else "attachment_closed",
                         f"the attachment was ended by an operation on the sandbox and could not be opened again "
                         f"({e.message}); attach later with sb.exec.attach({self.id!r}, since={self.offset})",
                         e.status, e.data, e.request_id,
                     ) from None
-            time.sleep(0.25)
+                time.sleep(0.25)
+                continue
+            if self._closing and not first:  # close() came during the gap
+                ws.close(CLOSE_NORMAL)
+                ws.shutdown()
+                return None
+            return ws
 
-    def _flush(self, ws: WebSocket) -> None:
-        """Send what was written while detached, then make ws current."""
+    def _flush(self, ws: WebSocket) -> bool:
+        """Send what was written while detached, then make ws current.
+        False (ws closed) when close() was called meanwhile."""
         with self._lock:
+            if self._closing:
+                ws.close(CLOSE_NORMAL)
+                ws.shutdown()
+                return False
             pending, self._pending = self._pending, []
-            try:
-                for op, data in pending:
+            for i, (op, data) in enumerate(pending):
+                try:
                     ws.send_binary(data) if op == OP_BINARY else ws.send_text(data.decode())
-            except WebSocketClosed:
-                self._pending = pending  # sent again by the next attachment
+                except WebSocketClosed:
+                    self._pending = pending[i:]  # those not sent: by the next attachment
+                    break
             self._ws = ws
+            return True
 
     def _run(self) -> None:
         try:
@@ -206,12 +256,15 @@ class Session:
                 if self._closing:
                     return
                 new = self._attach(first=False)
+                if new is None:
+                    return
                 self.reattached += 1
-                self._flush(new)
+                if not self._flush(new):
+                    return
         except StrataError as e:
             self._error = e
         except Exception as e:  # a bug or an OS failure: do not hang the reader
-            self._error = StrataError("session_error", f"session {self.id}: {e!r}")
+            self._error = StrataError("attachment_closed", f"session {self.id}: {e!r}")
         finally:
             self._done.set()
             self._queue.put(_END)
@@ -224,14 +277,15 @@ class Session:
         if not self._done.is_set():
             return
         if self.exit_code is not None:
-            raise StrataError("session_error", f"session {self.id} has exited ({self.exit_code})")
+            raise StrataError("attachment_closed", f"session {self.id} has exited ({self.exit_code})")
         ws = self._attach(first=True)
+        assert ws is not None
         self._error = None
         self._closing = False
         self._queue = queue.Queue(maxsize=256)
         self._done.clear()
         self.reattached += 1
-        self._flush(ws)
+        self._flush(ws)  # _closing is False: ws made current
         self._thread = threading.Thread(target=self._run, name=f"strata-session-{self.id}", daemon=True)
         self._thread.start()
 
@@ -247,8 +301,8 @@ class Session:
                 if c.code == CLOSE_INTERNAL or c.code == 1006:
                     return False
                 if c.code == CLOSE_NORMAL:
-                    raise StrataError("session_error", f"session {self.id}: the attachment closed before the command's exit") from None
-                raise StrataError("session_error", f"session {self.id}: the attachment was ended ({c.code}): {c.reason}") from None
+                    raise StrataError("attachment_closed", f"session {self.id}: the attachment closed before the command's exit") from None
+                raise StrataError("attachment_closed", f"session {self.id}: the attachment was ended ({c.code}): {c.reason}") from None
             if op == OP_BINARY:
                 if not payload:
                     continue
@@ -320,21 +374,21 @@ class Session:
         """Wait for the command's exit and return its code (128+N for
         signal N, -1 when its timeout killed it). Output not yet read is
         read and dropped. StrataError on a failed attachment or after
-        ``timeout`` seconds (code ``timeout``)."""
+        ``timeout`` seconds (code ``wait_timeout``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 item = self._queue.get(timeout=left)
             except queue.Empty:
-                raise StrataError("timeout", f"session {self.id} still running after {timeout} s") from None
+                raise StrataError("wait_timeout", f"session {self.id} still running after {timeout} s") from None
             if item is _END:
                 self._queue.put(_END)
                 break
         if self._error is not None:
             raise self._error
         if self.exit_code is None:
-            raise StrataError("session_error", f"session {self.id}: the attachment was closed before the command's exit")
+            raise StrataError("attachment_closed", f"session {self.id}: the attachment was closed before the command's exit")
         return self.exit_code
 
     def output(self) -> tuple[bytes, bytes]:
@@ -348,7 +402,7 @@ class Session:
 
     def _send(self, op: int, data: bytes) -> None:
         if self._closing:
-            raise StrataError("session_error", f"session {self.id}: the attachment is closed")
+            raise StrataError("attachment_closed", f"session {self.id}: the attachment is closed")
         with self._lock:
             ws = self._ws
             if ws is None or self._pending or self._done.is_set():
@@ -430,8 +484,12 @@ class Exec:
         A str runs as ``["sh", "-c", command]``, a list directly. ``cwd``
         (default ``/``), ``env`` (added to the sandbox's), ``timeout_s``
         (default 60, 1–3600: then every process of it is killed),
-        ``stdin`` (≤ 1 MiB, text). Each stream keeps its first 1 MiB.
-        A program that cannot start is StrataError ``exec_failed``."""
+        ``stdin`` (≤ 1 MiB of UTF-8 text: the API takes it as a JSON
+        string, so bytes that are not UTF-8 are StrataError
+        ``invalid_argument``; send binary input with a session's
+        ``write``, or as base64 to ``base64 -d``). Each stream keeps its
+        first 1 MiB. A program that cannot start is StrataError
+        ``exec_failed``."""
         body: dict[str, Any] = {"cmd": argv(command), "encoding": "base64"}
         if cwd is not None:
             body["cwd"] = cwd
@@ -440,7 +498,7 @@ class Exec:
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
         if stdin is not None:
-            body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, bytes) else stdin
+            body["stdin"] = _stdin_text(stdin)
         wait = (timeout_s or 60) + 40
         d = self._sb.client.request("POST", self._path("exec"), body=body, timeout=wait).data
         return ExecResult(

@@ -53,14 +53,14 @@ class FileStream(io.RawIOBase):
         try:
             return self._resp.readinto(b)
         except (OSError, http.client.HTTPException) as e:
-            raise StrataError("connection_error", f"reading a file: {e!r}") from None
+            raise StrataError("network_error", f"reading a file: {e!r}") from None
 
     def read(self, size: int = -1) -> bytes:
         """Read up to size bytes (all that is left with -1)."""
         try:
             return self._resp.read() if size is None or size < 0 else self._resp.read(size)
         except (OSError, http.client.HTTPException) as e:
-            raise StrataError("connection_error", f"reading a file: {e!r}") from None
+            raise StrataError("network_error", f"reading a file: {e!r}") from None
 
     def __iter__(self) -> Iterator[bytes]:  # type: ignore[override]
         return self
@@ -87,7 +87,7 @@ class Files:
 
     def _path(self, path: str) -> str:
         if not path.startswith("/"):
-            raise StrataError("invalid_field", f"a sandbox path is absolute: {path!r}", 0, {"field": "path"})
+            raise StrataError("invalid_argument", f"a sandbox path is absolute: {path!r}", 0, {"field": "path"})
         rel = quote_path(path)
         base = f"/v1/sandboxes/{quote(self._sb.id)}/files"
         return base + ("/" + rel if rel else "")
@@ -219,10 +219,13 @@ class Files:
     def upload(self, local_dir: str | os.PathLike[str], dir: str) -> Record:
         """Copy a local directory's tree into the sandbox directory ``dir``
         (made), as a tar streamed while it is written: modes, mtimes and
-        symlinks kept. Returns ``{"path","size_bytes"}``."""
+        symlinks kept. Returns ``{"path","size_bytes"}``. When the local
+        tree cannot be read whole, the request is broken off (the server
+        sees a body that does not end, never a whole but partial tar) and
+        StrataError ``upload_failed`` is raised."""
         src = Path(local_dir)
         if not src.is_dir():
-            raise StrataError("invalid_field", f"{src} is not a local directory", 0, {"field": "local_dir"})
+            raise StrataError("invalid_argument", f"{src} is not a local directory", 0, {"field": "local_dir"})
         r, w = os.pipe()
         reader = os.fdopen(r, "rb")
         writer = os.fdopen(w, "wb")
@@ -241,15 +244,25 @@ class Files:
                 except OSError:
                     pass
 
+        def produced() -> None:
+            """At the pipe's end: raise if the producer failed, so the
+            chunked body never ends cleanly and the request is aborted."""
+            t.join()
+            if failure and not isinstance(failure[0], BrokenPipeError):
+                raise StrataError("upload_failed", f"reading {src}: {failure[0]!r}; the request was broken off")
+
         t = threading.Thread(target=produce, name="strata-upload", daemon=True)
         t.start()
         try:
-            return self._put(dir, _Chunks(reader), mode=None, parents=False, mtime=None, retry=False, content_type="application/x-tar")
+            return self._put(dir, _Chunks(reader, produced), mode=None, parents=False, mtime=None, retry=False, content_type="application/x-tar")
+        except StrataError:
+            reader.close()
+            t.join()
+            produced()  # the producer's failure, when there is one, is the cause
+            raise
         finally:
             reader.close()
             t.join()
-            if failure and not isinstance(failure[0], BrokenPipeError):
-                raise StrataError("upload_failed", f"reading {src}: {failure[0]!r}")
 
     def download(self, dir: str, local_dir: str | os.PathLike[str]) -> list[str]:
         """Copy the sandbox directory ``dir``'s tree into ``local_dir``
@@ -258,6 +271,15 @@ class Files:
         dest = Path(local_dir)
         dest.mkdir(parents=True, exist_ok=True)
         conn, resp = self._sb.client.stream("GET", self._path(dir), headers={"Accept": "application/x-tar"}, retry=True, timeout=TRANSFER_TIMEOUT)
+        ctype = (resp.getheader("Content-Type") or "").split(";")[0].strip().lower()
+        if ctype not in ("application/x-tar", "application/tar"):
+            conn.close()
+            if ctype == "application/octet-stream":
+                raise StrataError("not_a_directory", f"{dir} is a file, not a directory", 409, {"path": dir})
+            raise StrataError(
+                f"http_{resp.status}", f"GET {dir}: the answer is {ctype or 'untyped'}, not a tar",
+                resp.status, {"path": dir}, resp.getheader("X-Request-Id"),
+            )
         names: list[str] = []
         root = dest.resolve()
         try:
@@ -265,17 +287,17 @@ class Files:
                 for member in tf:
                     target = (root / member.name.lstrip("/")).resolve()
                     if target != root and root not in target.parents:
-                        raise StrataError("invalid_field", f"tar entry {member.name!r} would land outside {dest}")
+                        raise StrataError("download_failed", f"tar entry {member.name!r} would land outside {dest}", 0, {"path": member.name})
                     if member.islnk():
                         link = (root / member.linkname.lstrip("/")).resolve()
                         if root not in link.parents:
-                            raise StrataError("invalid_field", f"tar hard link {member.name!r} leads outside {dest}")
+                            raise StrataError("download_failed", f"tar hard link {member.name!r} leads outside {dest}", 0, {"path": member.name})
                     if hasattr(tarfile, "tar_filter"):
                         tf.extract(member, root, filter="tar")
                     else:  # Python 3.11 before 3.11.4: checked above
                         tf.extract(member, root)
                     names.append(member.name)
-        except (tarfile.TarError, http.client.HTTPException, OSError) as e:
+        except (tarfile.TarError, http.client.HTTPException, OSError, ValueError) as e:
             raise StrataError("download_failed", f"reading the tar of {dir}: {e!r}") from None
         finally:
             conn.close()
@@ -283,15 +305,19 @@ class Files:
 
 
 class _Chunks:
-    """A pipe read as an iterable of chunks (for chunked encoding)."""
+    """A pipe read as an iterable of chunks (for chunked encoding); at the
+    pipe's end ``at_end()`` runs, and may raise to abort the request."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, at_end: Any = None) -> None:
         self._f = f
+        self._at_end = at_end
 
     def __iter__(self) -> Iterator[bytes]:
         while True:
             b = self._f.read(CHUNK)
             if not b:
+                if self._at_end is not None:
+                    self._at_end()
                 return
             yield b
 
@@ -301,10 +327,16 @@ def _json_data(resp: http.client.HTTPResponse) -> Record:
 
     from ._records import to_record
 
-    raw = resp.read()
+    try:
+        raw = resp.read()
+    except (OSError, http.client.HTTPException) as e:
+        raise StrataError("network_error", f"reading an answer: {e!r}") from None
     if not raw:
         return Record()
-    env = json.loads(raw)
+    try:
+        env = json.loads(raw)
+    except ValueError:
+        raise StrataError(f"http_{resp.status}", f"HTTP {resp.status} with a body that is not JSON", resp.status, {}, resp.getheader("X-Request-Id")) from None
     data = env.get("data") if isinstance(env, dict) else None
     out = to_record(data)
     return out if isinstance(out, Record) else Record(value=out)

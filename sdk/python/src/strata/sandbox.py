@@ -13,6 +13,7 @@ Which word means which level:
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, overload
 
@@ -111,7 +112,11 @@ class Sandbox:
         resp = client.request("POST", "/v1/sandboxes", body=body, idempotent=True, timeout=timeout)
         sb = cls(resp.data["id"], client=client, info=resp.data)
         if wait:
-            sb._wait(resp, "running", timeout)
+            try:
+                sb._wait(resp, "running", timeout)
+            except StrataError as e:
+                # The sandbox exists: its id goes with the error, for cleaning up.
+                raise StrataError(e.code, f"{e.message} (the sandbox {sb.id} was made: kill it when done)", e.status, {**e.data, "id": sb.id}, e.request_id) from None
         return sb
 
     @classmethod
@@ -131,7 +136,7 @@ class Sandbox:
         c = resolve(client)
         source = sandbox or c.sandbox_id
         if not source:
-            raise StrataError("invalid_field", "create_from_checkpoint needs sandbox=: the sandbox whose snapshot it is", 0, {"field": "sandbox"})
+            raise StrataError("invalid_argument", "create_from_checkpoint needs sandbox=: the sandbox whose snapshot it is", 0, {"field": "sandbox"})
         body: dict[str, Any] = {"from": {"sandbox": source, "snapshot": snapshot_id}}
         if name is not None:
             body["name"] = name
@@ -146,7 +151,7 @@ class Sandbox:
         c = resolve(client)
         sid = id or c.sandbox_id
         if not sid:
-            raise StrataError("not_configured", "no sandbox id: pass one, or set CREATEOS_SANDBOX_ID")
+            raise StrataError("invalid_argument", "no sandbox id: pass one, or set CREATEOS_SANDBOX_ID")
         return cls(sid, client=c)
 
     @classmethod
@@ -214,7 +219,7 @@ class Sandbox:
                 )
             left = deadline - time.monotonic()
             if left <= 0:
-                raise StrataError("timeout", f"sandbox {self.id} still {state} after {timeout:.0f} s", 0, {"state": state})
+                raise StrataError("wait_timeout", f"sandbox {self.id} still {state} after {timeout:.0f} s", 0, {"state": state})
             if poll_after:
                 time.sleep(min(poll_after, left))
             wait_s = max(1, min(20, int(deadline - time.monotonic())))
@@ -224,7 +229,7 @@ class Sandbox:
     def wait_until(self, state: str = "running", *, timeout: float = WAIT_TIMEOUT) -> Record:
         """Wait until the sandbox is in ``state`` (default ``running``) and
         return its record; StrataError when it ends in ``error``, rests in
-        another state, or ``timeout`` seconds pass."""
+        another state, or ``timeout`` seconds pass (``wait_timeout``)."""
         return self._wait(None, state, timeout)
 
     # -- lifecycle -----------------------------------------------------------
@@ -280,7 +285,11 @@ class Sandbox:
         sandbox, running once returned. Without ``count``: one Sandbox
         (named ``name``; ``POST /v1/sandboxes`` with ``from``, idempotent).
         With ``count``: a ForkList of up to ``count`` (1–100), named
-        ``<name>-1`` … when ``name`` is given (``POST …/fork``)."""
+        ``<name>-1`` … when ``name`` is given (``POST …/fork``); the forks
+        are waited for together. When one of them does not come to
+        ``running`` (or the single fork does not), StrataError: its
+        ``data`` has ``ids``, every fork made (``id`` for a single fork),
+        so the caller can kill them."""
         if count is None:
             body: dict[str, Any] = {"from": {"sandbox": self.id, "snapshot": snapshot}}
             if name is not None:
@@ -291,9 +300,8 @@ class Sandbox:
             req["name_prefix"] = name
         resp = self.client.request("POST", self._path("snapshots", snapshot, "fork"), body=req, timeout=timeout)
         forks = ForkList([Sandbox(r["id"], client=self.client, info=r) for r in resp.data.get("sandboxes") or []], list(resp.data.get("failed") or []))
-        if wait:
-            for f in forks:
-                f._wait(Response(202, {}, f.info), "running", timeout)
+        if wait and forks:
+            _wait_forks(forks, timeout)
         return forks
 
     # -- the seeds' names for VM snapshots ----------------------------------
@@ -333,6 +341,44 @@ class Sandbox:
         except StrataError as e:
             if e.code != "sandbox_not_found":
                 raise
+
+
+def _wait_forks(forks: ForkList, timeout: float) -> None:
+    """Wait for every fork at once (a thread each); when any fails, a
+    StrataError naming every fork made (``data["ids"]``) and each failure
+    (``data["errors"]``: id → ``{"code","message"}``)."""
+    errors: dict[str, BaseException] = {}
+    lock = threading.Lock()
+
+    def one(f: Sandbox) -> None:
+        try:
+            f._wait(Response(202, {}, f.info), "running", timeout)
+        except BaseException as e:  # reported below
+            with lock:
+                errors[f.id] = e
+
+    threads = [threading.Thread(target=one, args=(f,), name=f"strata-fork-{f.id}", daemon=True) for f in forks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if not errors:
+        return
+    first = next(errors[f.id] for f in forks if f.id in errors)
+    detail = {
+        sid: ({"code": e.code, "message": e.message} if isinstance(e, StrataError) else {"code": "unknown", "message": repr(e)})
+        for sid, e in errors.items()
+    }
+    ids = [f.id for f in forks]
+    code = first.code if isinstance(first, StrataError) else "unknown"
+    status = first.status if isinstance(first, StrataError) else 0
+    raise StrataError(
+        code,
+        f"{len(errors)} of {len(forks)} forks did not come to running ({first}); "
+        f"every fork made is in data['ids']: kill them when done",
+        status,
+        {"ids": ids, "errors": detail, "failed": list(forks.failed)},
+    )
 
 
 def _poll_after(resp: Response) -> float | None:

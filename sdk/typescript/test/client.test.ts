@@ -1,0 +1,229 @@
+// The HTTP layer and the waits against a stand-in server on 127.0.0.1 (no
+// strata stack): answers that are not JSend, the retry of a request that
+// timed out, and the errors of waits that fail.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import { execFileSync } from "node:child_process";
+import * as fs from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Sandbox, Strata, StrataError } from "@strata/sdk";
+
+type Handler = (req: IncomingMessage, res: ServerResponse) => void;
+
+let server: Server;
+let handler: Handler = (_req, res) => res.end();
+let url = "";
+
+before(async () => {
+  server = createServer((req, res) => handler(req, res));
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+});
+
+after(async () => {
+  server.closeAllConnections();
+  await new Promise<void>((r) => server.close(() => r()));
+});
+
+function client(options: { retryTimeoutMs?: number; waitTimeoutMs?: number } = {}): Strata {
+  return new Strata({ apiUrl: url, apiKey: "sk_test", ...options });
+}
+
+function json(res: ServerResponse, status: number, body: unknown): void {
+  res.writeHead(status, { "Content-Type": "application/json" });
+  res.end(JSON.stringify(body));
+}
+
+const record = (id: string, state: string) => ({ id, name: id, state, memory_mib: 512, vcpus: 1, disk_gib: 4, created_at: "2026-01-01T00:00:00Z" });
+
+async function caught(p: Promise<unknown>): Promise<StrataError> {
+  try {
+    await p;
+  } catch (e) {
+    assert.ok(e instanceof StrataError, `a StrataError, not ${e}`);
+    return e;
+  }
+  assert.fail("it succeeded");
+}
+
+describe("answers that are not JSend", () => {
+  test("a null body is http_<status>, not a TypeError", async () => {
+    handler = (_req, res) => json(res, 400, null);
+    const e = await caught(client().call("POST", "/v1/sandboxes"));
+    assert.deepEqual([e.code, e.status], ["http_400", 400]);
+    handler = (_req, res) => json(res, 200, null);
+    assert.equal((await caught(client().call("POST", "/v1/sandboxes"))).code, "http_200");
+    handler = (_req, res) => json(res, 409, [1, 2]);
+    assert.equal((await caught(client().call("POST", "/v1/sandboxes"))).code, "http_409");
+    handler = (_req, res) => {
+      res.writeHead(502, { "Content-Type": "text/html" });
+      res.end("<html>bad gateway</html>");
+    };
+    assert.equal((await caught(client({ retryTimeoutMs: 0 }).call("POST", "/v1/sandboxes"))).code, "http_502");
+    handler = (_req, res) => json(res, 409, { status: "fail", data: { code: "name_taken", message: "taken", field: "name" } });
+    const f = await caught(client().call("POST", "/v1/sandboxes"));
+    assert.deepEqual([f.code, f.message, f.data], ["name_taken", "taken", { field: "name" }]);
+  });
+});
+
+describe("retries", () => {
+  test("an idempotent request whose first try outlasted the budget is tried again", async () => {
+    let n = 0;
+    handler = (req, res) => {
+      n++;
+      if (n === 1) {
+        setTimeout(() => req.socket.destroy(), 400); // a timeout, longer than the whole budget
+        return;
+      }
+      json(res, 200, { status: "success", data: { ok: req.headers["idempotency-key"] } });
+    };
+    const { data } = await client({ retryTimeoutMs: 100 }).call<{ ok: string }>("POST", "/v1/sandboxes", { idempotent: true });
+    assert.equal(n, 2);
+    assert.match(data.ok, /^[0-9a-f-]{36}$/);
+    n = 0;
+    assert.deepEqual((await client({ retryTimeoutMs: 100 }).call("GET", "/v1/sandboxes")).data, {});
+    assert.equal(n, 2);
+  });
+
+  test("a request that is not idempotent is not tried again", async () => {
+    let n = 0;
+    handler = (req) => {
+      n++;
+      req.socket.destroy();
+    };
+    const e = await caught(client({ retryTimeoutMs: 5000 }).call("POST", "/v1/sandboxes/sb-x/pause"));
+    assert.deepEqual([e.code, e.status, n], ["network_error", 0, 1]);
+  });
+});
+
+describe("waits that fail name what was made", () => {
+  test("create: the id of the sandbox made is in the error's data", async () => {
+    handler = (req, res) => {
+      if (req.method === "POST") return json(res, 200, { status: "success", data: record("sb-made", "creating") });
+      json(res, 200, { status: "success", data: { ...record("sb-made", "error"), error: "boot failed" } });
+    };
+    const e = await caught(Sandbox.create({ client: client() }));
+    assert.equal(e.code, "sandbox_state");
+    assert.deepEqual([e.data.sandbox, e.data.state, e.data.error], ["sb-made", "error", "boot failed"]);
+    handler = (req, res) => {
+      if (req.method === "POST") return json(res, 200, { status: "success", data: record("sb-slow", "creating") });
+      res.setHeader("X-Poll-After", "0");
+      json(res, 200, { status: "success", data: record("sb-slow", "creating") });
+    };
+    const t = await caught(Sandbox.create({ client: client({ waitTimeoutMs: 0 }) }));
+    assert.deepEqual([t.code, t.data.sandbox], ["wait_timeout", "sb-slow"]);
+  });
+
+  test("fork with count: every fork is waited for, and every id is in the error's data", async () => {
+    handler = (req, res) => {
+      if (req.method === "POST") {
+        return json(res, 200, { status: "success", data: { sandboxes: [record("sb-f1", "creating"), record("sb-f2", "creating"), record("sb-f3", "creating")], failed: [{ code: "host_capacity", message: "full" }] } });
+      }
+      const id = req.url!.split("/")[3]!.split("?")[0]!;
+      json(res, 200, { status: "success", data: id === "sb-f2" ? { ...record(id, "error"), error: "no" } : record(id, "running") });
+    };
+    const parent = new Sandbox(client(), record("sb-parent", "running") as never);
+    const e = await caught(parent.fork("v1", { count: 4 }));
+    assert.equal(e.code, "sandbox_state");
+    assert.deepEqual(e.data.sandboxes, ["sb-f1", "sb-f2", "sb-f3"]);
+    assert.deepEqual(e.data.notRunning, ["sb-f2"]);
+    assert.deepEqual(e.data.failed, [{ code: "host_capacity", message: "full" }]);
+  });
+
+  test("connect: a key that may not read the record gets the sandbox by its id", async () => {
+    handler = (_req, res) => json(res, 403, { status: "fail", data: { code: "forbidden", message: "access tokens cannot manage sandboxes" } });
+    const sb = await Sandbox.connect("sb-inside", { client: client() });
+    assert.deepEqual([sb.id, sb.info], ["sb-inside", { id: "sb-inside" }]);
+    handler = (_req, res) => json(res, 404, { status: "fail", data: { code: "sandbox_not_found", message: "no" } });
+    assert.equal((await caught(Sandbox.connect("sb-none", { client: client() }))).code, "sandbox_not_found");
+  });
+});
+
+describe("files as tar, with the system's tar", () => {
+  const { mkdtemp, mkdir, readFile, readdir, rm, writeFile } = fs;
+
+
+  test("upload packs the directory's entries (no ./ entry), and ends the body once tar exited", async () => {
+    const src = await mkdtemp(join(tmpdir(), "sdkts-local-"));
+    try {
+      await mkdir(join(src, "sub"));
+      await writeFile(join(src, "sub", "a.txt"), "a");
+      await writeFile(join(src, "-b.txt"), "b");
+      let body = Buffer.alloc(0);
+      handler = (req, res) => {
+        const chunks: Buffer[] = [];
+        req.on("data", (c: Buffer) => chunks.push(c));
+        req.on("end", () => {
+          body = Buffer.concat(chunks);
+          json(res, 200, { status: "success", data: { path: "/d", size_bytes: 2 } });
+        });
+      };
+      const sb = new Sandbox(client(), { id: "sb-files" });
+      assert.deepEqual(await sb.files.upload(src, "/d"), { path: "/d", sizeBytes: 2 });
+      const listed = execFileSync("tar", ["-tf", "-"], { input: body }).toString().trim().split("\n").sort();
+      assert.deepEqual(listed, ["-b.txt", "sub/", "sub/a.txt"]);
+    } finally {
+      await rm(src, { recursive: true });
+    }
+  });
+
+  test("no tar on the PATH: tar_failed, before any request for an upload", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "sdkts-local-"));
+    let requests = 0;
+    handler = (_req, res) => {
+      requests++;
+      res.writeHead(200, { "Content-Type": "application/x-tar" });
+      res.end(Buffer.alloc(1 << 20));
+    };
+    const path = process.env.PATH;
+    process.env.PATH = join(dir, "no-bin");
+    try {
+      await writeFile(join(dir, "f"), "f");
+      const sb = new Sandbox(client(), { id: "sb-files" });
+      assert.equal((await caught(sb.files.upload(dir, "/d"))).code, "tar_failed");
+      assert.equal(requests, 0);
+      assert.equal((await caught(sb.files.download("/d", join(dir, "out")))).code, "tar_failed");
+      assert.equal((await caught(sb.files.upload(join(dir, "none"), "/d"))).code, "invalid_argument");
+    } finally {
+      process.env.PATH = path;
+      await rm(dir, { recursive: true });
+    }
+  });
+
+  test("download: a tar that tar refuses is tar_failed, an answer that breaks off is network_error", async () => {
+    const dst = await mkdtemp(join(tmpdir(), "sdkts-local-"));
+    try {
+      handler = (_req, res) => {
+        res.writeHead(200, { "Content-Type": "application/x-tar" });
+        res.end(Buffer.alloc(1 << 20, 0x41)); // not a tar: tar stops reading early (EPIPE here)
+      };
+      const sb = new Sandbox(client(), { id: "sb-files" });
+      const e = await caught(sb.files.download("/d", dst));
+      assert.equal(e.code, "tar_failed");
+      // The start of a real tar of a 1 MiB file, then the connection breaks.
+      await writeFile(join(dst, "big"), Buffer.alloc(1 << 20, 0x42));
+      const tarBytes = execFileSync("tar", ["-C", dst, "-cf", "-", "big"], { maxBuffer: 4 << 20 });
+      await rm(join(dst, "big"));
+      const into = join(dst, "into");
+      handler = (_req, res) => {
+        res.writeHead(200, { "Content-Type": "application/x-tar" });
+        res.write(tarBytes.subarray(0, 8192));
+        setTimeout(() => res.socket?.destroy(), 50);
+      };
+      assert.equal((await caught(sb.files.download("/d", into))).code, "network_error");
+      // A whole tar is unpacked, and tar is let finish.
+      handler = (_req, res) => {
+        res.writeHead(200, { "Content-Type": "application/x-tar" });
+        res.end(tarBytes);
+      };
+      await sb.files.download("/d", into);
+      assert.equal((await readFile(join(into, "big"))).length, 1 << 20);
+      assert.deepEqual(await readdir(dst), ["into"]);
+    } finally {
+      await rm(dst, { recursive: true });
+    }
+  });
+});
