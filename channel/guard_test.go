@@ -298,8 +298,11 @@ func TestHeartbeatResetsADeadPeer(t *testing.T) {
 	events := make(chan event, 16)
 	paused := make(chan bool, 1)
 	paused <- true
+	// PingTimeout leaves the live session's answers room under the race
+	// detector on a loaded machine (at 100 ms, CI once saw the second
+	// session reset in the middle of its round trip).
 	h := Dial(path, HostConfig{
-		Heartbeat: 20 * time.Millisecond, PingTimeout: 100 * time.Millisecond,
+		Heartbeat: 20 * time.Millisecond, PingTimeout: 600 * time.Millisecond,
 		Stalled: func(context.Context) (bool, error) {
 			p := <-paused
 			paused <- false
