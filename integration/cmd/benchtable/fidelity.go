@@ -70,8 +70,7 @@ func (r *stepRecorder) summary(op string) string {
 
 // windowSteps are the steps from the freeze to the swap: the window in
 // which a new write into the directory fails with EROFS.
-// The seal and the commit come after the swap.
-var windowSteps = []string{"freeze", "validate.layer", "mount.swap"}
+var windowSteps = []string{"freeze", "validate.layer", "seal", "commit", "mount.swap"}
 
 // writerRows runs a tight loop opening one file of a managed directory
 // for writing (and closing it) while the directory is captured captures
