@@ -326,10 +326,9 @@ func TestColdBoot(t *testing.T) {
 	g.stop()
 }
 
-// TestCrashDuringRecovery kills guestd in an operation that recovery must
-// finish, then kills the restart in the middle of its recovery (between
-// two syscalls of the swap it finishes, inside the capture or the
-// enrollment it finishes), and checks
+// TestCrashDuringRecovery kills guestd after an operation's commit, then
+// kills the restart in the middle of its recovery (between two syscalls of
+// the swap it finishes, or inside the enrollment it finishes), and checks
 // that the next start recovers: the directory is in the operation's after
 // state, the list holds its checkpoint, and the store checks clean.
 func TestCrashDuringRecovery(t *testing.T) {
@@ -337,12 +336,8 @@ func TestCrashDuringRecovery(t *testing.T) {
 		scenario, first, during string
 		args                    []string
 	}{
-		// A capture frozen but not yet swapped is finished by recovery:
-		// committed, then swapped (a capture killed after its swap
-		// needs no swap: recovery only commits it).
-		{"capture", "capture.validate.layer", "mount.swap.beneath", nil},
-		{"capture", "capture.validate.layer", "mount.swap.unmounted", []string{"--legacy-mount"}},
-		{"capture", "capture.mount.swap", "recover.capture.commit", nil},
+		{"capture", "capture.commit", "mount.swap.beneath", nil},
+		{"capture", "capture.commit", "mount.swap.unmounted", []string{"--legacy-mount"}},
 		{"restore", "restore.commit", "mount.swap.beneath", nil},
 		{"enroll", "enroll.exchange", "recover.enroll.commit", nil},
 		{"enroll", "enroll.exchange", "recover.enroll.sync", nil},

@@ -257,36 +257,10 @@ func (s *Store) recover(ctx context.Context) error {
 			}
 		}
 	}
-	// Intents left: of roots gone, or not ready (their captures never
-	// froze anything), or moved on.
-	if err := s.dropStaleIntents(); err != nil {
-		return err
-	}
 	// After the mounts: a stack left on top by a crash is in use until it
 	// is swapped out (and recorded as a zombie if still held).
 	s.collect(ctx)
 	return nil
-}
-
-// dropStaleIntents removes the intents whose root is gone or no longer on
-// the layer they seal.
-func (s *Store) dropStaleIntents() error {
-	all, err := s.readIntents()
-	if err != nil || len(all) == 0 {
-		return err
-	}
-	return s.view(func(t meta.Tx) error {
-		for _, in := range all {
-			r, err := t.Root(in.Root)
-			if err != nil {
-				return err
-			}
-			if r == nil || r.State != meta.RootReady || r.Active != in.Sealed {
-				s.removeIntent(in.Next)
-			}
-		}
-		return nil
-	})
 }
 
 // resolvePending finishes or undoes the interrupted operation a root

@@ -59,12 +59,13 @@ func (s *Store) tagged(st overlay.Stack) overlay.Stack {
 // ensureMounted opens root by identity and makes its live mount the one
 // the metadata says (see settle).
 func (s *Store) ensureMounted(ctx context.Context, root *meta.Root) error {
-	h, err := s.openSettled(ctx, root)
+	h, err := s.openRoot(root)
 	if err != nil {
 		return err
 	}
-	h.Close()
-	return nil
+	defer h.Close()
+	_, err = s.settle(ctx, root, h)
+	return err
 }
 
 // settle makes the live mount at the open root h the one the metadata

@@ -21,7 +21,6 @@ const (
 	opCompact        = "compact"
 	opSquash         = "squash"
 	opRecoverEnroll  = "recover.enroll"
-	opRecoverCapture = "recover.capture"
 	opClone          = "clone"
 	opRelease        = "release"
 	opRecoverClone   = "recover.clone"
