@@ -16,6 +16,7 @@ import (
 	"strata/internal/api"
 	"strata/internal/guestclient"
 	"strata/internal/jsend"
+	"strata/internal/servertiming"
 )
 
 // Dialer connects to a guest daemon. addr is the guest address without its
@@ -273,6 +274,7 @@ func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, 
 	if id, ok := ctx.Value(requestIDKey{}).(string); ok {
 		h.Set(jsend.HeaderRequestID, id)
 	}
+	t0 := time.Now()
 	resp, err := c.Do(ctx, guestclient.Request{
 		Method: method, Path: p, Header: h, Body: body, Timeout: timeout,
 		Idempotent: method == http.MethodGet || method == http.MethodPut || idempotencyKey != "",
@@ -280,6 +282,7 @@ func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, 
 	if err != nil {
 		return nil, g.transportError(ctx, guest, err)
 	}
+	addGuestTiming(ctx, time.Since(t0), resp.Header)
 	reply := resp.Body
 	switch {
 	case resp.Status == http.StatusOK:
@@ -352,4 +355,23 @@ func (g *GuestClient) transportError(ctx context.Context, guest string, err erro
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// addGuestTiming adds a guest call to the request's Server-Timing:
+// "channel", the call's time beyond the guest's own total (the channel
+// both ways and this client), then the guest's metrics under "guest."
+// (parsed within servertiming's bounds: the guest is not trusted, and a
+// guest that lies about its times misleads only its own owner).
+func addGuestTiming(ctx context.Context, d time.Duration, h http.Header) {
+	ms := servertiming.Parse(h.Get(servertiming.Header))
+	var total time.Duration
+	for _, m := range ms {
+		if m.Name == "total" {
+			total = m.Dur
+		}
+	}
+	servertiming.Add(ctx, "channel", max(d-total, 0))
+	for _, m := range ms {
+		servertiming.Add(ctx, "guest."+m.Name, m.Dur)
+	}
 }

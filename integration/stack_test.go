@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"strata/internal/servertiming"
 )
 
 // stack is guestd and hostproxy as processes, with the local sandbox.
@@ -236,5 +239,51 @@ func TestSeedExamples(t *testing.T) {
 	s.curl("-X", "DELETE", sandbox+"/access-token", "-H", "X-Api-Key: $CREATEOS_API_KEY")
 	if creds, _ := os.ReadFile(s.g.credentials()); strings.Contains(string(creds), token) {
 		t.Fatalf("revoked token still in the credentials file")
+	}
+}
+
+// TestServerTimingThroughTheStack: a capture through hostproxy answers
+// with where its time went: hostproxy's total, the channel, guestd's total
+// and each step of the capture in guestd, nested as they run.
+func TestServerTimingThroughTheStack(t *testing.T) {
+	s := startStack(t)
+	base := t.TempDir()
+	cleanupMounts(t, base)
+	project := filepath.Join(base, "project")
+	writeFile(t, project+"/a", "a")
+	for i := range 2 { // the enrollment, then a capture
+		writeFile(t, project+"/b", fmt.Sprint(i))
+		req, _ := http.NewRequest("POST", s.url+"/v1/sandboxes/sb-local/checkpoints", strings.NewReader(fmt.Sprintf(`{"path":%q}`, project)))
+		req.Header.Set("X-Api-Key", s.key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("capture: %d\n%s", resp.StatusCode, s.plog)
+		}
+		h := resp.Header.Get(servertiming.Header)
+		got := map[string]time.Duration{}
+		var steps time.Duration
+		for _, m := range servertiming.Parse(h) {
+			got[m.Name] = m.Dur
+			if strings.HasPrefix(m.Name, "guest.capture.") || strings.HasPrefix(m.Name, "guest.enroll.") {
+				steps += m.Dur
+			}
+		}
+		want := []string{"total", "channel", "guest.total", "guest.enroll.commit"}
+		if i > 0 {
+			want = []string{"total", "channel", "guest.total", "guest.capture.prepare", "guest.capture.freeze", "guest.capture.mount.swap", "guest.capture.seal", "guest.capture.commit"}
+		}
+		for _, name := range want {
+			if _, ok := got[name]; !ok {
+				t.Fatalf("capture %d: Server-Timing %q lacks %s", i, h, name)
+			}
+		}
+		if got["channel"]+got["guest.total"] > got["total"] || steps > got["guest.total"] {
+			t.Fatalf("capture %d: the parts exceed their whole: %q", i, h)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"strata/internal/fault"
 	"strata/internal/jsend"
+	"strata/internal/servertiming"
 )
 
 // HeaderRequestID names the header that carries the request id, both ways.
@@ -91,8 +92,15 @@ func (e *Edge) Handler(next http.Handler) http.Handler {
 		start := time.Now()
 		id := e.requestID(r)
 		w.Header().Set(HeaderRequestID, id)
-		x := &exchange{id: id, log: log, w: &statusWriter{ResponseWriter: w, status: http.StatusOK}}
-		rr := r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x))
+		ctx, rec := servertiming.With(r.Context())
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		sw.start = func() {
+			// The daemon's own time so far first, then its steps.
+			ms := append([]servertiming.Metric{{Name: "total", Dur: time.Since(start)}}, rec.Metrics()...)
+			w.Header().Set(servertiming.Header, servertiming.Format(ms))
+		}
+		x := &exchange{id: id, log: log, w: sw}
+		rr := r.WithContext(context.WithValue(ctx, exchangeKey{}, x))
 
 		aborted := x.serve(next, rr)
 
@@ -227,18 +235,30 @@ type statusWriter struct {
 	http.ResponseWriter
 	status      int
 	wroteHeader bool
+	start       func() // once, just before the status is written
 }
 
 func (w *statusWriter) WriteHeader(code int) {
 	if !w.wroteHeader && code >= 200 { // 1xx are interim, not the status
+		w.started()
 		w.status, w.wroteHeader = code, true
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *statusWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.started()
+	}
 	w.wroteHeader = true
 	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) started() {
+	if w.start != nil {
+		w.start()
+		w.start = nil
+	}
 }
 
 // Unwrap lets http.ResponseController reach the connection (flush,

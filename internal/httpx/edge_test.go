@@ -12,9 +12,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"strata/internal/fault"
 	"strata/internal/httpx"
+	"strata/internal/servertiming"
 )
 
 // logBuffer collects JSON log lines (the handlers in these tests run on
@@ -436,4 +438,42 @@ func TestOutsideEdge(t *testing.T) {
 		t.Errorf("status %d", w.Code)
 	}
 	assertJSON(t, w.Body.Bytes(), `{"status":"error","message":"internal error","code":500}`)
+}
+
+// TestServerTiming: every answer, success or error, carries the edge's
+// total first and then the metrics added below it, in order.
+func TestServerTiming(t *testing.T) {
+	e := &httpx.Edge{Log: slog.New(slog.NewTextHandler(&logBuffer{}, nil))}
+	for _, tc := range []struct {
+		name    string
+		handler http.HandlerFunc
+		status  int
+		metrics []string
+	}{
+		{"success", func(w http.ResponseWriter, r *http.Request) {
+			servertiming.Add(r.Context(), "capture.prepare", 2*time.Millisecond)
+			servertiming.Add(r.Context(), "capture.freeze", 30*time.Microsecond)
+			httpx.Respond(w, r, map[string]string{"a": "b"}, nil)
+		}, 200, []string{"total", "capture.prepare", "capture.freeze"}},
+		{"error", func(w http.ResponseWriter, r *http.Request) {
+			servertiming.Add(r.Context(), "step", time.Millisecond)
+			httpx.WriteError(w, r, fault.New(fault.Invalid, "bad", "bad"))
+		}, 400, []string{"total", "step"}},
+		{"bare write", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("x")) }, 200, []string{"total"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			e.Handler(tc.handler).ServeHTTP(rec, httptest.NewRequest("GET", "/x", nil))
+			if rec.Code != tc.status {
+				t.Fatalf("status %d", rec.Code)
+			}
+			var names []string
+			for _, m := range servertiming.Parse(rec.Header().Get(servertiming.Header)) {
+				names = append(names, m.Name)
+			}
+			if !reflect.DeepEqual(names, tc.metrics) {
+				t.Fatalf("Server-Timing %q: metrics %v, want %v", rec.Header().Get(servertiming.Header), names, tc.metrics)
+			}
+		})
+	}
 }
