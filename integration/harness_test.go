@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -39,6 +41,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		bins = dir
+		defer xfs.close()
 		return m.Run()
 	}()
 	os.Exit(code)
@@ -53,6 +56,7 @@ type guest struct {
 	done   chan error
 	log    *bytes.Buffer
 	client *http.Client
+	flags  []string // passed at every start
 }
 
 // newGuest prepares (but does not start) a guestd with its store and
@@ -60,8 +64,15 @@ type guest struct {
 func newGuest(t *testing.T) *guest {
 	t.Helper()
 	testenv.RequiresRootMounts(t)
-	base := t.TempDir()
-	g := &guest{t: t, store: filepath.Join(base, "store"), sock: filepath.Join(base, "guestd.sock")}
+	return newGuestIn(t, t.TempDir())
+}
+
+// newGuestIn is newGuest with the store (and the socket) in base, on
+// whatever filesystem base is; flags are passed at every start.
+func newGuestIn(t *testing.T, base string, flags ...string) *guest {
+	t.Helper()
+	testenv.RequiresRootMounts(t)
+	g := &guest{t: t, store: filepath.Join(base, "store"), sock: filepath.Join(base, "guestd.sock"), flags: flags}
 	g.client = &http.Client{
 		Timeout: 60 * time.Second,
 		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -108,6 +119,7 @@ func (g *guest) spawn(env ...string) {
 	g.t.Helper()
 	g.log = &bytes.Buffer{}
 	args := []string{"--listen", "unix://" + g.sock, "--store", g.store, "--debug", "--credentials", g.credentials()}
+	args = append(args, g.flags...)
 	var envs []string
 	for _, e := range env {
 		if strings.HasPrefix(e, "-") {
@@ -293,3 +305,62 @@ func writeFile(t *testing.T, path, content string) {
 }
 
 func syscallUnmount(dir string) error { return unix.Unmount(dir, 0) }
+
+// xfs is a loop-mounted XFS made once for the tests that run on it too
+// (the crash suite's capture); TestMain unmounts it.
+var xfs xfsFS
+
+type xfsFS struct {
+	once     sync.Once
+	img, mnt string
+	err      error
+}
+
+// xfsDir is a fresh directory on the test binary's XFS (reflink on, as
+// sandboxes have it), removed after t.
+func xfsDir(t *testing.T) string {
+	t.Helper()
+	xfs.once.Do(func() {
+		dir, err := os.MkdirTemp("", "strata-xfs-")
+		if err != nil {
+			xfs.err = err
+			return
+		}
+		xfs.img, xfs.mnt = dir+".img", dir
+		f, err := os.Create(xfs.img)
+		if err == nil {
+			err = errors.Join(f.Truncate(2<<30), f.Close())
+		}
+		if err == nil {
+			if out, merr := exec.Command("mkfs.xfs", "-q", "-f", "-m", "reflink=1", xfs.img).CombinedOutput(); merr != nil {
+				err = fmt.Errorf("mkfs.xfs: %v: %s", merr, out)
+			}
+		}
+		if err == nil {
+			if out, merr := exec.Command("mount", "-o", "loop", xfs.img, xfs.mnt).CombinedOutput(); merr != nil {
+				err = fmt.Errorf("mount the XFS image: %v: %s", merr, out)
+			}
+		}
+		xfs.err = err
+	})
+	if xfs.err != nil {
+		t.Fatalf("XFS for the crash suite: %v (make test installs xfsprogs)", xfs.err)
+	}
+	dir, err := os.MkdirTemp(xfs.mnt, "t-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// close unmounts the XFS, if one was made, and removes its image.
+func (x *xfsFS) close() {
+	if x.mnt != "" {
+		unix.Unmount(x.mnt, unix.MNT_DETACH)
+		os.Remove(x.mnt)
+	}
+	if x.img != "" {
+		os.Remove(x.img)
+	}
+}

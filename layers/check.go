@@ -142,7 +142,9 @@ func check(db *bolt.DB, dir string) (*Report, error) {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("%s %d has no dir", kind, id))
 		}
 	}
-	for _, sub := range []string{"tmp", "trash"} {
+	// A capture's intent outlives it only while its capture is
+	// unfinished: a stopped store has none.
+	for _, sub := range []string{"tmp", "trash", "captures"} {
 		if ents, err := os.ReadDir(filepath.Join(dir, sub)); err == nil && len(ents) > 0 {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("%d leftovers in %s/", len(ents), sub))
 		}

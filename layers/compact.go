@@ -201,6 +201,9 @@ func (s *Store) worker(ctx context.Context) {
 		case <-s.wake:
 		}
 		for {
+			// A root leaves pending only under compactMu: Settle, once
+			// it holds it, sees every root not yet maintained.
+			s.compactMu.Lock()
 			s.mu.Lock()
 			var id uint64
 			var squash bool
@@ -211,9 +214,9 @@ func (s *Store) worker(ctx context.Context) {
 			delete(s.pending, id)
 			s.mu.Unlock()
 			if id == 0 {
+				s.compactMu.Unlock()
 				break
 			}
-			s.compactMu.Lock()
 			err := s.maintain(ctx, id, squash)
 			s.compactMu.Unlock()
 			if err != nil && ctx.Err() == nil {
@@ -223,7 +226,10 @@ func (s *Store) worker(ctx context.Context) {
 	}
 }
 
-// Settle waits until background compaction has caught up (tests, tools).
+// Settle waits until background compaction has caught up (tests, tools):
+// nothing pending, and no old stack's teardown (whose collection frees
+// the layers a squash replaced) in flight, including those the
+// compaction run here or by the worker began.
 func (s *Store) Settle(ctx context.Context) error {
 	s.teardowns.wait()
 	for !s.compactMu.TryLock() {
@@ -240,7 +246,16 @@ func (s *Store) Settle(ctx context.Context) error {
 		s.pending = map[uint64]bool{}
 		s.mu.Unlock()
 		if len(pending) == 0 {
-			return nil
+			// The worker is held off: no teardown begins while this
+			// waits, and the ones in flight do not kick it.
+			s.teardowns.wait()
+			s.mu.Lock()
+			n := len(s.pending)
+			s.mu.Unlock()
+			if n == 0 {
+				return nil
+			}
+			continue
 		}
 		for id, squash := range pending {
 			if err := s.maintain(ctx, id, squash); err != nil {

@@ -65,6 +65,20 @@ func (s *Store) collect(ctx context.Context) {
 		return err
 	})
 	if err == nil {
+		// A capture interrupted between its swap and its commit (a
+		// failed seal, a swap that failed half way) is finished by the
+		// root's next operation, which mounts the intent's stack: its
+		// dirs stay until the intent goes.
+		var ins []*captureIntent
+		ins, err = s.readIntents()
+		for _, in := range ins {
+			keep[in.Next] = true
+			for _, id := range in.Stack.Dirs() {
+				keep[id] = true
+			}
+		}
+	}
+	if err == nil {
 		// A stack still mounted at a root that is not the recorded one (a
 		// crash between a commit and its swap, a swap that failed) is in
 		// use: keep its dirs until it is replaced.
@@ -257,10 +271,36 @@ func (s *Store) recover(ctx context.Context) error {
 			}
 		}
 	}
+	// Intents left: of roots gone, or not ready (their captures never
+	// froze anything), or moved on.
+	if err := s.dropStaleIntents(); err != nil {
+		return err
+	}
 	// After the mounts: a stack left on top by a crash is in use until it
 	// is swapped out (and recorded as a zombie if still held).
 	s.collect(ctx)
 	return nil
+}
+
+// dropStaleIntents removes the intents whose root is gone or no longer on
+// the layer they seal.
+func (s *Store) dropStaleIntents() error {
+	all, err := s.readIntents()
+	if err != nil || len(all) == 0 {
+		return err
+	}
+	return s.view(func(t meta.Tx) error {
+		for _, in := range all {
+			r, err := t.Root(in.Root)
+			if err != nil {
+				return err
+			}
+			if r == nil || r.State != meta.RootReady || r.Active != in.Sealed {
+				s.removeIntent(in.Next)
+			}
+		}
+		return nil
+	})
 }
 
 // resolvePending finishes or undoes the interrupted operation a root

@@ -271,12 +271,12 @@ func TestRecoveryFinishesHalfDoneSwap(t *testing.T) {
 	h.capture(dir, "1")
 	write(t, dir+"/g", "v2")
 	h.store.cfg.StepHook = func(o, s string, d time.Duration, err error) {
-		if o == opCapture && s == stepCommit {
+		if o == opCapture && s == stepValidateLayer {
 			h.store.mounter = &beneathOnly{overlay.FSMounter()}
 		}
 	}
-	// swapOrRecover retries the way recovery does: that retry is the
-	// code under test, in process.
+	// A capture whose swap failed half way finishes as recovery would:
+	// that is the code under test, in process.
 	_, err := h.store.Capture(context.Background(), dir, "2")
 	h.store.cfg.StepHook = nil
 	h.store.mounter = overlay.FSMounter()

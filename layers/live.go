@@ -59,13 +59,12 @@ func (s *Store) tagged(st overlay.Stack) overlay.Stack {
 // ensureMounted opens root by identity and makes its live mount the one
 // the metadata says (see settle).
 func (s *Store) ensureMounted(ctx context.Context, root *meta.Root) error {
-	h, err := s.openRoot(root)
+	h, err := s.openSettled(ctx, root)
 	if err != nil {
 		return err
 	}
-	defer h.Close()
-	_, err = s.settle(ctx, root, h)
-	return err
+	h.Close()
+	return nil
 }
 
 // settle makes the live mount at the open root h the one the metadata

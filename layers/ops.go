@@ -7,8 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"strata/holders"
@@ -537,6 +539,21 @@ func (s *Store) openSettled(ctx context.Context, root *meta.Root) (*rootHandle, 
 	if err != nil {
 		return nil, err
 	}
+	// A capture interrupted after its swap: finished first, or the settle
+	// would put the old stack back over writes made since.
+	in, err := s.pendingCapture(root)
+	if err == nil && in != nil {
+		var done *meta.Root
+		var squash bool
+		if done, squash, err = s.finishCapture(context.WithoutCancel(ctx), root, h, in); err == nil {
+			*root = *done
+			s.kick(root.ID, squash)
+		}
+	}
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
 	changed, err := s.settle(ctx, root, h)
 	if err != nil || !changed {
 		if err != nil {
@@ -550,10 +567,15 @@ func (s *Store) openSettled(ctx context.Context, root *meta.Root) (*rootHandle, 
 }
 
 // capture seals the active layer of a managed root as a checkpoint and
-// mounts a fresh one on top. Crash ordering: the new layer dir is an
-// orphan until the commit; the old mount is frozen read-only before the
-// commit, so nothing written after the freeze can be lost or land in a
-// sealed layer; after the commit, recovery mounts the new stack.
+// mounts a fresh one on top. The window in which writers see EROFS holds
+// the freeze, the layer's check and the swap; the seal (fsyncs) and the
+// commit come after it, before the answer. Crash ordering: the capture's
+// intent (intent.go) is durable before the freeze, so from there on a
+// crash, or a failure after the swap, finishes the capture (the sealed
+// layer frozen if still live, made durable, committed; the new stack
+// mounted) rather than undoing it: nothing written after the freeze lands
+// in the sealed layer, nothing written after the swap is lost, and no
+// checkpoint is listed before its layer is durable.
 func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, opt options) (Checkpoint, error) {
 	var h *rootHandle
 	defer func() { h.Close() }()
@@ -567,7 +589,7 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, o
 	if err := o.step(stepValidateMounts, func() error { return pathpolicy.CheckNoMountsIn(path, h.table) }); err != nil {
 		return Checkpoint{}, err
 	}
-	unpinOld := s.pin(root.Mounted.Dirs()...)
+	unpinOld := sync.OnceFunc(s.pin(root.Mounted.Dirs()...))
 	defer unpinOld()
 	var pending func() error
 	if err := o.step(stepBusyCheck, func() (err error) {
@@ -593,10 +615,25 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, o
 	sealed := root.Active
 	next := s.newLayerID()
 	defer s.unpin(next)
+	if !opt.auto && opt.retention == 0 {
+		// The cap is checked before anything is frozen: once swapped, a
+		// capture is finished, never refused.
+		var n int
+		if err := s.view(func(t meta.Tx) error { n = countAll(t, root.ID); return nil }); err != nil {
+			return Checkpoint{}, err
+		}
+		if n+1 > checkpointCap {
+			return Checkpoint{}, ErrCheckpointLimit.With("limit", checkpointCap)
+		}
+	}
+	var in *captureIntent
+	unpinNew := func() {}
+	defer func() { unpinNew() }()
 	// The new upper's root takes the sealed root's attributes (the merged
-	// root's live there) now, and the filesystem is synced, before the
-	// freeze: inside the window (freeze to swap, in which writers see
-	// EROFS) the layer's sync then finds almost nothing left to write.
+	// root's live there) now, the capture's intent is written, and the
+	// filesystem is synced, all before the freeze: inside the window
+	// (freeze to swap, in which writers see EROFS) nothing waits on the
+	// disk, and after it the seal finds almost nothing left to write.
 	if err := o.step(stepPrepare, func() error {
 		if err := s.makeLayerDir(next, true, -1); err != nil {
 			return err
@@ -604,25 +641,41 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, o
 		if err := copyDirAttrs(s.fsDir(sealed), s.fsDir(next)); err != nil {
 			return err
 		}
-		// One syncfs: the new layer dir and everything written so far.
-		// Unrelated dirty data makes it longer, but it is outside the
-		// window; inside, the layer's own fsyncs find it clean.
+		stack, unpin, err := s.stackPinned(next, sealed)
+		if err != nil {
+			return err
+		}
+		unpinNew = unpin
+		cp := meta.Checkpoint{ID: newCheckpointID(), Root: root.ID, Layer: sealed, Name: name, Created: time.Now().UTC(), Parent: root.Head, Auto: opt.auto}
+		res := Checkpoint{ID: cp.ID, Path: path, Name: cp.Name, CreatedAt: cp.Created, ParentID: cp.Parent, Auto: opt.auto}
+		in = &captureIntent{Root: root.ID, Sealed: sealed, Next: next, Stack: stack, Cp: cp, Request: req, Answer: answer(res),
+			Auto: opt.auto, Except: opt.except, Retention: opt.retention}
+		if err := s.writeIntent(in); err != nil {
+			return err
+		}
+		// One syncfs: the new layer dir, the intent and everything
+		// written so far. Unrelated dirty data makes it longer, but it
+		// is outside the window; after it, the layer's own fsyncs find
+		// it clean.
 		return syncFS(s.layers)
 	}); err != nil {
 		s.removeLayerDir(next)
+		s.removeIntent(next)
 		return Checkpoint{}, err
 	}
-	fail := func(err error, thawOld bool) (Checkpoint, error) {
+	res := Checkpoint{ID: in.Cp.ID, Path: path, Name: in.Cp.Name, CreatedAt: in.Cp.Created, ParentID: in.Cp.Parent, Auto: opt.auto}
+	back := func(err error, thawOld bool) (Checkpoint, error) {
 		if thawOld {
 			if terr := overlay.Thaw(h.target()); terr != nil {
 				s.log.Error("thaw after failed capture", "path", path, "err", terr)
 			}
 		}
 		s.removeLayerDir(next)
+		s.removeIntent(next)
 		return Checkpoint{}, err
 	}
 	if err := o.step(stepFreeze, func() error { return s.freezeOrBusy(o.ctx, root, h, pending) }); err != nil {
-		return fail(err, false)
+		return back(err, false)
 	}
 	var sealedBytes int64
 	if err := o.step(stepValidateLayer, func() (err error) {
@@ -630,98 +683,95 @@ func (s *Store) capture(o *op, root *meta.Root, name string, req meta.Request, o
 		sealedBytes, err = pathpolicy.CheckTreeBytes(o.ctx, s.fsDir(sealed), true, func(rel string) string { return filepath.Join(path, rel) })
 		return err
 	}); err != nil {
-		return fail(err, true)
+		return back(err, true)
 	}
-	if err := o.step(stepSeal, func() error {
+	swapped := *root
+	swapped.Active, swapped.Mounted = next, in.Stack
+	// From the swap on, the capture is finished, whatever happens: the
+	// live directory is on the new upper.
+	o.ctx = context.WithoutCancel(o.ctx)
+	if err := o.step(stepMountSwap, func() error {
 		// The root's attributes again, exactly (xattrs removed since
-		// prepare go too), and then the layer and the new root reach
-		// the disk: only the layer's own entries are fsynced, clean
-		// after prepare's syncfs unless written since, so unrelated
-		// dirty data on the filesystem never lengthens the window.
+		// prepare go too), while the old stack is frozen.
 		if err := replaceDirAttrs(s.fsDir(sealed), s.fsDir(next)); err != nil {
 			return err
 		}
-		if err := syncDir(s.fsDir(next)); err != nil {
-			return err
-		}
-		return syncLayer(o.ctx, s.fsDir(sealed))
+		return s.swap(o.ctx, h, root, &swapped)
 	}); err != nil {
-		return fail(err, true)
+		if st := s.liveStack(root); len(st) == 1 && root.Mounted.Matches(st[0].VFSOptions) {
+			// The old stack alone is still there: nothing was written
+			// to the new upper.
+			return back(err, true)
+		}
+		s.log.Error("swap failed half way; finishing the capture as recovery would", "path", path, "err", err)
+		if ferr := s.ensureMounted(o.ctx, root); ferr != nil {
+			return Checkpoint{}, errors.Join(err, ferr)
+		}
+		return res, nil
 	}
-	cp := &meta.Checkpoint{ID: newCheckpointID(), Root: root.ID, Layer: sealed, Name: name, Created: time.Now().UTC(), Parent: root.Head, Auto: opt.auto}
-	res := Checkpoint{ID: cp.ID, Path: path, Name: cp.Name, CreatedAt: cp.Created, ParentID: cp.Parent, Auto: opt.auto}
-	newRoot := *root
-	squash := false
-	err := o.step(stepCommit, func() error {
-		return s.update(func(t meta.Tx) error {
-			l, err := t.Layer(sealed)
-			if err != nil {
-				return err
-			}
-			l.Sealed = true
-			if err := t.PutLayer(l); err != nil {
-				return err
-			}
-			if err := t.PutLayer(&meta.Layer{ID: next, Root: root.ID, Parent: sealed, Created: cp.Created}); err != nil {
-				return err
-			}
-			if cp.Seq, err = t.NextCheckpointSeq(); err != nil {
-				return err
-			}
-			if err := t.PutCheckpoint(cp); err != nil {
-				return err
-			}
-			if err := t.Record(req, answer(res), cp.Created); err != nil {
-				return err
-			}
-			stack, err := s.stackFor(t, next, sealed)
-			if err != nil {
-				return err
-			}
-			// Sealing the only child of a layer no checkpoint names makes
-			// that layer squashable.
-			squash = l.Parent != 0 && !t.Referenced(l.Parent)
-			newRoot.Active, newRoot.Head, newRoot.Mounted = next, cp.ID, stack
-			if err := t.PutRoot(&newRoot); err != nil {
-				return err
-			}
-			if opt.auto {
-				deleted, err := retain(t, root.ID, true, s.cfg.AutoCheckpoints, opt.except)
-				if err != nil || !deleted {
-					return err
-				}
-				squash = true
-				return t.Sweep()
-			}
-			if opt.retention == 0 {
-				if countAll(t, root.ID) > checkpointCap { // the new one counted
-					return ErrCheckpointLimit.With("limit", checkpointCap)
-				}
-				return nil
-			}
-			// Retention: the oldest go in the same commit, so a crash
-			// never leaves more than asked for, nor more than the cap.
-			keep := min(opt.retention, max(checkpointCap-t.CountOf(root.ID, true), 1))
-			deleted, err := retain(t, root.ID, false, keep, "")
-			if err != nil || !deleted {
-				return err
-			}
-			squash = true
-			return t.Sweep()
-		})
-	})
-	if err != nil {
-		return fail(err, true)
-	}
-	// Committed: the swap must run even if the request has ended, or the
-	// directory stays frozen on the old stack.
-	o.ctx = context.WithoutCancel(o.ctx)
-	if err := o.step(stepMountSwap, func() error { return s.swapOrRecover(o.ctx, h, root, &newRoot) }); err != nil {
+	if err := o.step(stepSeal, func() error {
+		// The sealed layer and the new root reach the disk: the layer's
+		// own entries fsynced, or past sealLimit of them one syncfs
+		// (prepare's ran a moment ago: it writes back only what was
+		// dirtied since). Writers are on the new upper already.
+		return syncLayer(o.ctx, s.fsDir(sealed), sealLimit, s.fsDir(next))
+	}); err != nil {
+		// The intent stays: the next operation on the root (or the next
+		// start) finishes the capture before anything else.
 		return Checkpoint{}, err
 	}
+	var squash bool
+	if err := o.step(stepCommit, func() (err error) {
+		_, squash, err = s.commitCapture(in)
+		return err
+	}); err != nil {
+		return Checkpoint{}, err
+	}
+	s.removeIntent(next)
+	// The old stack's teardown began at the swap, before the commit: a
+	// layer it alone still held (a released source's, under a clone) was
+	// kept by the recorded stack then; the background worker collects it.
+	squash = squash || s.anyGone(root.Mounted.Dirs())
 	s.measured(sealed, sealedBytes)
+	// The old stack's layers are the records', the new stack's or the
+	// teardown's now: unpinned before the worker looks, or a layer only
+	// this pin held would wait for a later collection.
+	unpinOld()
 	s.kick(root.ID, squash)
 	return res, nil
+}
+
+// anyGone tells whether any of dirs is neither a layer nor a span any
+// more.
+func (s *Store) anyGone(dirs []uint64) bool {
+	gone := false
+	s.view(func(t meta.Tx) error {
+		sps, err := t.Spans()
+		if err != nil {
+			return err
+		}
+		spans := make(map[uint64]bool, len(sps))
+		for _, sp := range sps {
+			spans[sp.ID] = true
+		}
+		for _, d := range dirs {
+			if _, err := t.Layer(d); errors.Is(err, meta.ErrInconsistent) && !spans[d] {
+				gone = true
+			}
+		}
+		return nil
+	})
+	return gone
+}
+
+// liveStack is the mounts at root now, the top first, or nil.
+func (s *Store) liveStack(root *meta.Root) []*mountinfo.Info {
+	h, err := s.openRoot(root)
+	if err != nil {
+		return nil
+	}
+	defer h.Close()
+	return h.stack
 }
 
 // Restore puts the directory of checkpoint id back to its content: a
@@ -871,7 +921,7 @@ func (s *Store) restore(o *op, id string, req meta.Request) (Checkpoint, error) 
 			}
 		}
 		if changed {
-			if err := o.step(stepSeal, func() error { return syncLayer(o.ctx, s.fsDir(discarded)) }); err != nil {
+			if err := o.step(stepSeal, func() error { return syncLayer(o.ctx, s.fsDir(discarded), syncLayerLimit) }); err != nil {
 				return fail(err)
 			}
 			safety = &meta.Checkpoint{ID: newCheckpointID(), Root: root.ID, Layer: discarded, Name: "before restoring " + id,
@@ -1075,6 +1125,28 @@ func (s *Store) lookup(id string) (cp *meta.Checkpoint, root *meta.Root, err err
 		err = ErrCheckpointNotFound.With("checkpoint_id", id)
 	}
 	return cp, root, err
+}
+
+// stackPinned is stackFor read and pinned under the lock that collect
+// holds while it decides what to delete: a capture mounts its stack before
+// any record names it, and the worker may meanwhile replace a segment of
+// it (a squash, a span) and collect the old one. collect sees either the
+// segment's record or the pin.
+func (s *Store) stackPinned(upper, top uint64) (overlay.Stack, func(), error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var stack overlay.Stack
+	if err := s.view(func(t meta.Tx) (err error) {
+		stack, err = s.stackFor(t, upper, top)
+		return err
+	}); err != nil {
+		return overlay.Stack{}, nil, err
+	}
+	dirs := stack.Dirs()
+	for _, id := range dirs {
+		s.pins[id]++
+	}
+	return stack, func() { s.unpin(dirs...) }, nil
 }
 
 // stackFor is the mount stack for an upper layer on top of layer top,

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"strata/internal/failpoint"
+	"strata/internal/servertiming"
 )
 
 // Operation and step names. They are shared by the logs, the failpoints
@@ -21,6 +22,7 @@ const (
 	opCompact        = "compact"
 	opSquash         = "squash"
 	opRecoverEnroll  = "recover.enroll"
+	opRecoverCapture = "recover.capture"
 	opClone          = "clone"
 	opRelease        = "release"
 	opRecoverClone   = "recover.clone"
@@ -81,6 +83,8 @@ func (o *op) step(name string, fn func() error) error {
 	err := classifyNoSpace(fn())
 	d := time.Since(t)
 	o.steps = append(o.steps, fmt.Sprintf("%s=%.3f", name, ms(d)))
+	// The request's Server-Timing, when an HTTP request runs the op.
+	servertiming.Add(o.ctx, o.name+"."+name, d)
 	if o.hook != nil {
 		o.hook(o.name, name, d, err)
 	}

@@ -95,6 +95,7 @@ type Store struct {
 	layers    string
 	tmp       string
 	trash     string
+	intents   string // captures' intents (intent.go)
 	db        *bolt.DB
 	lock      *os.File // flock held for the store's lifetime
 	source    string   // the source tag of this store's mounts (see ours)
@@ -163,6 +164,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	s.layers = filepath.Join(s.dir, "layers")
 	s.tmp = filepath.Join(s.dir, "tmp")
 	s.trash = filepath.Join(s.dir, "trash")
+	s.intents = filepath.Join(s.dir, "captures")
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return nil, classifyNoSpace(fmt.Errorf("create store: %w", err))
 	}
@@ -179,7 +181,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			lock.Close()
 		}
 	}()
-	for _, d := range []string{s.layers, s.tmp, s.trash} {
+	for _, d := range []string{s.layers, s.tmp, s.trash, s.intents} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, classifyNoSpace(fmt.Errorf("create store: %w", err))
 		}
