@@ -455,10 +455,13 @@ func (h *Host) await(ctx context.Context, s *session, n uint64, res chan error) 
 			continue
 		}
 		h.log.Warn("channel: the guest did not answer a ping; the session is reset", "socket", h.path, "timeout", h.cfg.PingTimeout, "unsure_looks", unsure)
+		// The session is closed before the word is told: whoever acts
+		// on it (opens a stream to reach the next guestd) must never be
+		// given the dead session's stream.
+		s.Close()
 		if h.cfg.Answering != nil {
 			h.cfg.Answering(n, false)
 		}
-		s.Close()
 		<-res
 		return false, true, nil
 	}

@@ -51,6 +51,7 @@ func TestVMExecRunaway(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			s := s.on(t)
 			timeout := 3 * time.Second
 			if tc.timeout != 0 {
 				timeout = tc.timeout

@@ -34,6 +34,12 @@ type vmStack struct {
 	key      string
 	client   *http.Client
 
+	*vmProc
+}
+
+// vmProc is the hostproxy process of a vmStack, shared by every view of
+// the stack (on).
+type vmProc struct {
 	// env is added to hostproxy's environment at its next start
 	// (failpoints).
 	env []string
@@ -42,6 +48,15 @@ type vmStack struct {
 	proxy  *exec.Cmd
 	exited chan struct{} // closed once proxy has exited (and is reaped)
 	plog   *syncBuffer
+}
+
+// on is s for the subtest t: a call that fails ends t. A subtest that
+// fails through its parent's t ends the whole test binary ("subtest may
+// have called FailNow on a parent test"), every later test unrun.
+func (s *vmStack) on(t *testing.T) *vmStack {
+	c := *s
+	c.t = t
+	return &c
 }
 
 // syncBuffer is a bytes.Buffer safe for a process's output and a test's reads.
@@ -82,7 +97,7 @@ func startVMStackWith(t *testing.T, guestRequest string, vms map[string]any) *vm
 	s := &vmStack{
 		t: t, image: image, data: filepath.Join(base, "data"), machines: filepath.Join(base, "machines"),
 		config: filepath.Join(base, "hostproxy.json"), key: "sk_vm_integration_key_0123456789abcdef",
-		client: &http.Client{Timeout: 5 * time.Minute},
+		client: &http.Client{Timeout: 5 * time.Minute}, vmProc: &vmProc{},
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,6 +36,19 @@ import (
 	"strata/channel"
 	"strata/vmm"
 )
+
+// begun is when the attacker started: every line it prints says the
+// seconds since, to be read beside the host's log.
+var begun = time.Now()
+
+// read and hellos count what the handshake saw of the host, for the line
+// that says why an attack never got its session.
+var read, hellos atomic.Int64
+
+// say prints one line of the attacker's log.
+func say(a ...any) {
+	fmt.Printf("%.3fs %s\n", time.Since(begun).Seconds(), strings.TrimSuffix(fmt.Sprintln(a...), "\n"))
+}
 
 func main() {
 	if len(os.Args) != 3 {
@@ -50,14 +64,14 @@ func main() {
 	time.Sleep(time.Second)
 	// Whatever it waits for, the attack ends: guestd gets its port back.
 	time.AfterFunc(time.Until(deadline)+2*time.Second, func() {
-		fmt.Println("deadline passed")
+		say("deadline passed; the handshake read", read.Load(), "bytes,", hellos.Load(), "hellos")
 		os.Exit(3)
 	})
 	if err := run(os.Args[1], deadline); err != nil {
-		fmt.Println("error:", err)
+		say("error:", err)
 		os.Exit(1)
 	}
-	fmt.Println("done")
+	say("done")
 }
 
 func run(mode string, deadline time.Time) error {
@@ -66,7 +80,7 @@ func run(mode string, deadline time.Time) error {
 		return err
 	}
 	defer port.Close()
-	fmt.Println("port taken")
+	say("port taken")
 	switch mode {
 	case "garbage":
 		buf := make([]byte, 64<<10)
@@ -79,7 +93,7 @@ func run(mode string, deadline time.Time) error {
 				return err
 			}
 		}
-		fmt.Println("garbage bytes", n)
+		say("garbage bytes", n)
 		return nil
 	case "reopen":
 		port.Close()
@@ -93,7 +107,7 @@ func run(mode string, deadline time.Time) error {
 			p.Close()
 			opens++
 		}
-		fmt.Println("opens", opens)
+		say("opens", opens)
 		return nil
 	}
 	// The others speak after a handshake: the host's heartbeat notices
@@ -140,7 +154,7 @@ func run(mode string, deadline time.Time) error {
 			}
 			pings += 4096
 		}
-		fmt.Println("pings", pings)
+		say("pings", pings)
 		return nil
 	case "headers", "body":
 		cfg := yamux.DefaultConfig()
@@ -156,7 +170,7 @@ func run(mode string, deadline time.Time) error {
 		for {
 			s, err := sess.Accept()
 			if err != nil {
-				fmt.Println("answers", answers)
+				say("answers", answers)
 				return nil
 			}
 			answers++
@@ -203,7 +217,7 @@ func takePort() (*os.File, error) {
 		b, err := os.ReadFile(p)
 		if err == nil && strings.TrimSpace(string(b)) == "guestd" {
 			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-			syscall.Kill(pid, syscall.SIGKILL)
+			say("killing guestd", pid, syscall.Kill(pid, syscall.SIGKILL))
 		}
 	}
 	dev, err := channel.FindPort("/sys/class/virtio-ports", vmm.ChannelPort)
@@ -211,9 +225,10 @@ func takePort() (*os.File, error) {
 		return nil, err
 	}
 	end := time.Now().Add(5 * time.Second)
-	for {
+	for tries := 1; ; tries++ {
 		f, err := os.OpenFile(filepath.Join("/dev", dev), os.O_RDWR, 0)
 		if err == nil {
+			say("opened", dev, "after", tries, "tries")
 			return f, nil
 		}
 		if time.Now().After(end) {
@@ -241,6 +256,7 @@ func handshake(port *os.File, deadline time.Time) (io.ReadWriteCloser, error) {
 		}
 		line = strings.TrimSpace(line)
 		if n, ok := strings.CutPrefix(line, "STRATA-CHANNEL HELLO "); ok {
+			hellos.Add(1)
 			if n != nonce {
 				nonce = n
 				if _, err := fmt.Fprintf(port, "STRATA-CHANNEL READY %s\n", nonce); err != nil {
@@ -250,7 +266,7 @@ func handshake(port *os.File, deadline time.Time) (io.ReadWriteCloser, error) {
 			continue
 		}
 		if n, ok := strings.CutPrefix(line, "STRATA-CHANNEL GO "); ok && n == nonce {
-			fmt.Println("handshake done")
+			say("handshake done")
 			return session{r, port}, nil
 		}
 		skipped++
@@ -268,6 +284,7 @@ type patient struct {
 func (p patient) Read(b []byte) (int, error) {
 	for {
 		n, err := p.port.Read(b)
+		read.Add(int64(n))
 		if n > 0 || err != io.EOF || time.Now().After(p.deadline) {
 			return n, err
 		}
