@@ -70,7 +70,8 @@ func (r *stepRecorder) summary(op string) string {
 
 // windowSteps are the steps from the freeze to the swap: the window in
 // which a new write into the directory fails with EROFS.
-var windowSteps = []string{"freeze", "validate.layer", "seal", "commit", "mount.swap"}
+// The seal and the commit come after the swap.
+var windowSteps = []string{"freeze", "validate.layer", "mount.swap"}
 
 // writerRows runs a tight loop opening one file of a managed directory
 // for writing (and closing it) while the directory is captured captures
@@ -136,7 +137,7 @@ func writerRows(ctx context.Context, base string, captures int) ([]row, error) {
 		t0 := time.Now()
 		// The writer has the file open most of the time, and a capture
 		// then answers busy: try until n are taken.
-		for done < n && time.Since(t0) < 2*time.Minute {
+		for done < n && time.Since(t0) < 4*time.Minute {
 			_, err := store.Capture(ctx, dir, "")
 			switch {
 			case err == nil:

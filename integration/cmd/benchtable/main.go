@@ -42,7 +42,7 @@ var (
 	rounds   = flag.Int("rounds", 30, "captures and restores measured per directory")
 	many     = flag.Int("many", 1000, "checkpoints for the list and lookup rows")
 	procs    = flag.Int("procs", 1000, "processes for the busy-scan row")
-	writeCap = flag.Int("write-captures", 100, "captures beside the write loop (a fiftieth of them with a gigabyte kept dirty)")
+	writeCap = flag.Int("write-captures", 1000, "captures beside the write loop (a fiftieth of them with a gigabyte kept dirty)")
 	noCopies = flag.Bool("no-copies", false, "skip the cp -a and tar baselines")
 	fidOnly  = flag.Bool("fidelity-only", false, "measure only the write loop and the one-byte writes on ext4 and XFS")
 )
