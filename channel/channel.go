@@ -523,7 +523,16 @@ func ListenGuest(open func() (io.ReadWriteCloser, error), log *slog.Logger) *Gue
 	return g
 }
 
+// The guest's wait between two opens of its port while no host end is
+// connected: the first is reopenFirst, each one after a try that got no
+// session doubles, up to reopenMost.
+const (
+	reopenFirst = 10 * time.Millisecond
+	reopenMost  = time.Second
+)
+
 func (g *Guest) run(ctx context.Context) {
+	wait := reopenFirst
 	for ctx.Err() == nil {
 		port, err := g.open()
 		if err == nil {
@@ -538,17 +547,25 @@ func (g *Guest) run(ctx context.Context) {
 				stop := context.AfterFunc(ctx, func() { s.Close() })
 				g.serve(s)
 				stop()
+				// A session was had: the host may be back at once
+				// (a reset), so the next try comes soon.
+				wait = reopenFirst
 			}
 			port.Close()
 		} else {
 			g.log.Debug("channel port", "err", err)
 		}
-		// With no host end connected the port reads EOF at once: wait
-		// a little before opening it again.
+		// With no host end connected the port reads EOF at once. Each
+		// open and close is a message to QEMU, which under TCG costs the
+		// host real CPU: while the host stays away (hostproxy stopped),
+		// the tries thin out to one a second, so an idle guest with no
+		// host costs next to nothing, and finds a host that comes back
+		// within a second.
 		select {
 		case <-ctx.Done():
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, reopenMost)
 	}
 }
 

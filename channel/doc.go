@@ -15,7 +15,10 @@
 //     session; Open waits for one up to its context;
 //   - Guest opens the port by its name (/sys/class/virtio-ports/*/name; no
 //     udev is needed), and reopens it whenever it reads EOF, which is what
-//     the port gives while no host end is connected;
+//     the port gives while no host end is connected: at once after a
+//     session, then ever less often while the host stays away (10 ms
+//     doubling to 1 s: each open is a message to QEMU, and a guest whose
+//     hostproxy is stopped must cost the host nothing);
 //   - both ends are net.Listeners of the streams the other end opens.
 //
 // What it does not do: it does not speak HTTP, authenticate, or time
