@@ -65,6 +65,7 @@ func snapshotView(sandboxID string, sn sandbox.Snapshot) api.Snapshot {
 		ID: sn.ID, Name: sn.Name, Sandbox: sandboxID, Comment: sn.Comment, Memory: sn.Memory, Auto: sn.Auto,
 		Pinned: sn.Pinned, Status: string(sn.Status), SizeBytes: sn.SizeBytes,
 		CreatedAt: api.FormatTime(sn.CreatedAt), PauseMs: sn.PauseMs, Live: sn.Live,
+		MemoryLost: sn.MemoryLost,
 	}
 }
 

@@ -367,7 +367,9 @@ func TestVMSnapshots(t *testing.T) {
 // snapshot (memory and disk-only), a restore, a fork and a pause. After
 // each restart: no sandbox is lost and each runs its processes on, no
 // snapshot is left processing (an interrupted one is failed, never
-// ready), and the host's store holds exactly what the records name.
+// ready, unless it is a restore's automatic one: the state the restore
+// replaced is kept, disk-only when its memory was not written, and
+// restores), and the host's store holds exactly what the records name.
 func TestVMSnapshotFaults(t *testing.T) {
 	s := startVMStack(t, "60s")
 	id := s.create(s.key, `{"name":"faults"}`)
@@ -387,7 +389,9 @@ func TestVMSnapshotFaults(t *testing.T) {
 		// The snapshot's template, made after the snapshot answered.
 		{"template made ahead", "POST", snaps, `{}`, []string{sandbox.FailpointTemplateFilled, sandbox.FailpointTemplateShared}, 200, false},
 		{"disk-only snapshot", "POST", snaps, `{"memory":false}`, []string{sandbox.FailpointSnapshotRecorded, sandbox.FailpointSnapshotSaved}, 202, false},
-		{"restore", "POST", snaps + "/v1/restore", "", []string{sandbox.FailpointRestoreAuto, sandbox.FailpointRestoreRecorded, sandbox.FailpointRestoreEnded, sandbox.FailpointBootLoaded, sandbox.FailpointRestoreAutoSaving}, 202, false},
+		// The last point is the background write of auto-N's memory,
+		// done but not recorded.
+		{"restore", "POST", snaps + "/v1/restore", "", []string{sandbox.FailpointRestoreAuto, sandbox.FailpointRestoreRecorded, sandbox.FailpointRestoreEnded, sandbox.FailpointBootLoaded, sandbox.FailpointRestoreAutoSaving, sandbox.FailpointSnapshotSaved}, 200, false},
 		{"fork", "POST", "/v1/sandboxes", `{"from":{"sandbox":"` + id + `","snapshot":"v1"}}`, []string{sandbox.FailpointForkRecorded, sandbox.FailpointBootLoaded}, 202, false},
 		{"pause", "POST", "/v1/sandboxes/" + id + "/pause", "", []string{sandbox.FailpointPauseSaved}, 202, false},
 		// The paused state's template, made after the pause.
@@ -399,6 +403,11 @@ func TestVMSnapshotFaults(t *testing.T) {
 			before := map[string]bool{}
 			for _, sb := range s.sandboxes("acct-a") {
 				before[sb] = true
+			}
+			if o.name == "restore" {
+				// What the restore replaces, on the guest's disk: after
+				// the kill it is either still the sandbox's or in auto-N.
+				s.sh(id, "echo "+point+" > /workspace/marker; sync")
 			}
 			s.stop()
 			s.env = []string{"STRATA_FAILPOINTS=" + point}
@@ -453,12 +462,45 @@ func TestVMSnapshotFaults(t *testing.T) {
 			if !slices.Contains(s.sandboxes("acct-a"), id) {
 				t.Fatalf("%s killed at %s: the sandbox is gone", o.name, point)
 			}
+			if o.name == "restore" {
+				s.undoKeeps(id, point)
+			}
 			if left, _ := filepath.Glob(filepath.Join(s.machines, "*+template")); len(left) > 0 {
 				t.Fatalf("%s killed at %s: template directories left: %v", o.name, point, left)
 			}
 			s.checkStore()
 		}
 	}
+}
+
+// undoKeeps checks, after a restore killed at point, that the state it
+// replaced (the marker point on the guest's disk) is not lost: either the
+// restore never replaced it (the sandbox still has it) or the newest
+// automatic snapshot is ready, with or without its memory, and a restore
+// of it brings the marker back.
+func (s *vmStack) undoKeeps(id, point string) {
+	s.t.Helper()
+	if s.exec(id, "cat", "/workspace/marker").Stdout == point+"\n" {
+		return
+	}
+	var auto map[string]any
+	for _, sn := range s.must(200, "GET", "/v1/sandboxes/"+id+"/snapshots", "").Body["data"].([]any) {
+		if m := sn.(map[string]any); m["auto"] == true {
+			auto = m
+		}
+	}
+	if auto == nil || auto["status"] != "ready" {
+		s.t.Fatalf("restore killed at %s: the state it replaced is lost: newest automatic snapshot %v", point, auto)
+	}
+	s.t.Logf("restore killed at %s: %s is ready (memory %v) %v", point, auto["id"], auto["memory"], auto["memory_lost"])
+	s.must(200, "POST", "/v1/sandboxes/"+id+"/snapshots/"+auto["id"].(string)+"/restore", "")
+	if got := s.exec(id, "cat", "/workspace/marker").Stdout; got != point+"\n" {
+		s.t.Fatalf("restore killed at %s: %s restored the marker %q", point, auto["id"], got)
+	}
+	if s.counter(id) < 0 { // a disk-only undo is a fresh boot
+		s.sh(id, counterLine)
+	}
+	s.counting(id)
 }
 
 // alive tells whether the hostproxy process still runs.

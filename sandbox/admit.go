@@ -144,9 +144,20 @@ func admitDisks(others, want, free, reserve int64, overcommit float64) error {
 	return nil
 }
 
-// checkDisks refuses a boot of id (a disk of diskGiB, its top, if it has
-// one already, the store file top) when admitDisks does.
-func (m *Manager) checkDisks(ctx context.Context, id string, diskGiB int, top string) error {
+// holdDisk admits a boot of id (a disk of diskGiB; its top, if it has
+// one already, the store file top) as admitDisks rules, and holds what it
+// admitted until the boot ends (unreserve): two creates, forks or starts
+// at once each count the other's disk, so that together they never pass
+// what the store may hold. Once its QEMU runs, a sandbox's disk counts
+// as a live one's.
+func (m *Manager) holdDisk(ctx context.Context, id string, diskGiB int, top string) error {
+	records, err := m.cfg.Records.List(ctx)
+	if err != nil {
+		return err
+	}
+	// One admission at a time: the check and the hold are one step.
+	m.diskMu.Lock()
+	defer m.diskMu.Unlock()
 	free, err := m.storeFree()
 	if err != nil {
 		return err
@@ -159,14 +170,17 @@ func (m *Manager) checkDisks(ctx context.Context, id string, diskGiB int, top st
 	for other := range m.reserved {
 		withQEMU[other] = true
 	}
-	m.mu.Unlock()
-	records, err := m.cfg.Records.List(ctx)
-	if err != nil {
-		return err
-	}
 	var others int64
+	held := map[string]bool{}
+	for other, bytes := range m.diskHeld {
+		held[other] = true
+		if other != id {
+			others += bytes
+		}
+	}
+	m.mu.Unlock()
 	for _, r := range records {
-		if r.ID == id || !withQEMU[r.ID] {
+		if r.ID == id || held[r.ID] || !withQEMU[r.ID] {
 			continue
 		}
 		var have int64
@@ -179,7 +193,14 @@ func (m *Manager) checkDisks(ctx context.Context, id string, diskGiB int, top st
 	if top != "" {
 		have = allocated(m.layerPath(top))
 	}
-	return admitDisks(others, diskGrowth(m.diskBytes(diskGiB), have), free, m.cfg.StoreReserveBytes, m.cfg.DiskOvercommit)
+	want := diskGrowth(m.diskBytes(diskGiB), have)
+	if err := admitDisks(others, want, free, m.cfg.StoreReserveBytes, m.cfg.DiskOvercommit); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.diskHeld[id] = want
+	m.mu.Unlock()
+	return nil
 }
 
 // topOf is the store file of r's disk's top ("" before its first boot).
@@ -323,8 +344,11 @@ func (m *Manager) endLaterSave(key string) {
 	m.mu.Unlock()
 }
 
+// unreserve ends what admission holds for id's boot: its memory
+// (reserve) and its disk (holdDisk).
 func (m *Manager) unreserve(id string) {
 	m.mu.Lock()
 	delete(m.reserved, id)
+	delete(m.diskHeld, id)
 	m.mu.Unlock()
 }

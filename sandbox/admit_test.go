@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -453,4 +454,68 @@ func TestIOErrorIsUnresponsive(t *testing.T) {
 	if !strings.Contains(r.Error, "io-error") || r.UnresponsiveReason != "" {
 		t.Errorf("error %q, reason %q", r.Error, r.UnresponsiveReason)
 	}
+}
+
+// TestConcurrentBootsHoldTheirDisks: creates and forks at once, on a
+// store whose disks' growth (DiskOvercommit × free space less the
+// reserve) holds one more 1 GiB disk beside the running one: exactly one
+// is admitted, the others answer insufficient_storage, and nothing of
+// theirs is recorded.
+//
+// Regression: disk admission checked and reserved nothing, so boots
+// admitted at the same moment each saw room for itself alone.
+func TestConcurrentBootsHoldTheirDisks(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	mountSmallFS(t, h.dir, 1<<30)
+	const reserve = 64 << 20
+	var st unix.Statfs_t
+	if err := unix.Statfs(h.dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	ratio := float64(5<<29) / float64(free-reserve) // 2.5 GiB of growth
+	m := h.manager(func(c *sandbox.Config) {
+		c.QEMUVersion, c.StoreReserveBytes, c.DiskOvercommit = qemuVersion, reserve, ratio
+	})
+	h.running(m, "sb-1")
+	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{})
+	const n = 10
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	ready := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-ready
+			id := fmt.Sprintf("sb-x%d", i)
+			if i%2 == 0 {
+				_, errs[i] = m.Create(ctx, record(id))
+			} else {
+				_, errs[i] = m.Fork(ctx, "sb-1", "v1", sandbox.Record{ID: id, Account: "acct"})
+			}
+		}()
+	}
+	close(ready)
+	wg.Wait()
+	admitted := 0
+	for i, err := range errs {
+		id := fmt.Sprintf("sb-x%d", i)
+		switch {
+		case err == nil:
+			admitted++
+			h.waitState(id, sandbox.Running)
+		case fault.CodeOf(err) != "insufficient_storage":
+			t.Errorf("%s: %v, want insufficient_storage or admitted", id, err)
+		default:
+			if _, err := h.recs.Get(ctx, id); fault.CodeOf(err) != "sandbox_not_found" {
+				t.Errorf("%s recorded although refused: %v", id, err)
+			}
+		}
+	}
+	if admitted != 1 {
+		t.Fatalf("%d of %d boots admitted at once; the store's disks' growth holds one", admitted, n)
+	}
+	checkStore(t, m)
 }

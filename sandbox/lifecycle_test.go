@@ -1,261 +1,24 @@
 package sandbox_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"strata/internal/fault"
-	"strata/internal/testenv"
 	"strata/sandbox"
-	"strata/vmm"
 )
 
 // These tests run the Manager over fakeDriver (fake_test.go): every
 // lifecycle path without QEMU. States are read through Records, as
 // hostproxy reads them, and waited for with a deadline.
-
-const (
-	uidBase     = 300000
-	stopTimeout = 300 * time.Millisecond
-	// waitFor bounds every wait for a state: far above what any step
-	// takes, so that only a state never reached fails.
-	waitFor = 10 * time.Second
-)
-
-// harness is one state directory, its records, a fake QEMU and the
-// Managers a test starts over them (a second one is a restarted
-// hostproxy).
-type harness struct {
-	t      *testing.T
-	dir    string
-	claims string // the host's claims of id ranges (one per test)
-	image  sandbox.Image
-	recs   *memRecords
-	drv    *fakeDriver
-	mem    atomic.Int64 // MiB the host has available
-	booted atomic.Int32 // calls of Config.Booted
-	logs   *lockedBuffer
-}
-
-func newHarness(t *testing.T) *harness {
-	t.Helper()
-	// prepare chowns each run directory and disk to the sandbox's uid.
-	testenv.RequiresRoot(t)
-	requireQemuImg(t)
-	// QEMU runs unprivileged below Dir, which New checks: every parent
-	// must be traversable by others (t.TempDir's are not). Short, too:
-	// a unix socket path is at most 107 bytes.
-	top, err := os.MkdirTemp("", "sbx")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(top) })
-	if err := os.Chmod(top, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	img := filepath.Join(top, "image")
-	if err := os.Mkdir(img, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []string{"vmlinux", "initramfs"} {
-		if err := os.WriteFile(filepath.Join(img, f), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	base := filepath.Join(img, "disk.qcow2")
-	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", base, "64M").CombinedOutput(); err != nil {
-		t.Fatalf("qemu-img create: %v: %s", err, out)
-	}
-	h := &harness{
-		t: t, dir: filepath.Join(top, "sb"), claims: filepath.Join(top, "ids.json"),
-		image: sandbox.Image{Key: "k", Kernel: filepath.Join(img, "vmlinux"), Initrd: filepath.Join(img, "initramfs"), Disk: base},
-		recs:  newMemRecords(),
-		logs:  &lockedBuffer{},
-	}
-	h.mem.Store(16 << 10)
-	h.drv = newFakeDriver(slog.New(slog.NewTextHandler(h.logs, nil)))
-	t.Cleanup(func() {
-		// After the Managers' own cleanups (registered later, run
-		// earlier): nothing watches the machines any more.
-		for _, m := range h.drv.running() {
-			m.Kill()
-		}
-		if t.Failed() {
-			t.Logf("logs:\n%s", h.logs.String())
-		}
-	})
-	return h
-}
-
-// requireQemuImg fails t unless qemu-img is on PATH: the Manager makes
-// each sandbox's disk with it. Under -short the test is skipped instead.
-func requireQemuImg(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("makes disks with qemu-img; skipped under -short")
-	}
-	if _, err := exec.LookPath("qemu-img"); err != nil {
-		t.Fatal("this test makes sandbox disks: qemu-img is not on PATH (make deps installs it, with QEMU)")
-	}
-}
-
-// manager starts a Manager over the harness's records and directory,
-// closed when the test ends; edit may change its configuration first.
-func (h *harness) manager(edit func(*sandbox.Config)) *sandbox.Manager {
-	h.t.Helper()
-	m, err := h.newManager(edit)
-	if err != nil {
-		h.t.Fatalf("sandbox.New: %v", err)
-	}
-	return m
-}
-
-// newManager is manager, answering New's error.
-func (h *harness) newManager(edit func(*sandbox.Config)) (*sandbox.Manager, error) {
-	h.t.Helper()
-	cfg := sandbox.Config{
-		Dir: h.dir, Image: h.image, Driver: h.drv,
-		Accel:   vmm.Probe{Accel: vmm.TCG, TSCKHz: 2_000_000},
-		Records: h.recs,
-		Log:     slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		UIDBase: uidBase, IDClaims: h.claims, BootTimeout: waitFor, StopTimeout: stopTimeout,
-		Booted: func(ctx context.Context, r sandbox.Record) error {
-			h.booted.Add(1)
-			return nil
-		},
-		MemAvailable: func() (int, error) { return int(h.mem.Load()), nil },
-		// Templates at the first fork, as the tests of records and
-		// admission expect; TestTemplateAhead turns it off.
-		LazyTemplates: true,
-	}
-	if edit != nil {
-		edit(&cfg)
-	}
-	m, err := sandbox.New(cfg)
-	if err != nil {
-		return nil, err
-	}
-	h.t.Cleanup(m.Close)
-	return m, nil
-}
-
-// record is a new sandbox's record as hostproxy hands it to Create.
-func record(id string) sandbox.Record {
-	return sandbox.Record{ID: id, Account: "acct", MemoryMiB: 256, VCPUs: 1, DiskGiB: 1, CreatedAt: time.Now().UTC().Truncate(time.Second)}
-}
-
-// create creates sandbox id and checks the answer: creating, with a uid
-// of its own and the image's base disk.
-func (h *harness) create(m *sandbox.Manager, id string) sandbox.Record {
-	h.t.Helper()
-	r, err := m.Create(context.Background(), record(id))
-	if err != nil {
-		h.t.Fatalf("Create %s: %v", id, err)
-	}
-	if r.State != sandbox.Creating || r.Machine == nil || r.Machine.Uid < uidBase || r.Machine.BaseDisk != h.image.Disk {
-		h.t.Fatalf("Create %s answered %+v (machine %+v)", id, r, r.Machine)
-	}
-	return r
-}
-
-// running creates sandbox id and waits until it runs.
-func (h *harness) running(m *sandbox.Manager, id string) sandbox.Record {
-	h.t.Helper()
-	h.create(m, id)
-	return h.waitState(id, sandbox.Running)
-}
-
-func (h *harness) get(id string) sandbox.Record {
-	h.t.Helper()
-	r, err := h.recs.Get(context.Background(), id)
-	if err != nil {
-		h.t.Fatalf("Get %s: %v", id, err)
-	}
-	return r
-}
-
-// waitState waits until the record of id is in state want.
-func (h *harness) waitState(id string, want sandbox.State) sandbox.Record {
-	h.t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for {
-		r, err := h.recs.Get(context.Background(), id)
-		if err == nil && r.State == want {
-			return r
-		}
-		if time.Now().After(deadline) {
-			h.t.Fatalf("sandbox %s: state %q (error %q, get %v) after %v, want %q", id, r.State, r.Error, err, waitFor, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// waitExit waits until the fake machine has exited and returns how.
-func waitExit(t *testing.T, fm *fakeMachine) string {
-	t.Helper()
-	select {
-	case <-fm.Done():
-		return fm.howExited()
-	case <-time.After(waitFor):
-		t.Fatalf("machine %d still runs after %v", fm.proc.Pid, waitFor)
-		return ""
-	}
-}
-
-// checkHealth asks the sandbox's guestd for GET /v1/health through a
-// stream of its channel (Dial), as hostproxy's guest client does.
-func checkHealth(t *testing.T, m *sandbox.Manager, id string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	conn, err := m.Dial(ctx, id)
-	if err != nil {
-		t.Fatalf("Dial %s: %v", id, err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(waitFor))
-	if _, err := io.WriteString(conn, "GET /v1/health HTTP/1.1\r\nHost: guestd\r\nConnection: close\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("health of %s: %v", id, err)
-	}
-	defer resp.Body.Close()
-	var env struct{ Status string }
-	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil || resp.StatusCode != 200 || env.Status != "success" {
-		t.Fatalf("health of %s: %s, %+v, %v", id, resp.Status, env, err)
-	}
-}
-
-// wantFault checks that err carries code and, when state is not "", the
-// sandbox's state in its fields.
-func wantFault(t *testing.T, what string, err error, code string, state sandbox.State) {
-	t.Helper()
-	fe := fault.As(err)
-	if fe == nil || fe.Code != code {
-		t.Fatalf("%s: got %v, want %s", what, err, code)
-	}
-	if state != "" && fe.Fields["state"] != string(state) {
-		t.Errorf("%s: fields %v, want state %q", what, fe.Fields, state)
-	}
-}
 
 // TestCreate follows one sandbox from creating to running: the record
 // says creating until guestd answers (a boot held back by the fake), the
@@ -311,32 +74,6 @@ func TestCreate(t *testing.T) {
 	}
 	if len(fm.cfg.Disk) != 2 || fm.cfg.Disk[0].Path != top || fm.cfg.Disk[1].Path != h.image.Disk || fm.cfg.Uid != r.Machine.Uid || fm.cfg.MemoryMiB != 256 || fm.cfg.Ctl != filepath.Join(h.dir, "sb-1", "ctl") {
 		t.Errorf("QEMU started with %+v", fm.cfg)
-	}
-}
-
-func waitMachine(t *testing.T, d *fakeDriver, id string) *fakeMachine {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for d.last(id) == nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("no machine started for %s", id)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return d.last(id)
-}
-
-// waitHealthAsked waits until the host's end of fm's channel is
-// connected: the Manager's health request goes through it at once, and
-// waits for guestd.
-func waitHealthAsked(t *testing.T, fm *fakeMachine) {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for !fm.guest.Up() {
-		if time.Now().After(deadline) {
-			t.Fatal("the host never connected to the guest's channel")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -541,41 +278,6 @@ func TestLifecycle(t *testing.T) {
 	}
 }
 
-// stopWithin calls Stop and fails the test if it has not returned within
-// waitFor.
-func stopWithin(t *testing.T, m *sandbox.Manager, id string) (sandbox.Record, time.Duration, error) {
-	t.Helper()
-	type result struct {
-		r   sandbox.Record
-		err error
-	}
-	t0 := time.Now()
-	c := make(chan result, 1)
-	go func() {
-		r, err := m.Stop(context.Background(), id)
-		c <- result{r, err}
-	}()
-	select {
-	case res := <-c:
-		return res.r, time.Since(t0), res.err
-	case <-time.After(waitFor):
-		t.Fatalf("Stop of %s has not returned after %v (StopTimeout %v)", id, waitFor, stopTimeout)
-		return sandbox.Record{}, 0, nil
-	}
-}
-
-// checkDeleted checks that a deleted sandbox left nothing: no record, no
-// run directory (disk, sockets, logs).
-func checkDeleted(t *testing.T, h *harness, id string) {
-	t.Helper()
-	if _, err := h.recs.Get(context.Background(), id); fault.CodeOf(err) != "sandbox_not_found" {
-		t.Errorf("record after Delete: %v", err)
-	}
-	if _, err := os.Stat(filepath.Join(h.dir, id)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("run directory after Delete: %v", err)
-	}
-}
-
 // TestBootThatNeverAnswers: a guest that never answers puts its sandbox in
 // error after BootTimeout, with a sentence, and its machine is killed; a
 // start boots it again.
@@ -753,105 +455,6 @@ func TestBootsUnderWayReserveMemory(t *testing.T) {
 	h.waitState("sb-b", sandbox.Running)
 }
 
-// TestRecover plays a hostproxy restart: a first Manager leaves sandboxes
-// in every state a crash can leave them, a second one on the same records
-// and directory settles each.
-func TestRecover(t *testing.T) {
-	ctx := context.Background()
-	h := newHarness(t)
-	m1 := h.manager(nil)
-	for _, id := range []string{"sb-run", "sb-paused", "sb-gone", "sb-stopping", "sb-destroying"} {
-		h.running(m1, id)
-	}
-	if _, err := m1.Pause(ctx, "sb-paused"); err != nil {
-		t.Fatal(err)
-	}
-	h.waitState("sb-paused", sandbox.Paused)
-	m1.Close()
-
-	// What the crash left: machines gone under two records, a delete and
-	// a stop half done, a create recorded but never started.
-	h.drv.last("sb-gone").Kill()
-	h.drv.last("sb-stopping").Kill()
-	setState(t, h, "sb-stopping", sandbox.Stopping)
-	setState(t, h, "sb-destroying", sandbox.Destroying)
-	creating := record("sb-creating")
-	creating.State = sandbox.Creating
-	creating.Machine = &sandbox.Machine{Uid: uidBase + 50, Gid: uidBase + 50, BaseDisk: h.image.Disk, Image: h.image.Key}
-	if err := h.recs.Insert(ctx, creating); err != nil {
-		t.Fatal(err)
-	}
-	adopted := h.drv.last("sb-run")
-
-	m2 := h.manager(nil)
-	if err := m2.Recover(ctx); err != nil {
-		t.Fatalf("Recover: %v", err)
-	}
-
-	t.Run("running_adopted", func(t *testing.T) {
-		r := h.get("sb-run")
-		if r.State != sandbox.Running || *r.Machine.Process != adopted.proc || adopted.exited() || h.drv.starts("sb-run") != 1 {
-			t.Errorf("record %+v (process %+v), machine exited %v, %d starts; want the same machine running", r, r.Machine.Process, adopted.exited(), h.drv.starts("sb-run"))
-		}
-		checkHealth(t, m2, "sb-run")
-	})
-	t.Run("paused_adopted", func(t *testing.T) {
-		if r := h.get("sb-paused"); r.State != sandbox.Paused {
-			t.Errorf("state %q, want paused", r.State)
-		}
-		if _, err := m2.Resume(ctx, "sb-paused"); err != nil {
-			t.Fatal(err)
-		}
-		h.waitState("sb-paused", sandbox.Running)
-		checkHealth(t, m2, "sb-paused")
-	})
-	t.Run("gone_is_error", func(t *testing.T) {
-		r := h.get("sb-gone")
-		if r.State != sandbox.Error || !strings.Contains(r.Error, "while the host service was down") || r.Machine.Process != nil {
-			t.Errorf("record %+v; want error with a sentence, no process", r)
-		}
-	})
-	t.Run("stopping_is_stopped", func(t *testing.T) {
-		if r := h.get("sb-stopping"); r.State != sandbox.Stopped || r.Error != "" || r.Machine.Process != nil {
-			t.Errorf("record %+v; want stopped", r)
-		}
-	})
-	t.Run("destroying_finished", func(t *testing.T) {
-		checkDeleted(t, h, "sb-destroying")
-		if !h.drv.last("sb-destroying").exited() {
-			t.Error("its machine still runs")
-		}
-	})
-	t.Run("creating_booted", func(t *testing.T) {
-		h.waitState("sb-creating", sandbox.Running)
-		if n := h.drv.starts("sb-creating"); n != 1 {
-			t.Errorf("%d machines started, want 1", n)
-		}
-		checkHealth(t, m2, "sb-creating")
-	})
-	t.Run("lifecycle_after_adoption", func(t *testing.T) {
-		// The adopted machine is watched: a stop is clean, an exit is seen.
-		if _, err := m2.Stop(ctx, "sb-run"); err != nil {
-			t.Fatal(err)
-		}
-		if how := waitExit(t, adopted); how != "powered off" {
-			t.Errorf("adopted machine %s on stop; want powered off", how)
-		}
-		h.drv.last("sb-creating").Kill()
-		h.waitState("sb-creating", sandbox.Error)
-	})
-}
-
-func setState(t *testing.T, h *harness, id string, s sandbox.State) {
-	t.Helper()
-	if _, err := h.recs.Update(context.Background(), id, func(r *sandbox.Record) error {
-		r.State = s
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestConcurrentCreatesGetTheirOwnUIDs: creates at once each get a uid
 // of their own.
 //
@@ -891,46 +494,6 @@ func TestConcurrentCreatesGetTheirOwnUIDs(t *testing.T) {
 		}
 		uids[r.Machine.Uid] = id
 	}
-}
-
-// TestCloseDuringBoot: closing the Manager (a hostproxy restart) while a
-// sandbox boots leaves its machine running and its record creating; the
-// next Manager adopts the machine and finishes the boot, and so on across
-// a restart during that Manager's own wait.
-//
-// Regression: Close cancelled the boot's wait on guestd, which was taken
-// for a failed boot: the machine was killed and the sandbox put in error.
-func TestCloseDuringBoot(t *testing.T) {
-	h := newHarness(t)
-	m1 := h.manager(nil)
-	gate := make(chan struct{})
-	h.drv.setPlan(plan{gate: gate})
-	h.create(m1, "sb-1")
-	fm := waitMachine(t, h.drv, "sb-1")
-	waitHealthAsked(t, fm)
-	m1.Close()
-	if r := h.get("sb-1"); r.State != sandbox.Creating || r.Machine.Process == nil || fm.exited() {
-		t.Fatalf("after Close: record %+v (process %v), machine %q; want creating, its machine running", r, r.Machine.Process, fm.howExited())
-	}
-	m2 := h.manager(nil)
-	if err := m2.Recover(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	// Recover waits on guestd again; close that Manager too.
-	m2.Close()
-	if r := h.get("sb-1"); r.State != sandbox.Creating || r.Machine.Process == nil || fm.exited() {
-		t.Fatalf("after a second Close: record %+v (process %v), machine %q; want creating, its machine running", r, r.Machine.Process, fm.howExited())
-	}
-	m3 := h.manager(nil)
-	if err := m3.Recover(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	close(gate)
-	h.waitState("sb-1", sandbox.Running)
-	if n := h.drv.starts("sb-1"); n != 1 {
-		t.Errorf("%d machines started, want the first adopted", n)
-	}
-	checkHealth(t, m3, "sb-1")
 }
 
 // TestNextOperationOnceStateIsFinal: as soon as the record shows an
@@ -1008,24 +571,6 @@ func TestNotAMachine(t *testing.T) {
 	if _, err := m.Dial(ctx, "sb-configured"); err == nil {
 		t.Error("Dial reached a sandbox that has no machine here")
 	}
-}
-
-// lockedBuffer collects the logs of a test's Managers and fake guests.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // TestDeleteDuringABoot: a delete does not wait for a boot that may hang
@@ -1119,70 +664,4 @@ func TestDeploymentsGetDisjointIDs(t *testing.T) {
 	if m3.IDs() != r1 {
 		t.Errorf("range %+v, want %+v", m3.IDs(), r1)
 	}
-}
-
-// TestGuestdRestartHeals pins issue 17's lost guest: after its guestd
-// was killed and started again, the host's session stayed up with a dead
-// peer, every call timed out and the record said running. The heartbeat
-// now marks the sandbox unresponsive (with since), resets the channel,
-// and once the new guestd answers resyncs it, hands it its credentials
-// again and records it running; a guest whose CPUs are stopped is never
-// called unresponsive.
-func TestGuestdRestartHeals(t *testing.T) {
-	h := newHarness(t)
-	m := h.manager(func(c *sandbox.Config) {
-		c.Heartbeat, c.PingTimeout = 20*time.Millisecond, 150*time.Millisecond
-	})
-	h.running(m, "sb-1")
-	fm := waitMachine(t, h.drv, "sb-1")
-	for i := range 3 {
-		booted, resyncs := h.booted.Load(), fm.resyncs.Load()
-		go fm.killGuestd(h.drv.log, true)
-		r := h.waitState("sb-1", sandbox.Unresponsive)
-		if r.UnresponsiveSince.IsZero() {
-			t.Fatalf("round %d: unresponsive without since", i)
-		}
-		h.waitState("sb-1", sandbox.Running)
-		if h.get("sb-1").UnresponsiveSince != (time.Time{}) {
-			t.Fatalf("round %d: running with unresponsive_since", i)
-		}
-		if h.booted.Load() <= booted || fm.resyncs.Load() <= resyncs {
-			t.Fatalf("round %d: answering again without credentials (%d → %d) or a resync (%d → %d)", i, booted, h.booted.Load(), resyncs, fm.resyncs.Load())
-		}
-		checkHealth(t, m, "sb-1")
-	}
-	// Paused CPUs do not answer either, and are not unresponsive.
-	fm.Pause(context.Background())
-	time.Sleep(500 * time.Millisecond)
-	if s := h.get("sb-1").State; s != sandbox.Running {
-		t.Fatalf("a guest with stopped CPUs is %s", s)
-	}
-	fm.Resume(context.Background())
-	if fm.exited() {
-		t.Fatal("a healed machine exited")
-	}
-}
-
-// TestUnresponsivePastItsLimit: a guest that never answers again is put
-// in error with a sentence after UnresponsiveLimit, and its QEMU stopped.
-func TestUnresponsivePastItsLimit(t *testing.T) {
-	h := newHarness(t)
-	m := h.manager(func(c *sandbox.Config) {
-		c.Heartbeat, c.PingTimeout, c.UnresponsiveLimit = 20*time.Millisecond, 150*time.Millisecond, time.Second
-	})
-	h.running(m, "sb-1")
-	fm := waitMachine(t, h.drv, "sb-1")
-	fm.killGuestd(h.drv.log, false)
-	h.waitState("sb-1", sandbox.Unresponsive)
-	r := h.waitState("sb-1", sandbox.Error)
-	if !strings.Contains(r.Error, "stopped answering") || r.Machine.Process != nil {
-		t.Fatalf("error %q, process %+v", r.Error, r.Machine.Process)
-	}
-	if how := waitExit(t, fm); how != "killed" {
-		t.Fatalf("machine %s", how)
-	}
-	if _, err := m.Start(context.Background(), "sb-1"); err != nil {
-		t.Fatal(err)
-	}
-	h.waitState("sb-1", sandbox.Running)
 }

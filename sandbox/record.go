@@ -229,6 +229,11 @@ type Snapshot struct {
 	Needs *Needs `json:"needs,omitempty"`
 	// Template is made at the first fork of a memory snapshot.
 	Template *Template `json:"template,omitempty"`
+	// MemoryLost says why a restore's automatic snapshot taken with its
+	// memory has only its disk (Memory is false): the memory could not
+	// be written (a full store, a QEMU error, the time limit, the host
+	// service stopping), and the frozen disk is what it keeps.
+	MemoryLost string `json:"memory_lost,omitempty"`
 	// Unsynced is the host's boot id while a ready snapshot's files are
 	// still being written to disk: after a reboot it may be torn.
 	Unsynced string `json:"unsynced,omitempty"`

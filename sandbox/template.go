@@ -400,7 +400,9 @@ func (m *Manager) allocGid(ctx context.Context) (uint32, func(), error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	used := map[uint32]bool{}
+	// A group a live process still holds (a template QEMU, a fork that
+	// outlived its record) is not free either (procids.go).
+	used := liveProcessIDs("/proc").gids
 	for _, r := range records {
 		if r.Machine != nil && r.Machine.RAMGid != 0 {
 			used[r.Machine.RAMGid] = true

@@ -25,6 +25,9 @@ type Snapshot struct {
 	// memory was copied while it ran.
 	PauseMs float64 `json:"pause_ms,omitempty"`
 	Live    bool    `json:"live,omitempty"`
+	// MemoryLost says why a restore's automatic snapshot has only its
+	// disk: its memory could not be written.
+	MemoryLost string `json:"memory_lost,omitempty"`
 }
 
 // SnapshotRestore is the answer of a snapshot restore.
