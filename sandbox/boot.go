@@ -24,184 +24,301 @@ import (
 // that freed its memory) to running: disk, QEMU, its saved memory if it
 // has one, channel, guestd answering, credentials. On failure the sandbox
 // is in error and no QEMU of it runs.
+//
+// The boot is bootSteps, run in order, each logged with its time; the
+// first that fails ends it with its step's sentence (bootStep.fail),
+// unless it has dealt with its failure itself (errBootEnded).
 func (m *Manager) boot(ctx context.Context, id string, via State) {
 	// Once the guest has booted, the host's available memory shows what
 	// it takes; until then its reservation stands for it.
 	defer m.unreserve(id)
-	t0 := time.Now()
-	r, err := m.cfg.Records.Get(ctx, id)
-	if err != nil {
+	b := &bootRun{m: m, id: id, via: via, t0: time.Now(), booted: make(chan error, 1)}
+	var err error
+	if b.r, err = m.cfg.Records.Get(ctx, id); err != nil {
 		m.log.Error("sandbox boot: no record", "sandbox", id, "err", err)
 		return
 	}
-	fail := func(sentence string, err error) {
-		if m.ctx.Err() != nil {
-			m.leaveBoot(id, err)
-			return
-		}
-		if ctx.Err() != nil {
-			// Cancelled for a delete, which takes it from here.
-			m.log.Info("sandbox boot cancelled", "sandbox", id)
-			m.teardown(id)
-			return
-		}
-		m.log.Error("sandbox boot failed", "sandbox", id, "err", err)
-		m.teardown(id)
-		m.setState(id, Error, sentence, via)
-	}
-	if _, err := os.Stat(r.Machine.BaseDisk); err != nil {
-		fail(errBaseDiskMissing, err)
-		return
-	}
-	if r, err = m.prepare(ctx, r); err != nil {
-		fail(errStartFailedOnHost, err)
-		return
-	}
-	if r.Machine.FromTemplate != nil {
-		tr, err := m.startFromTemplate(ctx, r)
-		if err != nil {
-			fail(errStartFailedOnHost, err)
-			return
-		}
-		if tr.Machine.RAM == "" {
-			m.log.Warn("fork loads the snapshot's whole state: no template", "sandbox", id)
-		}
-		r = tr
-	}
-	if r.Machine.Saved != "" {
-		if r, err = m.loadTop(ctx, r); err != nil {
-			fail(errStartFailedOnHost, err)
-			return
-		}
-	}
-	cfg := m.vmConfig(r)
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	vm, err := m.cfg.Driver.Start(sctx, cfg)
-	cancel()
-	if err != nil && via == Resuming && r.Machine.SavedTemplate != nil && r.Machine.RAM != "" && ctx.Err() == nil {
-		// Through the pause's template, the QEMU did not start (its
-		// state lost the group, say): the whole state loads instead.
-		m.log.Warn("resume through the pause template failed to start; the whole state loads", "sandbox", id, "err", err)
-		if r, err = m.unmapResume(ctx, id); err == nil {
-			cfg = m.vmConfig(r)
-			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			vm, err = m.cfg.Driver.Start(sctx, cfg)
-			cancel()
-		}
-	}
-	if err != nil {
-		fail(errStartFailedOnHost, err)
-		return
-	}
-	p := vm.Process()
-	if _, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
-		r.Machine.Process = &p
-		r.Machine.Image = m.cfg.Image.Key
-		r.Machine.Handshake = true
-		return nil
-	}); err != nil {
-		vm.Kill()
-		fail(errStartFailedOnHost, err)
-		return
-	}
-	var loadedIn time.Duration
-	if cfg.Incoming {
-		if err := m.load(ctx, vm, r.Machine.Saved); err != nil {
-			vm.Kill()
-			<-vm.Done()
-			if via == Resuming && m.ctx.Err() == nil && ctx.Err() == nil {
-				// A paused sandbox's memory is kept: resume may be
-				// tried again, or a stop drops it.
-				m.log.Error("saved memory not loaded; the sandbox stays paused", "sandbox", id, "err", err)
-				m.teardown(id)
-				if r.Machine.SavedTemplate != nil && r.Machine.RAM != "" {
-					m.unmapResume(context.WithoutCancel(ctx), id)
-				}
-				m.setState(id, Paused, errResumeFailed, Resuming)
-				return
-			}
-			m.dropSaved(id)
-			fail(errLoadFailed, err)
-			return
-		}
-	}
-	if cfg.Incoming {
-		loadedIn = time.Since(t0)
-		failpoint.Hit(FailpointBootLoaded)
-	}
-	mc := m.adopt(id, vm, cfg, true)
-	// The credentials go to the guest beside the first call, not after
-	// it: calls in flight together on the channel cost one round trip,
-	// and the credentials use neither the guest's clock nor its RNG. A
-	// cold boot's wait their turn: its guest answers seconds later.
-	booted := make(chan error, 1)
-	var answeredIn, credentialsIn time.Duration
 	// A boot that fails ends the credentials' call rather than wait
 	// for it (a guest that never answers would hold it to its timeout).
-	bctx, endCredentials := context.WithCancel(ctx)
+	var endCredentials context.CancelFunc
+	b.bctx, endCredentials = context.WithCancel(ctx)
 	defer endCredentials()
-	sendCredentials := func() {
-		if m.cfg.Booted == nil {
-			booted <- nil
-			return
+	for _, st := range bootSteps() {
+		t := time.Now()
+		err := st.run(b, ctx)
+		m.log.Debug("boot step", "sandbox", id, "step", st.name, "took", time.Since(t).Round(time.Microsecond), "ok", err == nil)
+		if err == nil {
+			continue
 		}
-		go func() {
-			err := m.cfg.Booted(bctx, r)
-			credentialsIn = time.Since(t0)
-			booted <- err
-		}()
-	}
-	// A loaded guest's first call is its resync, which must come before
-	// anything else it is asked: its memory is another moment's (or
-	// another sandbox's), and its clock and RNG are told so before it is
-	// running. Forks of one snapshot must not run with one RNG state.
-	probe, what := func(ctx context.Context) error { return guestHealth(ctx, mc) }, "health"
-	if cfg.Incoming {
-		probe, what = func(ctx context.Context) error { return m.resync(ctx, mc, r) }, "resync"
-		sendCredentials()
-	}
-	if err := m.waitGuest(ctx, mc, what, probe); err != nil {
-		if cfg.Incoming {
+		if b.credentials {
+			// Sent beside the guest's first call: ended, and its
+			// answer awaited, before the sandbox is failed.
 			endCredentials()
-			<-booted
-			err = fmt.Errorf("the guest's clock and RNG were not resynced: %w", err)
+			<-b.booted
 		}
-		fail(errBootFailed, fmt.Errorf("%w%s", err, consoleTail(cfg.ConsoleLog())))
+		if !errors.Is(err, errBootEnded) {
+			b.fail(ctx, st.fail, err)
+		}
 		return
-	}
-	answeredIn = time.Since(t0)
-	m.log.Debug("guestd answered", "sandbox", id, "after", answeredIn.Round(time.Millisecond), "call", what)
-	if !cfg.Incoming {
-		sendCredentials()
-	} else {
-		if _, err := m.cfg.Records.Update(ctx, id, func(r *Record) error {
-			r.Machine.Saved, r.Machine.LoadDisk, r.Machine.SavedTemplate = "", nil, nil
-			return nil
-		}); err != nil {
-			endCredentials()
-			<-booted
-			fail(errStartFailedOnHost, err)
-			return
-		}
-		// The state goes unless a snapshot or a fork names it; not on
-		// the way to running.
-		m.collectLater()
-	}
-	if err := <-booted; err != nil {
-		if ctx.Err() != nil {
-			fail(errBootFailed, err)
-			return
-		}
-		m.log.Warn("sandbox booted, but its guest did not take its credentials", "sandbox", id, "err", err)
 	}
 	m.setState(id, Running, "", via)
 	m.compactLater(id)
-	if cfg.RAM != nil && cfg.RAM.Path != "" {
-		m.warmRAM(cfg.RAM.Path, cfg.RAM.Offset, int64(cfg.MemoryMiB)<<20)
+	if b.cfg.RAM != nil && b.cfg.RAM.Path != "" {
+		m.warmRAM(b.cfg.RAM.Path, b.cfg.RAM.Offset, int64(b.cfg.MemoryMiB)<<20)
 	}
 	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
-	m.log.Info("sandbox running", "sandbox", id, "boot", ms(time.Since(t0)), "loaded", cfg.Incoming, "loaded_in", ms(loadedIn),
-		"answered_in", ms(answeredIn), "credentials_in", ms(credentialsIn))
+	m.log.Info("sandbox running", "sandbox", id, "boot", ms(time.Since(b.t0)), "loaded", b.cfg.Incoming, "loaded_in", ms(b.loadedIn),
+		"answered_in", ms(b.answeredIn), "credentials_in", ms(b.credentialsIn))
+}
+
+// bootStep is one named step of a boot; fail is the sentence the sandbox
+// is in error with when the step fails.
+type bootStep struct {
+	name string
+	fail string
+	run  func(b *bootRun, ctx context.Context) error
+}
+
+// bootSteps are a boot's steps, in order (a function: the steps reach
+// boot again through forks made ahead, which a variable could not).
+func bootSteps() []bootStep {
+	return []bootStep{
+		{"base", errBaseDiskMissing, (*bootRun).checkBase},
+		{"prepare", errStartFailedOnHost, (*bootRun).prepare},
+		{"template", errStartFailedOnHost, (*bootRun).template},
+		{"load.top", errStartFailedOnHost, (*bootRun).loadTop},
+		{"start", errStartFailedOnHost, (*bootRun).start},
+		{"record", errStartFailedOnHost, (*bootRun).record},
+		{"load", errLoadFailed, (*bootRun).load},
+		{"adopt", errStartFailedOnHost, (*bootRun).adopt},
+		{"wait", errBootFailed, (*bootRun).wait},
+		{"loaded", errStartFailedOnHost, (*bootRun).loaded},
+		{"credentials", errBootFailed, (*bootRun).awaitCredentials},
+	}
+}
+
+// errBootEnded is a step's error when the step has ended the boot itself
+// (a resume whose memory did not load leaves the sandbox paused).
+var errBootEnded = errors.New("boot ended by its step")
+
+// bootRun is one boot's state, from step to step.
+type bootRun struct {
+	m   *Manager
+	id  string
+	via State
+	t0  time.Time
+	r   Record
+	cfg vmm.Config
+	vm  vmm.Machine
+	mc  *machine
+	// credentials is set once the guest's credentials are on their way
+	// (Config.Booted, in bctx); booted has their answer.
+	credentials bool
+	bctx        context.Context
+	booted      chan error
+	// What the running line logs.
+	loadedIn, answeredIn, credentialsIn time.Duration
+}
+
+// fail ends a boot that failed: the sandbox in error with sentence and
+// no QEMU, unless the Manager is closing (the next Recover finishes the
+// boot) or a delete cancelled it (the delete takes it from here).
+func (b *bootRun) fail(ctx context.Context, sentence string, err error) {
+	m := b.m
+	if m.ctx.Err() != nil {
+		m.leaveBoot(b.id, err)
+		return
+	}
+	if ctx.Err() != nil {
+		m.log.Info("sandbox boot cancelled", "sandbox", b.id)
+		m.teardown(b.id)
+		return
+	}
+	m.log.Error("sandbox boot failed", "sandbox", b.id, "err", err)
+	m.teardown(b.id)
+	m.setState(b.id, Error, sentence, b.via)
+}
+
+// checkBase: the image's base disk the sandbox's disk was made over.
+func (b *bootRun) checkBase(ctx context.Context) error {
+	_, err := os.Stat(b.r.Machine.BaseDisk)
+	return err
+}
+
+func (b *bootRun) prepare(ctx context.Context) (err error) {
+	b.r, err = b.m.prepare(ctx, b.r)
+	return err
+}
+
+// template: a fork's snapshot's template (made now if it has none), or
+// the whole state when there can be none.
+func (b *bootRun) template(ctx context.Context) error {
+	if b.r.Machine.FromTemplate == nil {
+		return nil
+	}
+	tr, err := b.m.startFromTemplate(ctx, b.r)
+	if err != nil {
+		return err
+	}
+	if tr.Machine.RAM == "" {
+		b.m.log.Warn("fork loads the snapshot's whole state: no template", "sandbox", b.id)
+	}
+	b.r = tr
+	return nil
+}
+
+func (b *bootRun) loadTop(ctx context.Context) (err error) {
+	if b.r.Machine.Saved != "" {
+		b.r, err = b.m.loadTop(ctx, b.r)
+	}
+	return err
+}
+
+// start starts QEMU. A resume through the pause's template whose QEMU
+// did not start (its state lost the group, say) loads the whole state
+// instead.
+func (b *bootRun) start(ctx context.Context) error {
+	m := b.m
+	b.cfg = m.vmConfig(b.r)
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	vm, err := m.cfg.Driver.Start(sctx, b.cfg)
+	cancel()
+	if err != nil && b.via == Resuming && b.r.Machine.SavedTemplate != nil && b.r.Machine.RAM != "" && ctx.Err() == nil {
+		m.log.Warn("resume through the pause template failed to start; the whole state loads", "sandbox", b.id, "err", err)
+		if b.r, err = m.unmapResume(ctx, b.id); err == nil {
+			b.cfg = m.vmConfig(b.r)
+			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			vm, err = m.cfg.Driver.Start(sctx, b.cfg)
+			cancel()
+		}
+	}
+	b.vm = vm
+	return err
+}
+
+// record names the QEMU in the record: from here a restart adopts it.
+func (b *bootRun) record(ctx context.Context) error {
+	p := b.vm.Process()
+	if _, err := b.m.cfg.Records.Update(ctx, b.id, func(r *Record) error {
+		r.Machine.Process = &p
+		r.Machine.Image = b.m.cfg.Image.Key
+		r.Machine.Handshake = true
+		return nil
+	}); err != nil {
+		b.vm.Kill()
+		return err
+	}
+	return nil
+}
+
+// load reads the saved memory into a QEMU started to take it. A resume
+// whose memory does not load stays paused, its memory kept (it may be
+// tried again, or a stop drops it); any other boot drops the state.
+func (b *bootRun) load(ctx context.Context) error {
+	if !b.cfg.Incoming {
+		return nil
+	}
+	m := b.m
+	if err := m.load(ctx, b.vm, b.r.Machine.Saved); err != nil {
+		b.vm.Kill()
+		<-b.vm.Done()
+		if b.via == Resuming && m.ctx.Err() == nil && ctx.Err() == nil {
+			m.log.Error("saved memory not loaded; the sandbox stays paused", "sandbox", b.id, "err", err)
+			m.teardown(b.id)
+			if b.r.Machine.SavedTemplate != nil && b.r.Machine.RAM != "" {
+				m.unmapResume(context.WithoutCancel(ctx), b.id)
+			}
+			m.setState(b.id, Paused, errResumeFailed, Resuming)
+			return errBootEnded
+		}
+		m.dropSaved(b.id)
+		return err
+	}
+	b.loadedIn = time.Since(b.t0)
+	failpoint.Hit(FailpointBootLoaded)
+	return nil
+}
+
+// adopt makes the QEMU the sandbox's live machine (watched, its channel
+// dialled).
+func (b *bootRun) adopt(ctx context.Context) error {
+	b.mc = b.m.adopt(b.id, b.vm, b.cfg, true)
+	return nil
+}
+
+// sendCredentials sends the guest its credentials (Config.Booted) in the
+// background; awaitCredentials takes the answer.
+func (b *bootRun) sendCredentials() {
+	b.credentials = true
+	if b.m.cfg.Booted == nil {
+		b.booted <- nil
+		return
+	}
+	go func() {
+		err := b.m.cfg.Booted(b.bctx, b.r)
+		b.credentialsIn = time.Since(b.t0)
+		b.booted <- err
+	}()
+}
+
+// wait waits for guestd's first answer. A loaded guest's first call is
+// its resync, which must come before anything else it is asked: its
+// memory is another moment's (or another sandbox's), and its clock and
+// RNG are told so before it is running (forks of one snapshot must not
+// run with one RNG state). The credentials go to the guest beside that
+// first call, not after it: calls in flight together on the channel cost
+// one round trip, and the credentials use neither the guest's clock nor
+// its RNG. A cold boot's wait their turn: its guest answers seconds
+// later.
+func (b *bootRun) wait(ctx context.Context) error {
+	mc := b.mc
+	probe, what := func(ctx context.Context) error { return guestHealth(ctx, mc) }, "health"
+	if b.cfg.Incoming {
+		probe, what = func(ctx context.Context) error { return b.m.resync(ctx, mc, b.r) }, "resync"
+		b.sendCredentials()
+	}
+	if err := b.m.waitGuest(ctx, mc, what, probe); err != nil {
+		if b.cfg.Incoming {
+			err = fmt.Errorf("the guest's clock and RNG were not resynced: %w", err)
+		}
+		return fmt.Errorf("%w%s", err, consoleTail(b.cfg.ConsoleLog()))
+	}
+	b.answeredIn = time.Since(b.t0)
+	b.m.log.Debug("guestd answered", "sandbox", b.id, "after", b.answeredIn.Round(time.Millisecond), "call", what)
+	if !b.cfg.Incoming {
+		b.sendCredentials()
+	}
+	return nil
+}
+
+// loaded forgets the memory a loaded guest came from: the state goes
+// unless a snapshot or a fork names it.
+func (b *bootRun) loaded(ctx context.Context) error {
+	if !b.cfg.Incoming {
+		return nil
+	}
+	if _, err := b.m.cfg.Records.Update(ctx, b.id, func(r *Record) error {
+		r.Machine.Saved, r.Machine.LoadDisk, r.Machine.SavedTemplate = "", nil, nil
+		return nil
+	}); err != nil {
+		return err
+	}
+	b.m.collectLater()
+	return nil
+}
+
+// awaitCredentials takes the credentials' answer: a guest that did not
+// take them still runs (they are owed to it), unless the boot was
+// cancelled meanwhile.
+func (b *bootRun) awaitCredentials(ctx context.Context) error {
+	b.credentials = false
+	if err := <-b.booted; err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		b.m.log.Warn("sandbox booted, but its guest did not take its credentials", "sandbox", b.id, "err", err)
+	}
+	return nil
 }
 
 // unmapResume undoes a resume's choice of the pause template, which did
