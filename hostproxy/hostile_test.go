@@ -316,12 +316,26 @@ func TestMetrics(t *testing.T) {
 	for i := range 3 {
 		s.do(request{method: fmt.Sprintf("X%d", i), path: "/nope"})
 	}
-	resp, err := http.Get(s.url + "/metrics")
+	// Host-wide activity: an account key's alone (issue 30, item 6).
+	for _, r := range []request{
+		{method: "GET", path: "/metrics"},
+		{method: "GET", path: "/metrics", key: s.issueToken(keyA, "sb-a1")},
+	} {
+		if rep := s.do(r); rep.status == 200 {
+			t.Errorf("/metrics with key %q: %d", r.key, rep.status)
+		}
+	}
+	req, _ := http.NewRequest("GET", s.url+"/metrics", nil)
+	req.Header.Set("X-Api-Key", keyA)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("/metrics with the account key: %d %s", resp.StatusCode, b)
+	}
 	for _, want := range []string{
 		`strata_hostproxy_requests_total{method="GET",route="/v1/sandboxes/:id/checkpoints",status="200"} 2`,
 		`strata_hostproxy_requests_total{method="GET",route="unmatched",status="404"} 1`,
