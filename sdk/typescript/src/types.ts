@@ -30,7 +30,12 @@ export type Scope = "checkpoints" | "snapshots" | "exec" | "files" | "ports" | "
  * key they are handed (its channel key), or `"none"`: no key at all, and
  * every call from inside refused. Default `{ scopes: ["checkpoints", "snapshots"] }`.
  */
-export type Access = "none" | { scopes: Scope[] };
+export type Access =
+  | "none"
+  | {
+      /** The scopes of the key handed to the guest. */
+      scopes: Scope[];
+    };
 
 /** An operation answered `202` that failed afterwards (a pause whose save failed: the sandbox runs on). */
 export interface FailedOperation {
