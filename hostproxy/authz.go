@@ -22,7 +22,9 @@ import (
 //
 // The checks, in this order (docs/api.md, "Order of checks"):
 //  1. a route that needs no key (health, the OpenAPI document) passes;
-//  2. the credential (authenticate: 400, 401, 429);
+//  2. the credential (authenticate, authn.go: 400 for two different
+//     keys, 401, also for any call from inside a sandbox whose access is
+//     none, 429);
 //  3. a call through a sandbox's channel never reaches a route marked
 //     outside (an account's list or create, the host's metrics, a
 //     restore, which ends the machine that carries the call, a fork,
