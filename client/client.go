@@ -21,6 +21,18 @@ type Client struct {
 	BaseURL string
 	Key     string
 	HTTP    *http.Client
+	// Bearer sends the key as Authorization: Bearer instead of X-Api-Key
+	// (the API takes either), for a proxy that passes only the former.
+	Bearer bool
+}
+
+// setKey puts the client's key on a request's headers.
+func (c *Client) setKey(h http.Header) {
+	if c.Bearer {
+		h.Set("Authorization", "Bearer "+c.Key)
+		return
+	}
+	h.Set("X-Api-Key", c.Key)
 }
 
 // Checkpoint is a checkpoint record of the API.
@@ -29,12 +41,13 @@ type Checkpoint = api.Checkpoint
 // Restored is the answer of a restore.
 type Restored = api.RestoreResult
 
-// Token is a sandbox access token as issued or shown.
+// Token is a sandbox access token as issued or shown, with its scopes.
 type Token struct {
-	Token     string `json:"token,omitempty"`
-	Enabled   *bool  `json:"enabled,omitempty"`
-	Hint      string `json:"hint,omitempty"`
-	CreatedAt string `json:"created_at,omitempty"`
+	Token     string      `json:"token,omitempty"`
+	Enabled   *bool       `json:"enabled,omitempty"`
+	Hint      string      `json:"hint,omitempty"`
+	CreatedAt string      `json:"created_at,omitempty"`
+	Scopes    []api.Scope `json:"scopes,omitempty"`
 }
 
 // Error is a JSend fail or error answer.
@@ -88,7 +101,7 @@ func (c *Client) Do(ctx context.Context, method, path string, header http.Header
 			req.Header.Add(k, v)
 		}
 	}
-	req.Header.Set("X-Api-Key", c.Key)
+	c.setKey(req.Header)
 	req.Header.Set("Accept", "application/json")
 	hc := c.HTTP
 	if hc == nil {
@@ -223,7 +236,20 @@ var tokenOps = map[string]struct{ method, suffix string }{
 	"revoke": {http.MethodDelete, ""},
 }
 
-// TokenCall runs one access-token operation: issue, show, rotate, revoke.
+// IssueToken issues the sandbox's access token with scopes (none: the
+// API's default, checkpoints and snapshots).
+func (c *Client) IssueToken(ctx context.Context, sandbox string, scopes []api.Scope) (Token, json.RawMessage, error) {
+	var body any
+	if len(scopes) > 0 {
+		body = map[string][]api.Scope{"scopes": scopes}
+	}
+	var t Token
+	raw, err := c.Call(ctx, http.MethodPost, SandboxPath(sandbox, "access-token"), body, &t)
+	return t, raw, err
+}
+
+// TokenCall runs one access-token operation: issue (with the default
+// scopes; IssueToken names others), show, rotate, revoke.
 func (c *Client) TokenCall(ctx context.Context, op, sandbox string) (Token, json.RawMessage, error) {
 	o, ok := tokenOps[op]
 	if !ok {

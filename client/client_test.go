@@ -3,10 +3,12 @@ package client
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -64,5 +66,42 @@ func TestErrors(t *testing.T) {
 	var v struct{ ID string }
 	if _, err := c.Call(ctx, "POST", "/created", nil, &v); err != nil || v.ID != "se-1" {
 		t.Fatalf("201: %v %+v", err, v)
+	}
+}
+
+// TestKeyAndBodies: the key goes in X-Api-Key, or as Authorization:
+// Bearer with Bearer set, on every kind of call; IssueToken sends its
+// scopes (nothing for the default), SetAccess its setting as the body.
+func TestKeyAndBodies(t *testing.T) {
+	type seen struct{ apiKey, auth, body string }
+	var got []seen
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got = append(got, seen{r.Header.Get("X-Api-Key"), r.Header.Get("Authorization"), string(b)})
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"status":"success","data":{}}`))
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	c := New(srv.URL, "sk_k")
+	c.IssueToken(ctx, "sb-a", nil)
+	c.IssueToken(ctx, "sb-a", []Scope{"exec", "files"})
+	c.SetAccess(ctx, "sb-a", Access{None: true})
+	c.SetAccess(ctx, "sb-a", Access{Scopes: []Scope{"checkpoints"}})
+	c.Bearer = true
+	c.GetSandbox(ctx, "sb-a")
+	if r, err := c.Stream(ctx, http.MethodGet, FilesPath("sb-a", "/a"), nil, nil, 0); err == nil {
+		r.Body.Close()
+	}
+	want := []seen{
+		{"sk_k", "", ""},
+		{"sk_k", "", `{"scopes":["exec","files"]}`},
+		{"sk_k", "", `"none"`},
+		{"sk_k", "", `{"scopes":["checkpoints"]}`},
+		{"", "Bearer sk_k", ""},
+		{"", "Bearer sk_k", ""},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("requests\n got %q\nwant %q", got, want)
 	}
 }

@@ -39,7 +39,7 @@ func (c *Client) Stream(ctx context.Context, method, p string, h http.Header, bo
 	for k, vs := range h {
 		req.Header[k] = vs
 	}
-	req.Header.Set("X-Api-Key", c.Key)
+	c.setKey(req.Header)
 	if body != nil {
 		req.ContentLength = length
 	}

@@ -49,6 +49,7 @@ func TestEveryRoute(t *testing.T) {
 		func() { c.CreateSandbox(ctx, SandboxCreateRequest{}) },
 		func() { c.ListSandboxes(ctx, nil, nil) },
 		func() { c.GetSandbox(ctx, sb) },
+		func() { c.SetAccess(ctx, sb, Access{None: true}) },
 		func() {
 			for op := range sandboxOps {
 				c.SandboxOp(ctx, op, sb)
@@ -88,6 +89,7 @@ func TestEveryRoute(t *testing.T) {
 				c.TokenCall(ctx, op, sb)
 			}
 		},
+		func() { c.IssueToken(ctx, sb, []Scope{"exec"}) },
 		func() { c.CreateSnapshot(ctx, sb, SnapshotCreateRequest{}) },
 		func() { c.ListSnapshots(ctx, sb) },
 		func() { c.GetSnapshot(ctx, sb, sn) },

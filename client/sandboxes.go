@@ -41,6 +41,15 @@ func (c *Client) CreateSandbox(ctx context.Context, req api.SandboxCreateRequest
 	return sb, raw, err
 }
 
+// SetAccess replaces the sandbox's access setting (what the key its guest
+// is handed may do; api.Access{None: true}: no key) and returns its
+// record. It holds from the next call on.
+func (c *Client) SetAccess(ctx context.Context, id string, access api.Access) (Sandbox, json.RawMessage, error) {
+	var sb Sandbox
+	raw, err := c.Call(ctx, http.MethodPut, SandboxPath(id, "access"), access, &sb)
+	return sb, raw, err
+}
+
 // GetSandbox returns the sandbox's record.
 func (c *Client) GetSandbox(ctx context.Context, id string) (Sandbox, json.RawMessage, error) {
 	var sb Sandbox

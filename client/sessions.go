@@ -56,7 +56,7 @@ func (c *Client) Attach(ctx context.Context, sandbox, id string, since int64) (*
 	base := strings.TrimRight(c.BaseURL, "/")
 	u := "ws" + strings.TrimPrefix(base, "http") + path
 	h := http.Header{}
-	h.Set("X-Api-Key", c.Key)
+	c.setKey(h)
 	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: &http.Client{Transport: c.transport()}, HTTPHeader: h, Subprotocols: []string{"strata.v1"}})
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {

@@ -17,6 +17,8 @@ type (
 	FileWritten          = api.FileWritten
 	FileListing          = api.FileListing
 	FileEntry            = api.FileEntry
+	Scope                = api.Scope
+	Access               = api.Access
 )
 
 // Streams of a session attachment's binary frames (their first byte).

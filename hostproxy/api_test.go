@@ -79,6 +79,7 @@ func apiCases() []apiCase {
 		{name: "delete", setup: withCheckpoint(func(id string) request { return request{method: "DELETE", path: cpsA1 + "/" + id, key: keyA} }), status: 200, reachesGuest: true},
 		// Issuing, rotating and revoking hand the guest its credentials.
 		{name: "token_issue", setup: fixed(request{method: "POST", path: tokenA1, key: keyA}), status: 200, reachesGuest: true},
+		{name: "token_issue_scopes", setup: fixed(request{method: "POST", path: tokenA1, key: keyA, body: `{"scopes":["snapshots","checkpoints","watch"]}`}), status: 200, reachesGuest: true},
 		{name: "token_show_none", setup: fixed(request{method: "GET", path: tokenA1, key: keyA}), status: 200},
 		{name: "token_show", setup: func(s *stack) request {
 			s.issueToken(keyA, "sb-a1")
@@ -129,7 +130,17 @@ func apiCases() []apiCase {
 		}), status: 400, code: "body_not_allowed"},
 		{name: "body_not_allowed_delete", setup: fixed(request{method: "DELETE", path: cpsA1 + "/" + unknownCP, key: keyA, body: `{}`}), status: 400, code: "body_not_allowed"},
 		{name: "body_not_allowed_list", setup: fixed(request{method: "GET", path: cpsA1, key: keyA, body: `{}`}), status: 400, code: "body_not_allowed"},
-		{name: "body_not_allowed_token", setup: fixed(request{method: "POST", path: tokenA1, key: keyA, body: `{"hint":"abcd"}`}), status: 400, code: "body_not_allowed"},
+		{name: "body_not_allowed_token", setup: fixed(request{method: "POST", path: tokenA1 + "/rotate", key: keyA, body: `{"hint":"abcd"}`}), status: 400, code: "body_not_allowed"},
+		// An issue takes {"scopes":[…]}, nothing else; a configured
+		// sandbox's token never gets exec or files (its guest daemon may
+		// be the host's: make run-local).
+		{name: "unknown_field_token", setup: fixed(request{method: "POST", path: tokenA1, key: keyA, body: `{"hint":"abcd"}`}), status: 400, code: "unknown_field"},
+		{name: "invalid_field_token_scope", setup: fixed(request{method: "POST", path: tokenA1, key: keyA, body: `{"scopes":["checkpoints","root"]}`}), status: 400, code: "invalid_field"},
+		{name: "invalid_field_token_scope_twice", setup: fixed(request{method: "POST", path: tokenA1, key: keyA, body: `{"scopes":["exec","exec"]}`}), status: 400, code: "invalid_field"},
+		{name: "invalid_field_token_no_scope", setup: fixed(request{method: "POST", path: tokenA1, key: keyA, body: `{"scopes":[]}`}), status: 400, code: "invalid_field"},
+		{name: "invalid_field_token_host_scopes", setup: fixed(request{method: "POST", path: tokenA1, key: keyA, body: `{"scopes":["checkpoints","files"]}`}), status: 400, code: "invalid_field"},
+		// X-Api-Key and Authorization: Bearer with two different keys.
+		{name: "invalid_field_two_keys", setup: fixed(request{method: "GET", path: cpsA1, key: keyA, header: map[string]string{"Authorization": "Bearer " + keyB}}), status: 400, code: "invalid_field"},
 
 		// 401, 403
 		{name: "unauthorized_missing", setup: fixed(request{method: "GET", path: cpsA1}), status: 401, code: "unauthorized"},
@@ -144,6 +155,15 @@ func apiCases() []apiCase {
 		}, status: 403, code: "forbidden"},
 		{name: "forbidden_token_on_management", setup: func(s *stack) request {
 			return request{method: "GET", path: tokenA1, key: s.issueToken(keyA, "sb-a1")}
+		}, status: 403, code: "forbidden"},
+		// A token without the scope a route needs: data.scope names it.
+		{name: "forbidden_scope", setup: func(s *stack) request {
+			return request{method: "POST", path: "/v1/sandboxes/sb-a1/sessions", key: s.issueToken(keyA, "sb-a1"), body: `{"cmd":["sh"]}`}
+		}, status: 403, code: "forbidden"},
+		{name: "forbidden_scope_checkpoints", setup: func(s *stack) request {
+			var tok struct{ Token string }
+			s.mustData(request{method: "POST", path: tokenA1, key: keyA, body: `{"scopes":["snapshots"]}`}, &tok)
+			return request{method: "GET", path: cpsA1, key: tok.Token}
 		}, status: 403, code: "forbidden"},
 
 		// 404

@@ -3,23 +3,29 @@ package hostproxy_test
 import (
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"strata/hostproxy"
 )
 
-// TestFailedLoginLimitHoldsCorrectKey pins the last item of defect 9 of
-// issue 6: the limiter of failed authentications per client address was
-// consulted only when a key was wrong, so the one correct guess of a
-// guesser from a limited address was answered at full speed (and told it
-// was right). Once the address is limited, a correct key gets 429 too,
-// without a word about the key, and without reaching the guest.
-func TestFailedLoginLimitHoldsCorrectKey(t *testing.T) {
+// TestFailedKeyLimit pins item 7 of issue 30. The limiter of failed
+// authentications counted per client address and, once an address was
+// limited, refused every request from it, a correct key included: behind
+// a proxy one client with a wrong key locked out everyone. Failures now
+// count per address and key prefix, and a correct key is never refused
+// by them.
+func TestFailedKeyLimit(t *testing.T) {
 	// Two failures allowed, then one more every 100 s: far longer than
 	// the test, so nothing refills while it runs.
+	// The same limit holds each credential, so each correct one is used
+	// at most twice.
 	s := startStack(t, func(c *hostproxy.Config) { c.RateLimit = hostproxy.RateLimit{PerSecond: 0.01, Burst: 2} })
+	tokA1 := s.issueToken(keyA, "sb-a1")
 	list := func(key string) request { return request{method: "GET", path: cpsA1, key: key} }
+	listB := request{method: "GET", path: "/v1/sandboxes/sb-b1/checkpoints", key: keyB}
 	const wrong = "sk_wrong_key_wrong_key_wrong_key"
+	const other = "sk_other_key_other_key_other_key" // another prefix
 
 	steps := []struct {
 		name   string
@@ -30,9 +36,15 @@ func TestFailedLoginLimitHoldsCorrectKey(t *testing.T) {
 		{"correct key before any failure", list(keyA), 200, ""},
 		{"first wrong key", list(wrong), 401, "unauthorized"},
 		{"second wrong key", list(wrong), 401, "unauthorized"},
-		{"third wrong key: the address is limited", list(wrong), 429, "rate_limited"},
-		{"correct key from the limited address", list(keyA), 429, "rate_limited"},
-		{"no key from the limited address", list(""), 429, "rate_limited"},
+		{"third wrong key: this address and prefix are limited", list(wrong), 429, "rate_limited"},
+		{"a correct key from the same address", listB, 200, ""},
+		{"a correct token as Bearer", request{method: "GET", path: cpsA1, header: map[string]string{"Authorization": "Bearer " + tokA1}}, 200, ""},
+		{"a wrong key of another prefix", list(other), 401, "unauthorized"},
+		{"the limited prefix again", list(wrong), 429, "rate_limited"},
+		{"no key, twice", list(""), 401, "unauthorized"},
+		{"no key, a second time", list(""), 401, "unauthorized"},
+		{"no key, a third time: limited on its own", list(""), 429, "rate_limited"},
+		{"still a correct key", listB, 200, ""},
 		{"routes without a key are not limited", request{method: "GET", path: "/v1/health"}, 200, ""},
 	}
 	for _, st := range steps {
@@ -50,6 +62,55 @@ func TestFailedLoginLimitHoldsCorrectKey(t *testing.T) {
 				t.Errorf("%s: a limited request reached the guest", st.name)
 			}
 		}
+	}
+}
+
+// TestBearer: Authorization: Bearer carries the same keys and tokens as
+// X-Api-Key (issue 30); both with the same key are that key, with two
+// different keys 400 invalid_field naming authorization; a Bearer sent
+// twice is refused as X-Api-Key twice is; another scheme is no key.
+func TestBearer(t *testing.T) {
+	s := startStack(t, nil)
+	tokA1 := s.issueToken(keyA, "sb-a1")
+	cases := []struct {
+		name   string
+		header http.Header
+		status int
+		code   string
+	}{
+		{"account key", http.Header{"Authorization": {"Bearer " + keyA}}, 200, ""},
+		{"token", http.Header{"Authorization": {"Bearer " + tokA1}}, 200, ""},
+		{"scheme in lower case", http.Header{"Authorization": {"bearer " + keyA}}, 200, ""},
+		{"both headers, one key", http.Header{"X-Api-Key": {keyA}, "Authorization": {"Bearer " + keyA}}, 200, ""},
+		{"both headers, two keys", http.Header{"X-Api-Key": {keyA}, "Authorization": {"Bearer " + tokA1}}, 400, "invalid_field"},
+		{"both headers, a wrong Bearer", http.Header{"X-Api-Key": {keyA}, "Authorization": {"Bearer sk_wrong"}}, 400, "invalid_field"},
+		{"Bearer twice", http.Header{"Authorization": {"Bearer " + keyA, "Bearer " + keyA}}, 401, "unauthorized"},
+		{"Basic is no key", http.Header{"Authorization": {"Basic " + keyA}}, 401, "unauthorized"},
+		{"Basic beside X-Api-Key", http.Header{"X-Api-Key": {keyA}, "Authorization": {"Basic dXNlcjpwdw=="}}, 200, ""},
+		{"wrong Bearer", http.Header{"Authorization": {"Bearer sk_wrong_key_wrong_key_wrong_key"}}, 401, "unauthorized"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest("GET", s.url+cpsA1, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header = tc.header
+			resp, err := s.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			rep := reply{status: resp.StatusCode, header: resp.Header, body: body}
+			checkOpenAPI(t, req, nil, rep)
+			if code := checkJSend(t, rep); rep.status != tc.status || code != tc.code {
+				t.Fatalf("%d %s, want %d %s", rep.status, body, tc.status, tc.code)
+			}
+			if tc.code == "invalid_field" && !strings.Contains(string(body), `"field":"authorization"`) {
+				t.Errorf("invalid_field does not name authorization: %s", body)
+			}
+		})
 	}
 }
 

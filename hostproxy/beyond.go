@@ -10,34 +10,17 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"strata/internal/api"
-	"strata/internal/fault"
 	"strata/internal/jsend"
 	"strata/pathpolicy"
 )
 
-// The checkpoint routes beyond the seed's four (issue 8). Those that
-// change something are registered behind accountOnly (access tokens
-// refused); changes and files read the token's own sandbox's checkpoints
-// and take a token (issue 19: createos checkpoint diff from inside). Each
-// makes the checks
-// of the four (checkpointRoute: sandbox, query, body, state), validates at the edge
-// what needs no filesystem, and forwards.
-
-// errTokenBeyond refuses an access token on a route beyond the four that
-// changes something: restore-paths, clone, release.
-var errTokenBeyond = fault.New(fault.Forbidden, "forbidden",
-	"access tokens may create, list, restore and delete checkpoints and read their changes and files; restore-paths, clone and release need an account API key")
-
-// accountOnly is the middleware, after authentication, of the routes
-// beyond the four: a request made with an access token is refused.
-func accountOnly(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		if p, _ := c.Get(keyPrincipal).(Principal); p.Kind == KindAccessToken {
-			return errTokenBeyond
-		}
-		return next(c)
-	}
-}
+// The checkpoint routes beyond the seed's four (issue 8). Who may call
+// which is the authorization table's (authz.go): changes, files and the
+// directories' list read the sandbox's own checkpoints and take a token
+// with the checkpoints scope (issue 19: createos checkpoint diff from
+// inside); restore-paths, clone and release need an account key. Each
+// makes the checks of the four (checkpointRoute: query, body, state),
+// validates at the edge what needs no filesystem, and forwards.
 
 func (s *Server) checkpointChanges(c echo.Context) (any, error) {
 	var against string

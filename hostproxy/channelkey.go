@@ -1,12 +1,10 @@
 package hostproxy
 
 import (
-	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -15,9 +13,12 @@ import (
 
 // Channel keys: what lets the processes inside a microVM sandbox call the
 // API with no set-up. Every microVM guest is handed one in its credentials
-// (CREATEOS_API_KEY, when the sandbox has no access token), and hostproxy
-// takes it only from a call that comes through that sandbox's own channel,
-// where it acts as that sandbox's access token would. Outside the channel,
+// (CREATEOS_API_KEY, when the sandbox has no access token), unless its
+// access setting is none, and hostproxy takes it only from a call that
+// comes through that sandbox's own channel, where it acts on that sandbox
+// with the scopes of its access setting, read from the sandbox's record at
+// each call (so that a change of access takes effect at once, for the key
+// the guest already holds: the key itself carries no scopes). Outside the channel,
 // or through another sandbox's, it is refused like any wrong key: a key
 // read out of a guest (or out of a fork's memory, which holds its
 // snapshot's) opens nothing anywhere else.
@@ -70,21 +71,19 @@ func (r *Registry) ChannelKey(id string) string {
 }
 
 // authenticateChannel returns the principal of a channel key that came
-// through sandbox via's channel ("" for a call from the network): an
-// access token's of via, when key is via's channel key and via belongs to
-// an account; otherwise unauthorized.
-func (r *Registry) authenticateChannel(ctx context.Context, via, key string) (Principal, error) {
-	if via == "" || !hmac.Equal([]byte(key), []byte(r.ChannelKey(via))) {
+// through sandbox via's channel (nil for a call from the network): via's
+// channel key, with the scopes of via's access setting as its record has
+// it now, when key is via's channel key and via is a microVM of an
+// account; otherwise unauthorized.
+func (r *Registry) authenticateChannel(via *Sandbox, key string) (Principal, error) {
+	if via == nil || !hmac.Equal([]byte(key), []byte(r.ChannelKey(via.ID))) || via.Account == "" || via.Machine == nil {
 		return Principal{}, errUnauthorized
 	}
-	sb, err := r.Sandbox(ctx, via)
-	if errors.Is(err, errSandboxNotFound) || err == nil && (sb.Account == "" || sb.Machine == nil) {
-		return Principal{}, errUnauthorized
+	access := accessOf(*via)
+	if access.None {
+		return Principal{}, errNoAccess
 	}
-	if err != nil {
-		return Principal{}, err
-	}
-	return Principal{Kind: KindAccessToken, ID: "channel:" + sb.ID, Account: sb.Account, Sandbox: sb.ID}, nil
+	return Principal{Kind: KindChannelKey, ID: "channel:" + via.ID, Account: via.Account, Sandbox: via.ID, Scopes: access.Scopes}, nil
 }
 
 // isChannelKey tells whether key has a channel key's prefix.

@@ -210,25 +210,25 @@ func TestOwedGiveBack(t *testing.T) {
 	var o owedTokens
 	e := o.entry("vm://a")
 	o.set("vm://a", "t1")
-	tok, gen := e.take()
+	tok, _, gen := e.take()
 	if tok != "t1" || o.has("vm://a") {
 		t.Fatalf("take: %q, still owed %v", tok, o.has("vm://a"))
 	}
 	e.giveBack(tok, gen)
-	if tok, _ := e.take(); tok != "t1" {
+	if tok, _, _ := e.take(); tok != "t1" {
 		t.Errorf("given back: %q, want t1", tok)
 	}
 
 	o.set("vm://a", "t1")
-	tok, gen = e.take()
+	tok, _, gen = e.take()
 	o.set("vm://a", "t2") // a rotate during the failed delivery
 	e.giveBack(tok, gen)
-	if tok, _ := e.take(); tok != "t2" {
+	if tok, _, _ := e.take(); tok != "t2" {
 		t.Errorf("after a rotate: %q owed, want t2", tok)
 	}
 
 	o.set("vm://a", "t1")
-	tok, gen = e.take()
+	tok, _, gen = e.take()
 	o.set("vm://a", "") // a revoke during the failed delivery
 	e.giveBack(tok, gen)
 	if o.has("vm://a") {
@@ -237,7 +237,8 @@ func TestOwedGiveBack(t *testing.T) {
 }
 
 // TestChannelServer pins what serveGuest serves a guest: the API but not
-// /metrics (host-wide activity; it was served), and at most maxGuestConns
+// /metrics (host-wide activity; it was served: now 403, whatever the
+// key), and at most maxGuestConns
 // connections at once (there was no limit: a guest opening streams
 // without end cost hostproxy memory without end).
 func TestChannelServer(t *testing.T) {
@@ -267,16 +268,29 @@ func TestChannelServer(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if status, body := get("/metrics"); status != 404 || !strings.Contains(body, `"code":"not_found"`) {
-		t.Errorf("/metrics through the channel: %d %s", status, body)
+	if status, body := get("/metrics"); status != 401 || !strings.Contains(body, `"code":"unauthorized"`) {
+		t.Errorf("/metrics through the channel without a key: %d %s", status, body)
+	}
+	mr, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/metrics", nil)
+	mr.Header.Set("X-Api-Key", testKey)
+	if resp, err := client.Do(mr); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 403 || !strings.Contains(string(b), `"code":"forbidden"`) {
+			t.Errorf("/metrics through the channel with the account key: %d %s", resp.StatusCode, b)
+		}
 	}
 	if status, _ := get("/v1/health"); status != 200 {
 		t.Errorf("/v1/health through the channel: %d", status)
 	}
 	w := httptest.NewRecorder()
-	v.s.Handler().ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	r := httptest.NewRequest("GET", "/metrics", nil)
+	r.Header.Set("X-Api-Key", testKey)
+	v.s.Handler().ServeHTTP(w, r)
 	if w.Code != 200 {
-		t.Errorf("/metrics from the network: %d", w.Code)
+		t.Errorf("/metrics from the network with the account key: %d", w.Code)
 	}
 	client.CloseIdleConnections()
 

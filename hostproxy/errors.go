@@ -10,17 +10,16 @@ import (
 // and a wrong method are httpx.ErrNoRoute and httpx.ErrMethodNotAllowed,
 // the same in guestd.
 var (
-	errUnauthorized       = fault.New(fault.Unauthorized, "unauthorized", "a valid account API key or sandbox access token is required in the X-Api-Key header")
-	errTokenOtherSandbox  = fault.New(fault.Forbidden, "forbidden", "this access token is not valid for this sandbox")
-	errTokenManagement    = fault.New(fault.Forbidden, "forbidden", "access tokens cannot manage access tokens; use an account API key")
+	errUnauthorized       = fault.New(fault.Unauthorized, "unauthorized", "a valid account API key or sandbox access token is required, in the X-Api-Key header or as Authorization: Bearer")
+	errNoAccess           = fault.New(fault.Unauthorized, "unauthorized", "this sandbox's access is none: calls from inside it are refused, whatever key they carry")
 	errSandboxNotFound    = sandbox.ErrNotFound
 	errCheckpointNotFound = fault.New(fault.NotFound, "checkpoint_not_found", "no checkpoint has this id")
 	errSandboxNotRunning  = sandbox.ErrNotRunning
 	errTokenExists        = fault.New(fault.Conflict, "token_exists", "the sandbox already has an access token; rotate or revoke it first")
 	errTokenNotFound      = fault.New(fault.NotFound, "token_not_found", "the sandbox has no access token")
-	errTwoKeys            = fault.New(fault.Unauthorized, "unauthorized", "send the X-Api-Key header once, not several times")
+	errTwoKeys            = fault.New(fault.Unauthorized, "unauthorized", "send one key, once: X-Api-Key or Authorization: Bearer, not several times")
 	errRateLimited        = fault.New(fault.TooManyRequests, "rate_limited", "too many requests with this credential; retry later")
-	errLoginsLimited      = fault.New(fault.TooManyRequests, "rate_limited", "too many failed authentications from this address; retry later")
+	errLoginsLimited      = fault.New(fault.TooManyRequests, "rate_limited", "too many failed authentications from this address with this key; retry later")
 	errGuestUnavailable   = fault.New(fault.Unavailable, "guest_unavailable", "the sandbox's guest daemon cannot be reached")
 	errGuestTimeout       = fault.New(fault.Unavailable, "guest_timeout", "the sandbox's guest daemon did not answer in time")
 )

@@ -19,37 +19,8 @@ func (s *Server) health(c echo.Context) (any, error) {
 	return map[string]string{"status": "ok"}, nil
 }
 
-// sandbox returns the sandbox named in the path if the request's
-// principal may act on it: a token only on its own sandbox and never on a
-// management route; an account key only on its account's sandboxes, the
-// others being indistinguishable from sandboxes that do not exist.
-func (s *Server) sandbox(c echo.Context, management bool) (Sandbox, error) {
-	p, _ := c.Get(keyPrincipal).(Principal)
-	id := c.Param("id")
-	if p.Kind == KindAccessToken {
-		if management {
-			return Sandbox{}, errTokenManagement
-		}
-		if id != p.Sandbox {
-			return Sandbox{}, errTokenOtherSandbox
-		}
-	}
-	if !idPattern.MatchString(id) {
-		return Sandbox{}, errSandboxNotFound
-	}
-	sb, err := s.reg.Sandbox(c.Request().Context(), id)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	if sb.Account != p.Account {
-		return Sandbox{}, errSandboxNotFound
-	}
-	s.deliverOwed(sb)
-	return sb, nil
-}
-
 // checkpointRoute does the checks shared by the four operations, in the
-// order of doc.go, up to the sandbox state.
+// order of doc.go, after authorize's and up to the sandbox state.
 func (s *Server) checkpointRoute(c echo.Context, body func(r *http.Request) error) (Sandbox, error) {
 	return s.checkpointRouteQuery(c, jsend.RejectQuery, body)
 }
@@ -57,10 +28,7 @@ func (s *Server) checkpointRoute(c echo.Context, body func(r *http.Request) erro
 // checkpointRouteQuery is checkpointRoute for a route that takes a query
 // (changes): query checks it where the four refuse any.
 func (s *Server) checkpointRouteQuery(c echo.Context, query, body func(r *http.Request) error) (Sandbox, error) {
-	sb, err := s.sandbox(c, false)
-	if err != nil {
-		return sb, err
-	}
+	sb := sandboxOf(c)
 	r := c.Request()
 	if err := query(r); err != nil {
 		return sb, err
@@ -201,13 +169,11 @@ func decodeCreate(r *http.Request) (CreateRequest, error) {
 	return CreateRequest{Path: p, Name: body.Name, Retention: body.Retention}, nil
 }
 
-// Access-token management: account keys only, any sandbox state.
+// Access-token management: account keys only (authz.go), any sandbox
+// state.
 
 func (s *Server) tokenRoute(c echo.Context) (Sandbox, error) {
-	sb, err := s.sandbox(c, true)
-	if err != nil {
-		return sb, err
-	}
+	sb := sandboxOf(c)
 	if err := jsend.RejectQuery(c.Request()); err != nil {
 		return sb, err
 	}
@@ -216,10 +182,14 @@ func (s *Server) tokenRoute(c echo.Context) (Sandbox, error) {
 
 // issuedToken is the only answer that ever holds a token in plain text.
 type issuedToken struct {
-	Token     string    `json:"token"`
-	Hint      string    `json:"hint"`
-	CreatedAt time.Time `json:"created_at"`
+	Token     string     `json:"token"`
+	Hint      string     `json:"hint"`
+	CreatedAt time.Time  `json:"created_at"`
+	Scopes    api.Scopes `json:"scopes"`
 }
+
+// errHostScopes refuses exec and files to a configured sandbox's tokens.
+var errHostScopes = jsend.InvalidField("scopes", "a configured sandbox's guest daemon may run on the host itself, as root (make run-local): its tokens cannot have the exec or files scope")
 
 func (s *Server) newToken() (string, error) {
 	s.randMu.Lock()
@@ -227,33 +197,57 @@ func (s *Server) newToken() (string, error) {
 	return NewSecret(s.rand, TokenPrefix)
 }
 
+// issueToken is POST …/access-token: the body, optional, names the
+// token's scopes ({"scopes":[…]}; api.DefaultScopes without). A
+// configured sandbox's token cannot have exec or files: hostproxy does
+// not confine its guest daemon, which make run-local runs on the host as
+// root, and a token must never be root on the host.
 func (s *Server) issueToken(c echo.Context) (any, error) {
-	return s.putToken(c, false)
+	sb := sandboxOf(c)
+	r := c.Request()
+	if err := jsend.RejectQuery(r); err != nil {
+		return nil, err
+	}
+	body, err := jsend.ReadBody(r, jsend.MaxBody, jsend.ErrBodyTooLarge)
+	if err != nil {
+		return nil, err
+	}
+	scopes, err := api.ParseTokenRequest(body)
+	if err != nil {
+		return nil, err
+	}
+	if sb.Machine == nil && (scopes.Has(api.ScopeExec) || scopes.Has(api.ScopeFiles)) {
+		return nil, errHostScopes
+	}
+	return s.putToken(c, sb, scopes, false)
 }
 
+// rotateToken is POST …/access-token/rotate: a new token with the old
+// one's scopes.
 func (s *Server) rotateToken(c echo.Context) (any, error) {
-	return s.putToken(c, true)
-}
-
-func (s *Server) putToken(c echo.Context, rotate bool) (any, error) {
 	sb, err := s.tokenRoute(c)
 	if err != nil {
 		return nil, err
 	}
+	return s.putToken(c, sb, nil, true)
+}
+
+func (s *Server) putToken(c echo.Context, sb Sandbox, scopes api.Scopes, rotate bool) (any, error) {
 	token, err := s.newToken()
 	if err != nil {
 		return nil, err
 	}
-	put := s.reg.IssueToken
+	var info TokenInfo
 	if rotate {
-		put = s.reg.RotateToken
+		info, err = s.reg.RotateToken(c.Request().Context(), sb.ID, token, s.now())
+	} else {
+		info, err = s.reg.IssueToken(c.Request().Context(), sb.ID, token, scopes, s.now())
 	}
-	info, err := put(c.Request().Context(), sb.ID, token, s.now())
 	if err != nil {
 		return nil, err
 	}
 	s.deliverCredentials(c, sb, token)
-	return issuedToken{Token: token, Hint: info.Hint, CreatedAt: info.CreatedAt}, nil
+	return issuedToken{Token: token, Hint: info.Hint, CreatedAt: info.CreatedAt, Scopes: info.Scopes}, nil
 }
 
 // deliverCredentials hands a sandbox's guest its API address, id and

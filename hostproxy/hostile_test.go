@@ -305,7 +305,10 @@ func TestRequestIDReachesGuest(t *testing.T) {
 	}
 }
 
-// TestMetrics scrapes /metrics after a few requests.
+// TestMetrics scrapes /metrics after a few requests, with the account
+// key: item 6 of issue 30 pins that they are an account key's alone (they
+// were served to anyone who reached the listener: every account's
+// activity).
 func TestMetrics(t *testing.T) {
 	s := startStack(t, nil)
 	s.do(request{method: "GET", path: cpsA1, key: keyA})
@@ -316,12 +319,29 @@ func TestMetrics(t *testing.T) {
 	for i := range 3 {
 		s.do(request{method: fmt.Sprintf("X%d", i), path: "/nope"})
 	}
-	resp, err := http.Get(s.url + "/metrics")
+	// Host-wide activity: an account key's alone (issue 30, item 6).
+	for _, c := range []struct {
+		r    request
+		want int
+	}{
+		{request{method: "GET", path: "/metrics"}, 401},
+		{request{method: "GET", path: "/metrics", key: s.issueToken(keyA, "sb-a1")}, 403},
+	} {
+		if rep := s.do(c.r); rep.status != c.want {
+			t.Errorf("/metrics with key %q: %d, want %d", c.r.key, rep.status, c.want)
+		}
+	}
+	req, _ := http.NewRequest("GET", s.url+"/metrics", nil)
+	req.Header.Set("X-Api-Key", keyA)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("/metrics with the account key: %d %s", resp.StatusCode, b)
+	}
 	for _, want := range []string{
 		`strata_hostproxy_requests_total{method="GET",route="/v1/sandboxes/:id/checkpoints",status="200"} 2`,
 		`strata_hostproxy_requests_total{method="GET",route="unmatched",status="404"} 1`,

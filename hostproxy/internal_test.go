@@ -174,39 +174,6 @@ func TestLimiters(t *testing.T) {
 	}
 }
 
-// TestLimitersBlocked: blocked tells whether a key's bucket is empty
-// without taking a token, so that authenticate can refuse a correct key
-// from an address limited for failed logins (issue 6, defect 9) without
-// spending that address's allowance when it is not limited.
-func TestLimitersBlocked(t *testing.T) {
-	l := newLimiters(2, 3)
-	now := time.Unix(1000, 0)
-	if b, _ := l.blocked("k", now); b {
-		t.Fatal("an unknown key is blocked")
-	}
-	for range 10 {
-		l.blocked("k", now) // peeking takes nothing
-	}
-	for i := range 3 {
-		if ok, _ := l.allow("k", now); !ok {
-			t.Fatalf("request %d of the burst refused after peeks", i)
-		}
-	}
-	b, wait := l.blocked("k", now)
-	if !b || wait != 500*time.Millisecond {
-		t.Errorf("empty bucket: blocked=%v wait=%v, want true 500ms", b, wait)
-	}
-	if b, wait := l.blocked("k", now.Add(200*time.Millisecond)); !b || wait != 300*time.Millisecond {
-		t.Errorf("after 200ms: blocked=%v wait=%v, want true 300ms", b, wait)
-	}
-	if b, _ := l.blocked("k", now.Add(500*time.Millisecond)); b {
-		t.Errorf("still blocked once a token is back")
-	}
-	if b, _ := l.blocked("other", now); b {
-		t.Errorf("another key is blocked")
-	}
-}
-
 // TestExampleConfig keeps docs/hostproxy.example.json valid.
 func TestExampleConfig(t *testing.T) {
 	c, err := LoadConfig("../docs/hostproxy.example.json")

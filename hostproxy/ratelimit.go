@@ -9,7 +9,7 @@ import (
 )
 
 // limiters keeps one token bucket per key (a credential, or a client
-// address for failed authentications). Buckets idle for longer than it
+// address and key prefix for failed authentications: failureBucket). Buckets idle for longer than it
 // takes to refill are dropped when the map grows, so the map stays small
 // without a background goroutine.
 type limiters struct {
@@ -63,28 +63,6 @@ func (l *limiters) allow(key string, now time.Time) (bool, time.Duration) {
 		return false, d
 	}
 	return true, 0
-}
-
-// blocked reports whether key's bucket is empty at now, and how long until
-// it holds a token again, without taking one: a request that must not pass
-// while the key is limited, but must not use up the key's allowance when
-// it does pass (a correct key from an address limited for failed
-// authentications).
-func (l *limiters) blocked(key string, now time.Time) (bool, time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.buckets[key]
-	if b == nil {
-		return false, 0
-	}
-	tokens := b.lim.TokensAt(now)
-	if tokens >= 1 {
-		return false, 0
-	}
-	if l.limit <= 0 {
-		return true, time.Second
-	}
-	return true, time.Duration((1 - tokens) / float64(l.limit) * float64(time.Second))
 }
 
 // sweep drops buckets that have been idle long enough to be full again.

@@ -43,7 +43,8 @@ func (r *Registry) Update(ctx context.Context, id string, fn func(*Sandbox) erro
 // Take applies fn to a pooled sandbox's record, which gives it to an
 // account, checking in the same transaction what Insert checks: the name
 // unique among the account's sandboxes, and the create's claim of its
-// Idempotency-Key.
+// Idempotency-Key. The record gets the access setting the create or fork
+// gives (withTakeAccess), which fn, package sandbox's, does not copy.
 func (r *Registry) Take(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error) {
 	return r.update(ctx, id, fn, true)
 }
@@ -65,6 +66,9 @@ func (r *Registry) update(ctx context.Context, id string, fn func(*Sandbox) erro
 		}
 		if err := fn(sb); err != nil {
 			return err
+		}
+		if a, ok := ctx.Value(takeAccessKey{}).(string); ok && inserted {
+			sb.Access = a
 		}
 		if inserted {
 			if err := insertChecks(ctx, tx, b, *sb); err != nil {

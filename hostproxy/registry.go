@@ -12,6 +12,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"strata/internal/api"
 	"strata/internal/boltjson"
 	"strata/sandbox"
 )
@@ -49,32 +50,41 @@ type APIKey struct {
 // someone else's VM, or on this machine for make run's local sandbox).
 type Sandbox = sandbox.Record
 
-// CredentialKind tells an account API key from a sandbox access token.
+// CredentialKind tells the three kinds of credential apart: an account
+// API key, a sandbox access token, a sandbox's channel key
+// (channelkey.go). The authorization table (authz.go) names them.
 type CredentialKind string
 
 // The kinds of credential.
 const (
 	KindAccountKey  CredentialKind = "account_key"
 	KindAccessToken CredentialKind = "access_token"
+	KindChannelKey  CredentialKind = "channel_key"
 )
 
-// Principal is who a request acts as, once its X-Api-Key is known.
+// Principal is who a request acts as, once its key is known.
 type Principal struct {
 	Kind CredentialKind
-	// ID names the credential in logs and metrics: the key id, or
-	// "token:<sandbox>" for an access token. Never the secret.
+	// ID names the credential in logs and metrics: the key id,
+	// "token:<sandbox>" for an access token, "channel:<sandbox>" for a
+	// channel key. Never the secret.
 	ID      string
 	Account string
-	// Sandbox is the one sandbox an access token may act on; empty for
-	// an account key.
+	// Sandbox is the one sandbox a token or a channel key may act on;
+	// empty for an account key.
 	Sandbox string
+	// Scopes are what a token or a channel key may do on Sandbox (the
+	// token's own; the sandbox's access setting for a channel key, read
+	// from its record at this request). An account key needs none.
+	Scopes api.Scopes
 }
 
 // TokenInfo is what may be shown of a sandbox access token.
 type TokenInfo struct {
-	Enabled   bool      `json:"enabled"`
-	Hint      string    `json:"hint,omitempty"`
-	CreatedAt time.Time `json:"created_at,omitzero"`
+	Enabled   bool       `json:"enabled"`
+	Hint      string     `json:"hint,omitempty"`
+	CreatedAt time.Time  `json:"created_at,omitzero"`
+	Scopes    api.Scopes `json:"scopes,omitempty"`
 }
 
 type credential struct {
@@ -89,6 +99,22 @@ type tokenRecord struct {
 	Hash      string    `json:"hash"`
 	Hint      string    `json:"hint"`
 	CreatedAt time.Time `json:"created_at"`
+	// Scopes are the token's; none (a token issued before scopes
+	// existed) is api.DefaultScopes.
+	Scopes api.Scopes `json:"scopes,omitempty"`
+}
+
+// scopes are the token's scopes.
+func (t *tokenRecord) scopes() api.Scopes {
+	if len(t.Scopes) == 0 {
+		return api.DefaultScopes
+	}
+	return t.Scopes
+}
+
+// info is what may be shown of the token.
+func (t *tokenRecord) info() TokenInfo {
+	return TokenInfo{Enabled: true, Hint: t.Hint, CreatedAt: t.CreatedAt, Scopes: t.scopes()}
 }
 
 var (
@@ -282,7 +308,7 @@ func (r *Registry) Authenticate(ctx context.Context, key string) (Principal, err
 			if sb == nil {
 				return errUnauthorized
 			}
-			p = Principal{Kind: KindAccessToken, ID: "token:" + sb.ID, Account: sb.Account, Sandbox: sb.ID}
+			p = Principal{Kind: KindAccessToken, ID: "token:" + sb.ID, Account: sb.Account, Sandbox: sb.ID, Scopes: t.scopes()}
 			return nil
 		default:
 			return fmt.Errorf("registry: credential of unknown kind %q", c.Kind)
@@ -332,24 +358,24 @@ func (r *Registry) SetSandboxState(ctx context.Context, id string, state Sandbox
 	})
 }
 
-// IssueToken stores token as the sandbox's access token, or fails with
-// token_exists when one is enabled.
-func (r *Registry) IssueToken(ctx context.Context, sandboxID, token string, now time.Time) (TokenInfo, error) {
-	return r.putToken(ctx, sandboxID, token, now, false)
+// IssueToken stores token, with scopes, as the sandbox's access token, or
+// fails with token_exists when one is enabled.
+func (r *Registry) IssueToken(ctx context.Context, sandboxID, token string, scopes api.Scopes, now time.Time) (TokenInfo, error) {
+	return r.putToken(ctx, sandboxID, token, scopes, now, false)
 }
 
-// RotateToken replaces the sandbox's access token with token at once: the
-// old one fails from the next request on. It fails with token_not_found
-// when none is enabled.
+// RotateToken replaces the sandbox's access token with token at once,
+// with the old one's scopes: the old one fails from the next request on.
+// It fails with token_not_found when none is enabled.
 func (r *Registry) RotateToken(ctx context.Context, sandboxID, token string, now time.Time) (TokenInfo, error) {
-	return r.putToken(ctx, sandboxID, token, now, true)
+	return r.putToken(ctx, sandboxID, token, nil, now, true)
 }
 
-func (r *Registry) putToken(ctx context.Context, sandboxID, token string, now time.Time, rotate bool) (TokenInfo, error) {
+func (r *Registry) putToken(ctx context.Context, sandboxID, token string, scopes api.Scopes, now time.Time, rotate bool) (TokenInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return TokenInfo{}, err
 	}
-	rec := tokenRecord{Hash: hashSecret(token), Hint: tokenHint(token), CreatedAt: now.UTC().Truncate(time.Second)}
+	rec := tokenRecord{Hash: hashSecret(token), Hint: tokenHint(token), CreatedAt: now.UTC().Truncate(time.Second), Scopes: scopes}
 	err := r.db.Update(func(tx *bolt.Tx) error {
 		sb, err := boltjson.Get[Sandbox](tx.Bucket(bucketSandboxes), []byte(sandboxID))
 		if err != nil {
@@ -370,6 +396,7 @@ func (r *Registry) putToken(ctx context.Context, sandboxID, token string, now ti
 			return errTokenNotFound
 		}
 		if exists {
+			rec.Scopes = old.scopes()
 			if err := tx.Bucket(bucketCredentials).Delete([]byte(old.Hash)); err != nil {
 				return err
 			}
@@ -382,7 +409,7 @@ func (r *Registry) putToken(ctx context.Context, sandboxID, token string, now ti
 	if err != nil {
 		return TokenInfo{}, err
 	}
-	return TokenInfo{Enabled: true, Hint: rec.Hint, CreatedAt: rec.CreatedAt}, nil
+	return rec.info(), nil
 }
 
 // Token tells whether the sandbox has an access token, never the token.
@@ -394,7 +421,7 @@ func (r *Registry) Token(ctx context.Context, sandboxID string) (TokenInfo, erro
 	err := r.db.View(func(tx *bolt.Tx) error {
 		t, err := boltjson.Get[tokenRecord](tx.Bucket(bucketTokens), []byte(sandboxID))
 		if t != nil {
-			info = TokenInfo{Enabled: true, Hint: t.Hint, CreatedAt: t.CreatedAt}
+			info = t.info()
 		}
 		return err
 	})

@@ -89,10 +89,8 @@ type VMsConfig struct {
 }
 
 var (
-	errTokenLifecycle = fault.New(fault.Forbidden, "forbidden", "access tokens cannot manage sandboxes; use an account API key")
-	errViaChannel     = fault.New(fault.Forbidden, "forbidden", "a call from inside a sandbox acts only on that sandbox")
-	errNoVMs          = fault.New(fault.Conflict, "sandboxes_disabled", "this host runs no microVM sandboxes (hostproxy has no vms configuration)")
-	errBadPagination  = "limit must be 1 to 500 and offset 0 or more; no other query parameters"
+	errNoVMs         = fault.New(fault.Conflict, "sandboxes_disabled", "this host runs no microVM sandboxes (hostproxy has no vms configuration)")
+	errBadPagination = "limit must be 1 to 500 and offset 0 or more; no other query parameters"
 )
 
 // openVMs starts the lifecycle manager and adopts the sandboxes an
@@ -179,8 +177,9 @@ const (
 )
 
 // serveGuest serves the public API to processes inside sandbox id,
-// through its channel: every call acts only on that sandbox, and /metrics
-// (host-wide activity) is not served there (see metrics.handler).
+// through its channel: every call acts only on that sandbox, and the
+// routes the authorization table marks outside (the account's, /metrics)
+// are refused there (authz.go).
 func (s *Server) serveGuest(id string, ln net.Listener) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r = r.WithContext(context.WithValue(r.Context(), channelSandboxKey{}, id))
@@ -226,29 +225,17 @@ func sandboxView(sb Sandbox) api.Sandbox {
 	if sb.From != nil {
 		v.From = &api.SandboxFrom{Sandbox: sb.From.Sandbox, Snapshot: sb.From.Snapshot}
 	}
+	if sb.Machine != nil {
+		a := accessOf(sb)
+		v.Access = &a
+	}
 	return v
 }
 
-// sandboxRoute looks up the sandbox of a route of the sandbox lifecycle
-// (get, delete, pause, resume, stop, start, exec): account keys only. A
-// token is refused (403) before the sandbox is looked at, whatever the
-// sandbox is: none of these routes is one that tokens may call, and a
-// process inside must not stop or destroy its own sandbox with the token
-// it was given.
-func (s *Server) sandboxRoute(c echo.Context) (Sandbox, error) {
-	if p, _ := c.Get(keyPrincipal).(Principal); p.Kind != KindAccountKey {
-		return Sandbox{}, errTokenLifecycle
-	}
-	return s.sandbox(c, false)
-}
-
-// lifecycleRoute checks a route on one microVM sandbox: the principal
-// (sandboxRoute), no query, no body.
+// lifecycleRoute checks a route on one microVM sandbox, after authorize:
+// no query, no body, a microVM.
 func (s *Server) lifecycleRoute(c echo.Context) (Sandbox, error) {
-	sb, err := s.sandboxRoute(c)
-	if err != nil {
-		return sb, err
-	}
+	sb := sandboxOf(c)
 	if err := jsend.RejectQueryAndBody(c.Request()); err != nil {
 		return sb, err
 	}
@@ -256,19 +243,6 @@ func (s *Server) lifecycleRoute(c echo.Context) (Sandbox, error) {
 		return sb, sandbox.ErrNotAMachine
 	}
 	return sb, nil
-}
-
-// accountRoute is a route on the account's sandboxes as a whole: account
-// keys only, and never from inside a sandbox.
-func (s *Server) accountRoute(c echo.Context) (Principal, error) {
-	p, _ := c.Get(keyPrincipal).(Principal)
-	if channelSandbox(c.Request().Context()) != "" {
-		return p, errViaChannel
-	}
-	if p.Kind != KindAccountKey {
-		return p, errTokenLifecycle
-	}
-	return p, nil
 }
 
 func (s *Server) newSandboxID() (string, error) {
@@ -284,10 +258,7 @@ func (s *Server) newSandboxID() (string, error) {
 
 // createSandbox is POST /v1/sandboxes: 202 with the record in creating.
 func (s *Server) createSandbox(c echo.Context) error {
-	p, err := s.accountRoute(c)
-	if err != nil {
-		return err
-	}
+	p := principalOf(c)
 	r := c.Request()
 	if err := jsend.RejectQuery(r); err != nil {
 		return err
@@ -335,6 +306,7 @@ func (s *Server) createSandbox(c echo.Context) error {
 	rec := Sandbox{
 		ID: id, Account: p.Account, Guest: guestAddress(id),
 		CreatedAt: s.now().UTC().Truncate(time.Second),
+		Access:    recordAccess(req.Access),
 	}
 	if req.From == nil {
 		rec.MemoryMiB, rec.VCPUs, rec.DiskGiB = *req.MemoryMiB, *req.VCPUs, *req.DiskGiB
@@ -345,7 +317,7 @@ func (s *Server) createSandbox(c echo.Context) error {
 	// A retry with the same Idempotency-Key answers with the sandbox the
 	// first request made, as it is now, and makes no other: the key is
 	// claimed in the transaction that records the sandbox.
-	ctx := r.Context()
+	ctx := withTakeAccess(r.Context(), rec.Access)
 	var claim *createClaimReq
 	if key != "" {
 		claim = &createClaimReq{account: p.Account, key: key, request: requestHash(req), now: s.now()}
@@ -370,7 +342,21 @@ func (s *Server) createSandbox(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	s.handedOver(rec)
 	return accepted(c, sandboxView(rec))
+}
+
+// handedOver follows a create or a fork answered with a sandbox already
+// running (taken from the pool or from the forks made ahead): its guest
+// was handed its credentials at its boot, before it had an account and
+// an access setting, so they are put again, in the background (the key
+// it holds is refused per call meanwhile if its setting is none).
+func (s *Server) handedOver(rec Sandbox) {
+	if rec.State != StateRunning {
+		return
+	}
+	s.owed.touch(guestAddress(rec.ID))
+	s.deliverOwed(rec)
 }
 
 // accepted answers 202 with data and the poll interval.
@@ -384,10 +370,7 @@ func accepted(c echo.Context, data any) error {
 // listSandboxes is GET /v1/sandboxes: the account's sandboxes, oldest
 // first, paginated with limit and offset.
 func (s *Server) listSandboxes(c echo.Context) (any, error) {
-	p, err := s.accountRoute(c)
-	if err != nil {
-		return nil, err
-	}
+	p := principalOf(c)
 	if err := jsend.RejectBody(c.Request()); err != nil {
 		return nil, err
 	}
@@ -446,10 +429,7 @@ var errBadWait = fmt.Sprintf("want a whole number of seconds from 1 to %d, and n
 // has left it, or after N seconds as it is then: a client waiting for an
 // operation learns the end at once instead of at its next poll.
 func (s *Server) getSandbox(c echo.Context) (any, error) {
-	sb, err := s.sandboxRoute(c)
-	if err != nil {
-		return nil, err
-	}
+	sb := sandboxOf(c)
 	r := c.Request()
 	wait, err := waitQuery(r)
 	if err != nil {
@@ -475,7 +455,7 @@ func (s *Server) getSandbox(c echo.Context) (any, error) {
 				return sandboxView(sb), nil
 			case <-t.C:
 			}
-			if sb, err = s.sandboxRoute(c); err != nil {
+			if sb, err = s.reg.Sandbox(r.Context(), sb.ID); err != nil {
 				return nil, err
 			}
 		}
@@ -554,10 +534,7 @@ func (s *Server) stopSandbox(c echo.Context) (any, error) {
 // execInSandbox is POST /v1/sandboxes/{id}/exec: the body is checked here
 // as guestd checks it, and the call may last the command's timeout.
 func (s *Server) execInSandbox(c echo.Context) (any, error) {
-	sb, err := s.sandboxRoute(c)
-	if err != nil {
-		return nil, err
-	}
+	sb := sandboxOf(c)
 	r := c.Request()
 	req, body, err := api.ReadExec(r)
 	if err != nil {

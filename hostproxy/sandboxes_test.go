@@ -36,6 +36,9 @@ type sandboxCase struct {
 	field string
 	// message is data.message of the answer, when not "".
 	message string
+	// scope is data.scope of the answer (the scope a 403 says the
+	// credential lacks), when not "".
+	scope string
 	// golden names the golden file of the answer, when not "".
 	golden string
 }
@@ -172,10 +175,10 @@ func sandboxCases() []sandboxCase {
 		{name: "exec_query", req: request{method: "POST", path: sandboxes + "/sb-paused/exec?timeout_s=5", key: keyA, body: `{"cmd":["true"]}`}, status: 400, code: "query_not_allowed"},
 		{name: "exec_unknown_sandbox", req: exec("sb-nope", `{"cmd":["true"]}`), status: 404, code: "sandbox_not_found"},
 		{name: "exec_other_account", req: exec("sb-b1", `{"cmd":["true"]}`), status: 404, code: "sandbox_not_found"},
-		{name: "exec_token_of_other_sandbox", req: exec("sb-paused", `{"cmd":["true"]}`), token: true, status: 403, code: "forbidden"},
-		// A token may not exec, even in its own sandbox: exec is not a
-		// route that tokens may call (it reached the guest).
-		{name: "exec_token", req: exec("sb-a1", `{"cmd":["true"]}`), token: true, status: 403, code: "forbidden"},
+		{name: "exec_token_of_other_sandbox", req: exec("sb-paused", `{"cmd":["true"]}`), token: true, status: 403, code: "forbidden", message: "this access token acts only on its own sandbox"},
+		// A token without the exec scope (a default one) may not exec,
+		// even in its own sandbox (it reached the guest).
+		{name: "exec_token", req: exec("sb-a1", `{"cmd":["true"]}`), token: true, status: 403, code: "forbidden", scope: "exec", message: "this credential lacks the exec scope, which this call needs"},
 
 		// Lifecycle of a configured sandbox: its guest runs elsewhere.
 		{name: "pause_configured", req: lifecycle("POST", "/sb-a1/pause"), status: 409, code: "sandbox_not_a_vm", golden: "sandboxes_not_a_vm"},
@@ -186,7 +189,8 @@ func sandboxCases() []sandboxCase {
 		// Account keys only on every lifecycle route, as for create and
 		// list: a token is refused before the sandbox is looked at (pause,
 		// resume, stop and start were sandbox_not_a_vm here, get answered
-		// the record), also for a sandbox that does not exist.
+		// the record), also for a sandbox that does not exist, with the
+		// table's one sentence.
 		{name: "delete_token", req: lifecycle("DELETE", "/sb-a1"), token: true, status: 403, code: "forbidden"},
 		{name: "pause_token", req: lifecycle("POST", "/sb-a1/pause"), token: true, status: 403, code: "forbidden"},
 		{name: "resume_token", req: lifecycle("POST", "/sb-a1/resume"), token: true, status: 403, code: "forbidden"},
@@ -204,10 +208,26 @@ func sandboxCases() []sandboxCase {
 		{name: "snapshot_create_configured", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots", key: keyA, body: `{}`}, status: 409, code: "sandbox_not_a_vm"},
 		{name: "snapshot_list_configured", req: lifecycle("GET", "/sb-a1/snapshots"), status: 409, code: "sandbox_not_a_vm"},
 		{name: "snapshot_list_token", req: lifecycle("GET", "/sb-a1/snapshots"), token: true, status: 409, code: "sandbox_not_a_vm"},
-		{name: "snapshot_get_token_other_sandbox", req: lifecycle("GET", "/sb-paused/snapshots/v1"), token: true, status: 403, code: "forbidden", message: "this access token is not valid for this sandbox"},
-		{name: "snapshot_restore_token", req: lifecycle("POST", "/sb-a1/snapshots/v1/restore"), token: true, status: 403, code: "forbidden", message: "access tokens may create, list and read snapshots; restore, delete, pin and fork need an account API key"},
-		{name: "snapshot_delete_token", req: lifecycle("DELETE", "/sb-a1/snapshots/v1"), token: true, status: 403, code: "forbidden", message: "access tokens may create, list and read snapshots; restore, delete, pin and fork need an account API key"},
-		{name: "snapshot_pin_token", req: lifecycle("POST", "/sb-a1/snapshots/v1/pin"), token: true, status: 403, code: "forbidden", message: "access tokens may create, list and read snapshots; restore, delete, pin and fork need an account API key"},
+		{name: "snapshot_get_token_other_sandbox", req: lifecycle("GET", "/sb-paused/snapshots/v1"), token: true, status: 403, code: "forbidden", message: "this access token acts only on its own sandbox"},
+		{name: "snapshot_restore_token", req: lifecycle("POST", "/sb-a1/snapshots/v1/restore"), token: true, status: 403, code: "forbidden"},
+		{name: "snapshot_delete_token", req: lifecycle("DELETE", "/sb-a1/snapshots/v1"), token: true, status: 403, code: "forbidden"},
+		{name: "snapshot_pin_token", req: lifecycle("POST", "/sb-a1/snapshots/v1/pin"), token: true, status: 403, code: "forbidden"},
+		// Retention deletes snapshots: a token may create one without it
+		// only (the configured sandbox is refused after that check).
+		{name: "snapshot_create_retention_token", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots", key: keyA, body: `{"retention":{"mode":"delete_oldest","max_count":3}}`}, token: true, status: 403, code: "forbidden"},
+		{name: "snapshot_create_token", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots", key: keyA, body: `{}`}, token: true, status: 409, code: "sandbox_not_a_vm"},
+		// The access setting: account keys only, microVMs only.
+		{name: "access_token", req: request{method: "PUT", path: sandboxes + "/sb-a1/access", key: keyA, body: `"none"`}, token: true, status: 403, code: "forbidden"},
+		{name: "access_configured", req: request{method: "PUT", path: sandboxes + "/sb-a1/access", key: keyA, body: `"none"`}, status: 409, code: "sandbox_not_a_vm"},
+		{name: "access_bad", req: request{method: "PUT", path: sandboxes + "/sb-a1/access", key: keyA, body: `"all"`}, status: 400, code: "invalid_field"},
+		{name: "access_unknown_scope", req: request{method: "PUT", path: sandboxes + "/sb-a1/access", key: keyA, body: `{"scopes":["root"]}`}, status: 400, code: "invalid_field", field: "scopes"},
+		{name: "access_unknown_field", req: request{method: "PUT", path: sandboxes + "/sb-a1/access", key: keyA, body: `{"scopes":["exec"],"none":true}`}, status: 400, code: "unknown_field"},
+		{name: "access_other_account", req: request{method: "PUT", path: sandboxes + "/sb-b1/access", key: keyA, body: `"none"`}, status: 404, code: "sandbox_not_found"},
+		{name: "create_access_bad", req: create(`{"access":"all"}`), status: 400, code: "invalid_field", field: "access"},
+		{name: "create_access_unknown_scope", req: create(`{"access":{"scopes":["checkpoints","root"]}}`), status: 400, code: "invalid_field", field: "access.scopes"},
+		{name: "create_access_none", req: create(`{"access":"none"}`), status: 409, code: "sandboxes_disabled"},
+		{name: "create_access_scopes", req: create(`{"access":{"scopes":["exec","files"]}}`), status: 409, code: "sandboxes_disabled"},
+		{name: "snapshot_fork_access_bad", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots/v1/fork", key: keyA, body: `{"count":1,"access":{"scopes":[]}}`}, status: 400, code: "invalid_field", field: "access.scopes"},
 		{name: "snapshot_fork_token", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots/v1/fork", key: keyA, body: `{"count":2}`}, token: true, status: 403, code: "forbidden"},
 		{name: "snapshot_create_bad_comment", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots", key: keyA, body: `{"comment":"` + strings.Repeat("c", 257) + `"}`}, status: 400, code: "invalid_field"},
 		{name: "snapshot_create_bad_retention", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots", key: keyA, body: `{"retention":{"mode":"delete_oldest","max_count":0}}`}, status: 400, code: "invalid_field"},
@@ -249,7 +269,7 @@ func TestSandboxRoutesWithoutVMs(t *testing.T) {
 				t.Fatalf("got %d %q, want %d %q: %.300s", rep.status, code, tc.status, tc.code, rep.body)
 			}
 			var env struct {
-				Data struct{ State, Field, Message string }
+				Data struct{ State, Field, Message, Scope string }
 			}
 			if err := json.Unmarshal(rep.body, &env); err != nil {
 				t.Fatal(err)
@@ -263,8 +283,11 @@ func TestSandboxRoutesWithoutVMs(t *testing.T) {
 			if tc.message != "" && env.Data.Message != tc.message {
 				t.Errorf("message %q, want %q", env.Data.Message, tc.message)
 			}
-			if tc.token && tc.status == 403 && tc.message == "" && env.Data.Message != "access tokens cannot manage sandboxes; use an account API key" {
-				t.Errorf("message %q, want the one refusal of tokens on sandbox routes", env.Data.Message)
+			if tc.token && tc.status == 403 && tc.message == "" && env.Data.Message != "this call needs an account API key" {
+				t.Errorf("message %q, want the one refusal of tokens on account routes", env.Data.Message)
+			}
+			if env.Data.Scope != tc.scope {
+				t.Errorf("data.scope %q, want %q", env.Data.Scope, tc.scope)
 			}
 			if tc.status == 405 && rep.header.Get("Allow") == "" {
 				t.Error("405 without Allow")

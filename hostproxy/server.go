@@ -206,9 +206,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	})
 }
 
-// keyPrincipal is the echo context key of the request's principal.
-const keyPrincipal = "strata.principal"
-
 // routes is the API: echo routes the requests, httpx.Edge around it gives
 // every request, matched or not, its id, its access log line and its
 // metrics, the same way guestd's are.
@@ -220,60 +217,61 @@ func (s *Server) routes() http.Handler {
 	e.HTTPErrorHandler = func(err error, c echo.Context) { s.writeError(c, err) }
 	e.Use(s.edge)
 
-	e.GET("/v1/health", s.data(s.health))
-	e.GET("/v1/openapi.json", s.openapi)
-	e.GET("/metrics", echo.WrapHandler(s.metrics.handler()))
-
-	// Authentication is per route, not on a group: a group's middleware
-	// would also catch unknown paths and methods below it, turning their
-	// 404 and 405 into 401.
-	const sb = "/v1/sandboxes/:id"
-	auth := s.authenticate
-	e.POST(sb+"/checkpoints", s.data(s.createCheckpoint), auth)
-	e.GET(sb+"/checkpoints", s.data(s.listCheckpoints), auth)
-	e.GET(sb+"/directories", s.data(s.listDirectories), auth)
-	e.POST(sb+"/checkpoints/:checkpoint/restore", s.data(s.restoreCheckpoint), auth)
-	e.DELETE(sb+"/checkpoints/:checkpoint", s.data(s.deleteCheckpoint), auth)
-	// Reads of the sandbox's own checkpoints: a token may (createos
-	// checkpoint diff and cat from inside).
-	e.GET(sb+"/checkpoints/:checkpoint/changes", s.data(s.checkpointChanges), auth)
-	e.GET(sb+"/checkpoints/:checkpoint/files", s.data(s.checkpointFile), auth)
-	e.GET(sb+"/checkpoints/:checkpoint/files/*", s.data(s.checkpointFile), auth)
-	e.POST(sb+"/checkpoints/:checkpoint/restore-paths", s.data(s.restorePaths), auth, accountOnly)
-	e.POST(sb+"/checkpoints/:checkpoint/clone", s.data(s.cloneCheckpoint), auth, accountOnly)
-	e.POST(sb+"/directories/release", s.data(s.releaseDirectory), auth, accountOnly)
-	e.POST(sb+"/access-token", s.data(s.issueToken), auth)
-	e.GET(sb+"/access-token", s.data(s.showToken), auth)
-	e.DELETE(sb+"/access-token", s.data(s.revokeToken), auth)
-	e.POST(sb+"/access-token/rotate", s.data(s.rotateToken), auth)
-
-	e.POST("/v1/sandboxes", s.createSandbox, auth)
-	e.GET("/v1/sandboxes", s.data(s.listSandboxes), auth)
-	e.GET(sb, s.data(s.getSandbox), auth)
-	e.DELETE(sb, s.data(s.deleteSandbox), auth)
-	e.POST(sb+"/pause", s.lifecycle(s.pauseSandbox, sandbox.Paused), auth)
-	e.POST(sb+"/resume", s.lifecycle(s.resumeSandbox, sandbox.Running), auth)
-	e.POST(sb+"/start", s.lifecycle(s.startSandbox, sandbox.Running), auth)
-	e.POST(sb+"/stop", s.data(s.stopSandbox), auth)
-	e.POST(sb+"/exec", s.data(s.execInSandbox), auth)
-	e.POST(sb+"/sessions", s.startSession, auth)
-	e.GET(sb+"/sessions", s.data(s.sessionCall(http.MethodGet, false)), auth)
-	e.GET(sb+"/sessions/:sid", s.data(s.sessionCall(http.MethodGet, true)), auth)
-	e.DELETE(sb+"/sessions/:sid", s.data(s.sessionCall(http.MethodDelete, true)), auth)
-	e.GET(sb+"/sessions/:sid/attach", s.attachSession, auth)
-	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPut, http.MethodDelete} {
-		e.Add(m, sb+"/files", s.file, auth)
-		e.Add(m, sb+"/files/*", s.file, auth)
+	// Authorization is per route (authz.go), not on a group: a group's
+	// middleware would also catch unknown paths and methods below it,
+	// turning their 404 and 405 into 401.
+	add := func(method, path string, h echo.HandlerFunc) {
+		e.Add(method, path, h, s.authorize(method, path))
 	}
-	const snap = sb + "/snapshots/:snapshot"
-	e.POST(sb+"/snapshots", s.data(s.createSnapshot), auth)
-	e.GET(sb+"/snapshots", s.data(s.listSnapshots), auth)
-	e.GET(snap, s.data(s.getSnapshot), auth)
-	e.DELETE(snap, s.data(s.deleteSnapshot), auth)
-	e.POST(snap+"/restore", s.data(s.restoreSnapshot), auth)
-	e.POST(snap+"/pin", s.data(s.pinSnapshot(true)), auth)
-	e.POST(snap+"/unpin", s.data(s.pinSnapshot(false)), auth)
-	e.POST(snap+"/fork", s.forkSnapshot, auth)
+	add(http.MethodGet, "/v1/health", s.data(s.health))
+	add(http.MethodGet, "/v1/openapi.json", s.openapi)
+	add(http.MethodGet, "/metrics", echo.WrapHandler(s.metrics.handler()))
+
+	const sb, cp = sbRoute, cpRoute
+	add(http.MethodPost, sb+"/checkpoints", s.data(s.createCheckpoint))
+	add(http.MethodGet, sb+"/checkpoints", s.data(s.listCheckpoints))
+	add(http.MethodGet, sb+"/directories", s.data(s.listDirectories))
+	add(http.MethodPost, cp+"/restore", s.data(s.restoreCheckpoint))
+	add(http.MethodDelete, cp, s.data(s.deleteCheckpoint))
+	add(http.MethodGet, cp+"/changes", s.data(s.checkpointChanges))
+	add(http.MethodGet, cp+"/files", s.data(s.checkpointFile))
+	add(http.MethodGet, cp+"/files/*", s.data(s.checkpointFile))
+	add(http.MethodPost, cp+"/restore-paths", s.data(s.restorePaths))
+	add(http.MethodPost, cp+"/clone", s.data(s.cloneCheckpoint))
+	add(http.MethodPost, sb+"/directories/release", s.data(s.releaseDirectory))
+	add(http.MethodPost, sb+"/access-token", s.data(s.issueToken))
+	add(http.MethodGet, sb+"/access-token", s.data(s.showToken))
+	add(http.MethodDelete, sb+"/access-token", s.data(s.revokeToken))
+	add(http.MethodPost, sb+"/access-token/rotate", s.data(s.rotateToken))
+
+	add(http.MethodPost, "/v1/sandboxes", s.createSandbox)
+	add(http.MethodGet, "/v1/sandboxes", s.data(s.listSandboxes))
+	add(http.MethodGet, sb, s.data(s.getSandbox))
+	add(http.MethodDelete, sb, s.data(s.deleteSandbox))
+	add(http.MethodPost, sb+"/pause", s.lifecycle(s.pauseSandbox, sandbox.Paused))
+	add(http.MethodPost, sb+"/resume", s.lifecycle(s.resumeSandbox, sandbox.Running))
+	add(http.MethodPost, sb+"/start", s.lifecycle(s.startSandbox, sandbox.Running))
+	add(http.MethodPost, sb+"/stop", s.data(s.stopSandbox))
+	add(http.MethodPut, sb+"/access", s.data(s.setAccess))
+	add(http.MethodPost, sb+"/exec", s.data(s.execInSandbox))
+	add(http.MethodPost, sb+"/sessions", s.startSession)
+	add(http.MethodGet, sb+"/sessions", s.data(s.sessionCall(http.MethodGet, false)))
+	add(http.MethodGet, sb+"/sessions/:sid", s.data(s.sessionCall(http.MethodGet, true)))
+	add(http.MethodDelete, sb+"/sessions/:sid", s.data(s.sessionCall(http.MethodDelete, true)))
+	add(http.MethodGet, sb+"/sessions/:sid/attach", s.attachSession)
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPut, http.MethodDelete} {
+		add(m, sb+"/files", s.file)
+		add(m, sb+"/files/*", s.file)
+	}
+	const snap = snapRoute
+	add(http.MethodPost, sb+"/snapshots", s.data(s.createSnapshot))
+	add(http.MethodGet, sb+"/snapshots", s.data(s.listSnapshots))
+	add(http.MethodGet, snap, s.data(s.getSnapshot))
+	add(http.MethodDelete, snap, s.data(s.deleteSnapshot))
+	add(http.MethodPost, snap+"/restore", s.data(s.restoreSnapshot))
+	add(http.MethodPost, snap+"/pin", s.data(s.pinSnapshot(true)))
+	add(http.MethodPost, snap+"/unpin", s.data(s.pinSnapshot(false)))
+	add(http.MethodPost, snap+"/fork", s.forkSnapshot)
 
 	edge := &httpx.Edge{
 		Log: s.log,
@@ -375,78 +373,6 @@ func (s *Server) writeError(c echo.Context, err error) {
 		}
 	}
 	httpx.WriteError(c.Response(), c.Request(), err)
-}
-
-// authenticate resolves X-Api-Key to a principal and applies its rate
-// limit. Failed attempts are limited per client address too, so that
-// guessing keys is slow: once an address is limited, every request from it
-// is refused until its bucket refills, one with a correct key included
-// (else the guess that succeeds would be answered at full speed, and tell
-// the guesser it was right). A request with two X-Api-Key headers is
-// refused rather than read as either.
-func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		ctx := c.Request().Context()
-		now := time.Now()
-		addr := "addr:" + c.RealIP()
-		if limited, wait := s.failures.blocked(addr, now); limited {
-			return s.rateLimited(c, errLoginsLimited, wait)
-		}
-		p, err := s.principal(ctx, apiKeys(c.Request()))
-		if err != nil {
-			if fault.KindOf(err) == fault.Unauthorized {
-				if ok, wait := s.failures.allow(addr, now); !ok {
-					return s.rateLimited(c, errLoginsLimited, wait)
-				}
-			}
-			return err
-		}
-		c.Set(keyPrincipal, p)
-		// A call through a sandbox's channel acts on that sandbox only,
-		// whatever key it carries.
-		if via := channelSandbox(ctx); via != "" && c.Param("id") != via {
-			return errViaChannel
-		}
-		if ok, wait := s.limits.allow(p.ID, now); !ok {
-			return s.rateLimited(c, errRateLimited, wait)
-		}
-		return next(c)
-	}
-}
-
-// apiKeys are the request's X-Api-Key headers; a WebSocket upgrade
-// without one may carry its key as a subprotocol "key.<key>" (a browser's
-// or Node's WebSocket cannot send headers).
-func apiKeys(r *http.Request) []string {
-	keys := r.Header.Values("X-Api-Key")
-	if len(keys) > 0 || !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		return keys
-	}
-	for _, v := range r.Header.Values("Sec-WebSocket-Protocol") {
-		for _, p := range strings.Split(v, ",") {
-			if k, ok := strings.CutPrefix(strings.TrimSpace(p), keyProtocol); ok {
-				keys = append(keys, k)
-			}
-		}
-	}
-	return keys
-}
-
-// principal authenticates the X-Api-Key header, which must be sent
-// exactly once: with two, a proxy and hostproxy could each act on a
-// different one.
-func (s *Server) principal(ctx context.Context, keys []string) (Principal, error) {
-	switch len(keys) {
-	case 0:
-		return Principal{}, errUnauthorized
-	case 1:
-		if isChannelKey(keys[0]) {
-			return s.reg.authenticateChannel(ctx, channelSandbox(ctx), keys[0])
-		}
-		return s.reg.Authenticate(ctx, keys[0])
-	default:
-		return Principal{}, errTwoKeys
-	}
 }
 
 func (s *Server) rateLimited(c echo.Context, limit *fault.Error, wait time.Duration) error {

@@ -161,13 +161,11 @@ func (s *Server) endAttachments(id, reason string) {
 // operation that ends them (their guest sides are closed at once).
 const endWait = 2 * time.Second
 
-// sessionRoute checks a session route: the sandbox (a token may, its
-// own), running.
+// sessionRoute checks a session route (and a files route), after
+// authorize (authz.go: the exec scope, the files scope): the sandbox
+// running.
 func (s *Server) sessionRoute(c echo.Context) (Sandbox, error) {
-	sb, err := s.sandbox(c, false)
-	if err != nil {
-		return sb, err
-	}
+	sb := sandboxOf(c)
 	if sb.State != StateRunning {
 		return sb, errSandboxNotRunning.With("state", string(sb.State))
 	}

@@ -13,24 +13,18 @@ import (
 	"strata/sandbox"
 )
 
-// The VM snapshot routes (/v1/sandboxes/{id}/snapshots…). Tokens may
-// create, list and read the snapshots of their own sandbox; restore,
-// delete, pin, unpin and fork need the account key. A restore or a fork
-// is never taken from inside a sandbox: a restore ends the machine that
-// carries the call, and a fork makes sandboxes (an account's act, as a
-// create is).
+// The VM snapshot routes (/v1/sandboxes/{id}/snapshots…). Who may call
+// which is the authorization table's (authz.go): a token with the
+// snapshots scope may create, list and read the snapshots of its own
+// sandbox; restore, delete, pin, unpin and fork need the account key. A
+// restore or a fork is never taken from inside a sandbox: a restore ends
+// the machine that carries the call, and a fork makes sandboxes (an
+// account's act, as a create is).
 
-// snapshotsRoute looks up the sandbox of a snapshot route; a route with
-// a body checks it (check) before it finds the sandbox not a microVM.
-func (s *Server) snapshotsRoute(c echo.Context, management bool, check func(*http.Request) error) (Sandbox, error) {
-	p, _ := c.Get(keyPrincipal).(Principal)
-	if management && p.Kind != KindAccountKey {
-		return Sandbox{}, errTokenSnapshots
-	}
-	sb, err := s.sandbox(c, false)
-	if err != nil {
-		return sb, err
-	}
+// snapshotsRoute checks a snapshot route after authorize; a route with a
+// body checks it (check) before it finds the sandbox not a microVM.
+func (s *Server) snapshotsRoute(c echo.Context, check func(*http.Request) error) (Sandbox, error) {
+	sb := sandboxOf(c)
 	if err := check(c.Request()); err != nil {
 		return sb, err
 	}
@@ -54,11 +48,6 @@ func parsed[T any](parse func([]byte) (T, error), out *T) func(*http.Request) er
 		return err
 	}
 }
-
-var (
-	errTokenSnapshots = fault.New(fault.Forbidden, "forbidden", "access tokens may create, list and read snapshots; restore, delete, pin and fork need an account API key")
-	errTokenRetention = fault.New(fault.Forbidden, "forbidden", "retention deletes snapshots: it needs an account API key (an access token may create snapshots without it)")
-)
 
 func snapshotView(sandboxID string, sn sandbox.Snapshot) api.Snapshot {
 	return api.Snapshot{
@@ -89,8 +78,8 @@ func snapshotOf(c echo.Context, sb Sandbox) (sandbox.Snapshot, error) {
 
 // snapshotRoute is snapshotsRoute for a route on one snapshot: the
 // sandbox, then the snapshot the route names.
-func (s *Server) snapshotRoute(c echo.Context, management bool, check func(*http.Request) error) (Sandbox, sandbox.Snapshot, error) {
-	sb, err := s.snapshotsRoute(c, management, check)
+func (s *Server) snapshotRoute(c echo.Context, check func(*http.Request) error) (Sandbox, sandbox.Snapshot, error) {
+	sb, err := s.snapshotsRoute(c, check)
 	if err != nil {
 		return sb, sandbox.Snapshot{}, err
 	}
@@ -100,7 +89,16 @@ func (s *Server) snapshotRoute(c echo.Context, management bool, check func(*http
 
 func (s *Server) createSnapshot(c echo.Context) (any, error) {
 	var req api.SnapshotCreateRequest
-	sb, err := s.snapshotsRoute(c, false, parsed(api.ParseSnapshotCreate, &req))
+	sb, err := s.snapshotsRoute(c, func(r *http.Request) error {
+		if err := parsed(api.ParseSnapshotCreate, &req)(r); err != nil {
+			return err
+		}
+		if req.Retention != nil {
+			// Retention deletes snapshots: it needs what a delete needs.
+			return s.authorizeAs(c, http.MethodDelete, snapRoute)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -113,10 +111,6 @@ func (s *Server) createSnapshot(c echo.Context) (any, error) {
 		sr.Comment = *req.Comment
 	}
 	if req.Retention != nil {
-		// Retention deletes snapshots, which a token may not.
-		if p, _ := c.Get(keyPrincipal).(Principal); p.Kind != KindAccountKey {
-			return nil, errTokenRetention
-		}
 		sr.RetentionMax = req.Retention.MaxCount
 	}
 	if sr.Memory {
@@ -131,7 +125,7 @@ func (s *Server) createSnapshot(c echo.Context) (any, error) {
 }
 
 func (s *Server) listSnapshots(c echo.Context) (any, error) {
-	sb, err := s.snapshotsRoute(c, false, jsend.RejectQueryAndBody)
+	sb, err := s.snapshotsRoute(c, jsend.RejectQueryAndBody)
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +137,7 @@ func (s *Server) listSnapshots(c echo.Context) (any, error) {
 }
 
 func (s *Server) getSnapshot(c echo.Context) (any, error) {
-	sb, sn, err := s.snapshotRoute(c, false, jsend.RejectQueryAndBody)
+	sb, sn, err := s.snapshotRoute(c, jsend.RejectQueryAndBody)
 	if err != nil {
 		return nil, err
 	}
@@ -151,7 +145,7 @@ func (s *Server) getSnapshot(c echo.Context) (any, error) {
 }
 
 func (s *Server) deleteSnapshot(c echo.Context) (any, error) {
-	sb, sn, err := s.snapshotRoute(c, true, jsend.RejectQueryAndBody)
+	sb, sn, err := s.snapshotRoute(c, jsend.RejectQueryAndBody)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +157,7 @@ func (s *Server) deleteSnapshot(c echo.Context) (any, error) {
 
 func (s *Server) pinSnapshot(pinned bool) func(c echo.Context) (any, error) {
 	return func(c echo.Context) (any, error) {
-		sb, sn, err := s.snapshotRoute(c, true, jsend.RejectQueryAndBody)
+		sb, sn, err := s.snapshotRoute(c, jsend.RejectQueryAndBody)
 		if err != nil {
 			return nil, err
 		}
@@ -176,11 +170,8 @@ func (s *Server) pinSnapshot(pinned bool) func(c echo.Context) (any, error) {
 }
 
 func (s *Server) restoreSnapshot(c echo.Context) (any, error) {
-	if channelSandbox(c.Request().Context()) != "" {
-		return nil, errViaChannel
-	}
 	var req api.SnapshotRestoreRequest
-	sb, sn, err := s.snapshotRoute(c, true, parsed(api.ParseSnapshotRestore, &req))
+	sb, sn, err := s.snapshotRoute(c, parsed(api.ParseSnapshotRestore, &req))
 	if err != nil {
 		return nil, err
 	}
@@ -202,15 +193,13 @@ const forksAtOnce = 4
 // made or refused on its own (admitted on its own, forksAtOnce at a
 // time). When none is made, the first refusal is the answer.
 func (s *Server) forkSnapshot(c echo.Context) error {
-	p, err := s.accountRoute(c)
-	if err != nil {
-		return err
-	}
+	p := principalOf(c)
 	var req api.ForkRequest
-	sb, sn, err := s.snapshotRoute(c, true, parsed(api.ParseFork, &req))
+	sb, sn, err := s.snapshotRoute(c, parsed(api.ParseFork, &req))
 	if err != nil {
 		return err
 	}
+	access := recordAccess(req.Access)
 	// Made a few at a time: each fork's own steps (its disk's top, its
 	// record, admission) overlap, and its boot runs in the background.
 	recs, errs := make([]Sandbox, req.Count), make([]error, req.Count)
@@ -225,7 +214,7 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			recs[i], errs[i] = s.fork(c.Request().Context(), p, sb.ID, sn.ID, name)
+			recs[i], errs[i] = s.fork(c.Request().Context(), p, sb.ID, sn.ID, name, access)
 		}()
 	}
 	wg.Wait()
@@ -245,6 +234,7 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 			failed = append(failed, map[string]any{"code": fe.Code, "message": fe.Message})
 			continue
 		}
+		s.handedOver(recs[i])
 		made = append(made, sandboxView(recs[i]))
 	}
 	if len(made) == 0 {
@@ -257,12 +247,13 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 	return accepted(c, data)
 }
 
-// fork makes one fork of a snapshot for account p.
-func (s *Server) fork(ctx context.Context, p Principal, src, snap, name string) (Sandbox, error) {
+// fork makes one fork of a snapshot for account p, with access (a
+// record's access setting).
+func (s *Server) fork(ctx context.Context, p Principal, src, snap, name, access string) (Sandbox, error) {
 	id, err := s.newSandboxID()
 	if err != nil {
 		return Sandbox{}, err
 	}
-	rec := Sandbox{ID: id, Account: p.Account, Name: name, Guest: guestAddress(id), CreatedAt: s.now().UTC().Truncate(1e9)}
-	return s.machines.Fork(ctx, src, snap, rec)
+	rec := Sandbox{ID: id, Account: p.Account, Name: name, Guest: guestAddress(id), CreatedAt: s.now().UTC().Truncate(1e9), Access: access}
+	return s.machines.Fork(withTakeAccess(ctx, access), src, snap, rec)
 }

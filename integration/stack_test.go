@@ -240,6 +240,25 @@ func TestSeedExamples(t *testing.T) {
 	if creds, _ := os.ReadFile(s.g.credentials()); strings.Contains(string(creds), token) {
 		t.Fatalf("revoked token still in the credentials file")
 	}
+	// This guestd runs on the host, as root (as make run-local's): a
+	// token of its sandbox never gets exec or files, and the default
+	// token cannot open a session or a file.
+	for _, scope := range []string{"exec", "files"} {
+		refused := s.curl("-X", "POST", sandbox+"/access-token", "-H", "Authorization: Bearer $CREATEOS_API_KEY",
+			"-H", "Content-Type: application/json", "-d", `{"scopes":["`+scope+`"]}`)
+		if data, _ := refused["data"].(map[string]any); refused["status"] != "fail" || data["code"] != "invalid_field" {
+			t.Fatalf("a token with %s on the host's guestd: %v", scope, refused)
+		}
+	}
+	plain := s.curl("-X", "POST", sandbox+"/access-token", "-H", "X-Api-Key: $CREATEOS_API_KEY")
+	tok, _ := plain["data"].(map[string]any)["token"].(string)
+	for _, c := range []struct{ path, scope string }{{"/files/etc/hostname", "files"}, {"/sessions", "exec"}} {
+		got := s.curl(sandbox+c.path, "-H", "X-Api-Key: "+tok)
+		if data, _ := got["data"].(map[string]any); data["code"] != "forbidden" || data["scope"] != c.scope {
+			t.Fatalf("the default token on %s: %v", c.path, got)
+		}
+	}
+	s.curl("-X", "DELETE", sandbox+"/access-token", "-H", "X-Api-Key: $CREATEOS_API_KEY")
 }
 
 // TestServerTimingThroughTheStack: a capture through hostproxy answers

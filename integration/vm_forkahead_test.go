@@ -130,7 +130,12 @@ func (s *vmStack) waitMetric(name string, n int, timeout time.Duration) {
 	want := name + " " + strconv.Itoa(n)
 	deadline := time.Now().Add(timeout)
 	for {
-		resp, err := s.client.Get(s.url + "/metrics")
+		req, err := http.NewRequest(http.MethodGet, s.url+"/metrics", nil)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		req.Header.Set("X-Api-Key", s.key) // the metrics are an account key's
+		resp, err := s.client.Do(req)
 		if err != nil {
 			s.t.Fatal(err)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -471,7 +472,12 @@ func readProxy(s *vmStack) (proxyStats, error) {
 			st.RSS = kb << 10
 		}
 	}
-	resp, err := s.client.Get(s.url + "/metrics")
+	req, err := http.NewRequest(http.MethodGet, s.url+"/metrics", nil)
+	if err != nil {
+		return st, err
+	}
+	req.Header.Set("X-Api-Key", s.key) // the metrics are an account key's
+	resp, err := s.client.Do(req)
 	if err != nil {
 		return st, err
 	}

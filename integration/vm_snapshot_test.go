@@ -216,6 +216,8 @@ func TestVMSnapshots(t *testing.T) {
 	s.sh(id, counterLine)
 	s.counting(id)
 	s.must(200, "POST", snaps, `{"comment":"for forks","name":"for-forks"}`)
+	// A fork takes its own access setting, never its source's.
+	s.must(200, "PUT", "/v1/sandboxes/"+id+"/access", `{"scopes":["checkpoints","snapshots","files"]}`)
 	t0 = time.Now()
 	f1 := s.call(s.key, "POST", "/v1/sandboxes", `{"name":"fork-one","from":{"sandbox":"`+id+`","snapshot":"for-forks"}}`)
 	if f1.Status != 202 || f1.data()["from"] == nil || f1.data()["from"].(map[string]any)["snapshot"] != "v3" {
@@ -224,7 +226,7 @@ func TestVMSnapshots(t *testing.T) {
 	fork1 := f1.data()["id"].(string)
 	s.waitState(s.key, fork1, "running", 2*time.Minute)
 	t.Logf("fork to running: %v", time.Since(t0))
-	many := s.call(s.key, "POST", snaps+"/v3/fork", `{"count":2,"name_prefix":"many"}`)
+	many := s.call(s.key, "POST", snaps+"/v3/fork", `{"count":2,"name_prefix":"many","access":"none"}`)
 	if many.Status != 202 {
 		t.Fatalf("fork count 2: %d %s", many.Status, many.Raw)
 	}
@@ -234,6 +236,17 @@ func TestVMSnapshots(t *testing.T) {
 	}
 	if len(forks) != 2 {
 		t.Fatalf("fork count 2 made %v", forks)
+	}
+	accessOf := func(sb string) string {
+		return fmt.Sprint(s.must(200, "GET", "/v1/sandboxes/"+sb, "").data()["access"])
+	}
+	if got := accessOf(fork1); got != "map[scopes:[checkpoints snapshots]]" {
+		t.Fatalf("a fork without access: %s, want the default", got)
+	}
+	for _, f := range forks {
+		if got := accessOf(f); got != "none" {
+			t.Fatalf("a fork with access none: %s", got)
+		}
 	}
 	forks = append(forks, fork1)
 	for _, f := range forks {
@@ -272,6 +285,19 @@ func TestVMSnapshots(t *testing.T) {
 	line := `curl -sS -o /dev/null -w '%{http_code}' -H 'X-Api-Key: ` + tok + `' "$CREATEOS_API_URL/v1/sandboxes/` + id + `/checkpoints"`
 	if out := s.sh(fork1, ". /run/strata/credentials.env; "+line); out != "403" {
 		t.Fatalf("the source's token from inside a fork: %q, want 403", out)
+	}
+	// A fork of access none was handed no key, and nothing from inside it
+	// opens the API: not the source's channel key its memory held, not
+	// the source's token, not the account key.
+	none := forks[0]
+	if out := s.sh(none, "grep -c CREATEOS_API_KEY /run/strata/credentials.env || true"); strings.TrimSpace(out) != "0" {
+		t.Fatalf("a fork of access none has a key: %q", out)
+	}
+	for _, key := range []string{srcKey, tok, s.key} {
+		line := `curl -sS -o /dev/null -w '%{http_code}' -H 'X-Api-Key: ` + key + `' "$CREATEOS_API_URL/v1/sandboxes/` + none + `/checkpoints"`
+		if out := s.sh(none, ". /run/strata/credentials.env; "+line); out != "401" {
+			t.Fatalf("from inside a fork of access none: %q, want 401", out)
+		}
 	}
 
 	// The forks map the snapshot's own state privately, read-only,

@@ -89,12 +89,35 @@ func TestSandboxEndToEnd(t *testing.T) {
 		t.Fatalf("createos checkpoint diff --live from inside: %q", out)
 	}
 	s.sh(id, `createos sandbox checkpoint restore `+insideCp.ID+` && createos sandbox checkpoint delete `+insideCp.ID)
-	// A session from inside, through the channel both ways (its token
-	// may use sessions of its own sandbox).
+	// The record shows the default access, which has no exec: a session
+	// from inside is refused, naming the scope it needs.
+	if got := s.must(200, "GET", "/v1/sandboxes/"+id, "").data()["access"]; fmt.Sprint(got) != "map[scopes:[checkpoints snapshots]]" {
+		t.Fatalf("the default access: %v", got)
+	}
+	if out := s.sh(id, `createos sandbox exec $CREATEOS_SANDBOX_ID -- true 2>&1; echo "exit $?"`); !strings.Contains(out, "forbidden") || !strings.Contains(out, "exec") || !strings.HasSuffix(out, "exit 1\n") {
+		t.Fatalf("createos sandbox exec from inside without the exec scope: %q", out)
+	}
+	// With exec in the sandbox's access, the same key may, at the next
+	// call: a session from inside, through the channel both ways.
 	// Its two streams are kept apart (their order between each other is
 	// not a stream's to keep).
+	s.must(200, "PUT", "/v1/sandboxes/"+id+"/access", `{"scopes":["checkpoints","snapshots","exec"]}`)
 	if out := s.sh(id, `createos sandbox exec $CREATEOS_SANDBOX_ID -- sh -c 'echo inside; echo err >&2' >/tmp/out 2>/tmp/err; cat /tmp/out /tmp/err`); out != "inside\nerr\n" {
 		t.Fatalf("createos sandbox exec from inside: %q", out)
+	}
+	// Access none: the guest's key is taken away, and a call from inside
+	// with the key it had is 401; then back to the default.
+	key := strings.TrimSpace(s.sh(id, `. /run/strata/credentials.env && echo "$CREATEOS_API_KEY"`))
+	s.must(200, "PUT", "/v1/sandboxes/"+id+"/access", `"none"`)
+	if out := s.sh(id, `grep -c CREATEOS_API_KEY /run/strata/credentials.env || true`); strings.TrimSpace(out) != "0" {
+		t.Fatalf("with access none the guest still has a key: %q", out)
+	}
+	if out := s.sh(id, `. /run/strata/credentials.env; curl -s -o /dev/null -w '%{http_code}' -H "X-Api-Key: `+key+`" "$CREATEOS_API_URL/v1/sandboxes/$CREATEOS_SANDBOX_ID/checkpoints" || true`); out != "401" {
+		t.Fatalf("with access none, the old key from inside: %q", out)
+	}
+	s.must(200, "PUT", "/v1/sandboxes/"+id+"/access", `{"scopes":["checkpoints","snapshots"]}`)
+	if out := s.sh(id, `. /run/strata/credentials.env && echo "${CREATEOS_API_KEY%%_*}"`); out != "sbc\n" {
+		t.Fatalf("the guest's key after access was given back: %q", out)
 	}
 	// Once a token is issued, the guest has it, and it acts on this
 	// sandbox from inside too.

@@ -77,6 +77,11 @@ type Record struct {
 	Machine   *Machine `json:"machine,omitempty"`
 	// From is the snapshot a fork was made from.
 	From *From `json:"from,omitempty"`
+	// Access is the sandbox's access setting, as hostproxy writes and
+	// reads it (api.Access's String: "none", or the scopes of the key its
+	// guest is handed, joined by commas); empty is the default. This
+	// package only keeps it.
+	Access string `json:"access,omitempty"`
 	// Snapshots are the sandbox's VM snapshots, oldest first.
 	Snapshots []Snapshot `json:"snapshots,omitempty"`
 	// SnapshotSeq and AutoSeq are the numbers of the last snapshot ids

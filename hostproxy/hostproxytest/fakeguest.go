@@ -13,7 +13,8 @@
 //
 // It answers the routes of issue 8 too (beyond.go): changes, files,
 // restore-paths, clone and release over in-memory file trees, and
-// retention on create.
+// retention on create; and POST and GET /v1/sessions with records only
+// (no process runs), for the tests of who may call them.
 //
 // Like guestd, it honours the Idempotency-Key header of create and
 // restore: the first successful answer under a key is kept for
@@ -126,6 +127,7 @@ type FakeGuest struct {
 	delay       time.Duration
 	seq         uint64
 	requests    int
+	sessions    int
 	lastHeader  http.Header
 	answers     map[string]kept // by Idempotency-Key
 	now         func() time.Time
@@ -298,6 +300,20 @@ func (g *FakeGuest) route(r *http.Request) (any, error) {
 		g.credentials = c
 		g.mu.Unlock()
 		return struct{}{}, nil
+	case len(parts) == 1 && parts[0] == "sessions" && r.Method == http.MethodPost:
+		// Enough of a session for the tests of who may start one: its
+		// record, never a process.
+		var req api.SessionRequest
+		if err := jsend.DecodeObject(r, &req); err != nil {
+			return nil, err
+		}
+		g.mu.Lock()
+		g.sessions++
+		n := g.sessions
+		g.mu.Unlock()
+		return api.Session{ID: "se-" + strconv.FormatUint(0xa000000000000000+uint64(n), 16), Cmd: req.Cmd, State: "running", CreatedAt: time.Unix(0, 0).UTC()}, nil
+	case len(parts) == 1 && parts[0] == "sessions" && r.Method == http.MethodGet:
+		return map[string][]api.Session{"sessions": {}}, nil
 	case len(parts) == 1 && parts[0] == "directories" && r.Method == http.MethodGet:
 		if err := jsend.RejectQueryAndBody(r); err != nil {
 			return nil, err

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -69,6 +70,10 @@ type Sandbox struct {
 	// LastError is an operation answered 202 that then failed (a pause
 	// whose memory could not be saved: the sandbox runs on).
 	LastError *FailedOperation `json:"last_error,omitempty"`
+	// Access is a microVM sandbox's access setting: what the key its
+	// guest is handed (its channel key) may do. A configured sandbox
+	// has none (it has no channel).
+	Access *Access `json:"access,omitempty"`
 }
 
 // FailedOperation is an operation on a sandbox that failed after it was
@@ -111,6 +116,15 @@ type SandboxCreateRequest struct {
 	VCPUs     *int         `json:"vcpus,omitempty"`
 	DiskGiB   *int         `json:"disk_gib,omitempty"`
 	From      *SandboxFrom `json:"from,omitempty"`
+	// Access is the sandbox's access setting (ParseAccess): what its
+	// guest's channel key may do; left out, DefaultAccess. A fork takes
+	// its own, never its source's.
+	Access json.RawMessage `json:"access,omitempty"`
+}
+
+// SetAccess sets the request's access setting.
+func (req *SandboxCreateRequest) SetAccess(a Access) {
+	req.Access, _ = json.Marshal(a)
 }
 
 // ParseSandboxCreate decodes the body of POST /v1/sandboxes (at most
@@ -133,6 +147,9 @@ func ParseSandboxCreate(body []byte) (SandboxCreateRequest, error) {
 //   - name, optional, follows ValidateSandboxName;
 //   - memory_mib is 128 to 8192 (default 512), vcpus 1 to 4 (default 1),
 //     disk_gib 1 to 64 (default 4);
+//   - access, optional, is "none" or {"scopes":[…]} (ParseAccess); it is
+//     rewritten in its canonical form, and left out when it is the
+//     default, so that equal settings make equal requests;
 //   - from, optional, is {"sandbox","snapshot"}, both required: a
 //     sandbox id (ValidSandboxID) and a snapshot id (ValidSnapshotID).
 //     A fork takes its resources from the snapshot, so memory_mib, vcpus
@@ -141,12 +158,20 @@ func ParseSandboxCreate(body []byte) (SandboxCreateRequest, error) {
 // A null field is a field left out. For a new sandbox MemoryMiB, VCPUs
 // and DiskGiB come back never nil; for a fork they stay nil. Each broken
 // rule is invalid_field naming the field ("name", "memory_mib", "vcpus",
-// "disk_gib", "from.sandbox", "from.snapshot").
+// "disk_gib", "access", "access.scopes", "from.sandbox", "from.snapshot").
 func (req SandboxCreateRequest) Validate() (SandboxCreateRequest, error) {
 	if req.Name != nil {
 		if err := ValidateSandboxName(*req.Name); err != nil {
 			return SandboxCreateRequest{}, err
 		}
+	}
+	access, err := ParseAccess("access", req.Access)
+	if err != nil {
+		return SandboxCreateRequest{}, err
+	}
+	req.Access = nil
+	if access.String() != DefaultAccess().String() {
+		req.Access, _ = json.Marshal(access)
 	}
 	resources := []struct {
 		field         string

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -111,11 +112,15 @@ func ParseSnapshotRestore(body []byte) (SnapshotRestoreRequest, error) {
 type ForkRequest struct {
 	Count      int     `json:"count"`
 	NamePrefix *string `json:"name_prefix,omitempty"`
+	// Access is every fork's access setting (ParseAccess): a fork takes
+	// its own, never its source's; left out, DefaultAccess.
+	Access json.RawMessage `json:"access,omitempty"`
 }
 
 // ParseFork decodes and checks a fork body: count 1 to MaxForkCount
 // (required); name_prefix, optional, is a sandbox name that stays one
-// with "-<n>" added (the forks are named <prefix>-1, <prefix>-2, …).
+// with "-<n>" added (the forks are named <prefix>-1, <prefix>-2, …);
+// access, optional, follows ParseAccess.
 func ParseFork(body []byte) (ForkRequest, error) {
 	var req ForkRequest
 	if len(body) > jsend.MaxBody {
@@ -131,6 +136,9 @@ func ParseFork(body []byte) (ForkRequest, error) {
 		if err := ValidateSandboxName(ForkName(*req.NamePrefix, MaxForkCount)); err != nil {
 			return ForkRequest{}, jsend.InvalidField("name_prefix", "name_prefix must be a sandbox name that stays one with -<n> added")
 		}
+	}
+	if _, err := ParseAccess("access", req.Access); err != nil {
+		return ForkRequest{}, err
 	}
 	return req, nil
 }

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -47,7 +48,12 @@ func (b *vmBench) poolRows(bin string) ([]row, error) {
 func (b *vmBench) waitPoolReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		resp, err := b.client.Get(b.url + "/metrics")
+		req, err := http.NewRequest(http.MethodGet, b.url+"/metrics", nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("X-Api-Key", b.key) // the metrics are an account key's
+		resp, err := b.client.Do(req)
 		if err != nil {
 			return err
 		}

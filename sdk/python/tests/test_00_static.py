@@ -559,3 +559,52 @@ def test_async_session_cancel_and_back_pressure() -> None:
         assert await s.wait() == 0
 
     asyncio.run(main())
+
+
+def test_scopes_and_access_bodies() -> None:
+    """A token's scopes and a sandbox's access setting are sent as the API
+    takes them (nothing for the default scopes), and read back."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n).decode()
+            seen.append(f"{self.command} {self.path} {body}")
+            if self.path.endswith("/access"):
+                data = {"id": "sb-x", "state": "running", "access": json.loads(body)}
+            else:
+                data = {"token": "sbt_x", "hint": "x", "created_at": "2026-01-01T00:00:00Z", "scopes": ["checkpoints", "snapshots"]}
+            out = json.dumps({"status": "success", "data": data}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_POST = do_PUT = _answer
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = strata.Strata(f"http://127.0.0.1:{srv.server_address[1]}", "k", retry_for=0)
+        sb = strata.Sandbox.connect("sb-x", client=client)
+        assert sb.access_token.issue().scopes == ["checkpoints", "snapshots"]
+        sb.access_token.issue(scopes=["exec"])
+        assert sb.set_access("none").access == "none"
+        assert sb.set_access({"scopes": ["files"]}).access == {"scopes": ["files"]}
+        assert sb.info.access == {"scopes": ["files"]}
+    finally:
+        srv.shutdown()
+    assert seen == [
+        "POST /v1/sandboxes/sb-x/access-token ",
+        'POST /v1/sandboxes/sb-x/access-token {"scopes":["exec"]}',
+        'PUT /v1/sandboxes/sb-x/access "none"',
+        'PUT /v1/sandboxes/sb-x/access {"scopes":["files"]}',
+    ], seen

@@ -7,24 +7,43 @@ import pytest
 from strata import Sandbox, Strata, StrataError
 
 
+def test_default_token_scopes(sb: Sandbox) -> None:
+    """A token issued without scopes has checkpoints and snapshots: not
+    exec, not files (403 naming the scope)."""
+    sb.access_token.revoke()
+    t = sb.access_token.issue()
+    try:
+        assert t.scopes == ["checkpoints", "snapshots"]
+        as_token = Sandbox.connect(sb.id, client=Strata(sb.client.api_url, t.token))
+        assert isinstance(as_token.checkpoints.list(), list)
+        assert isinstance(as_token.snapshots.list(), list)
+        for call, scope in ((lambda: as_token.exec.run("true"), "exec"), (lambda: as_token.files.exists("/tmp"), "files")):
+            with pytest.raises(StrataError) as e:
+                call()
+            assert (e.value.status, e.value.code) == (403, "forbidden") and e.value.data.get("scope") == scope
+    finally:
+        sb.access_token.revoke()
+
+
 def test_access_token(sb: Sandbox) -> None:
     sb.access_token.revoke()
     assert sb.access_token.get().enabled is False
-    t = sb.access_token.issue()
+    scopes = ["checkpoints", "snapshots", "files"]
+    t = sb.access_token.issue(scopes=scopes)
     try:
-        assert t.token.startswith("sbt_") and t.hint == t.token[-4:]
-        assert sb.access_token.get() == {"enabled": True, "hint": t.hint, "created_at": t.created_at}
+        assert t.token.startswith("sbt_") and t.hint == t.token[-4:] and t.scopes == scopes
+        assert sb.access_token.get() == {"enabled": True, "hint": t.hint, "created_at": t.created_at, "scopes": scopes}
         with pytest.raises(StrataError) as e:
             sb.access_token.issue()
         assert e.value.status == 409 and e.value.code == "token_exists"
         as_token = Sandbox.connect(sb.id, client=Strata(sb.client.api_url, t.token))
         assert isinstance(as_token.checkpoints.list(), list)  # a token may use its sandbox's checkpoints
-        assert as_token.files.exists("/tmp")  # and its files
+        assert as_token.files.exists("/tmp")  # and, with the files scope, its files
         with pytest.raises(StrataError) as e:  # 403: a token on a lifecycle route
             as_token.pause()
         assert e.value.status == 403 and e.value.code == "forbidden"
         r = sb.access_token.rotate()
-        assert r.token != t.token
+        assert r.token != t.token and r.scopes == scopes
         with pytest.raises(StrataError) as e:  # the old one is gone
             as_token.checkpoints.list()
         assert e.value.status == 401 and e.value.code == "unauthorized"
@@ -33,6 +52,21 @@ def test_access_token(sb: Sandbox) -> None:
     with pytest.raises(StrataError) as e:
         sb.access_token.rotate()
     assert e.value.status == 404 and e.value.code == "token_not_found"
+
+
+def test_access_setting(sb: Sandbox) -> None:
+    """The access setting: shown, set, and "none" takes the guest's key away."""
+    assert sb.refresh().access == {"scopes": ["checkpoints", "snapshots"]}
+    try:
+        assert sb.set_access("none").access == "none"
+        out = sb.exec.run(["sh", "-c", "grep -c CREATEOS_API_KEY /run/strata/credentials.env || true"]).stdout
+        assert out.strip() == "0"
+        assert sb.set_access({"scopes": ["exec", "checkpoints"]}).access == {"scopes": ["checkpoints", "exec"]}
+        with pytest.raises(StrataError) as e:
+            sb.set_access({"scopes": ["root"]})
+        assert (e.value.status, e.value.code) == (400, "invalid_field")
+    finally:
+        sb.set_access({"scopes": ["checkpoints", "snapshots"]})
 
 
 def test_errors(sb: Sandbox, client: Strata) -> None:

@@ -10,7 +10,7 @@ import { Exec } from "./exec.js";
 import { Files } from "./files.js";
 import { Snapshots, type SnapshotCreateOptions } from "./snapshots.js";
 import { AccessTokens } from "./tokens.js";
-import type { ForkRefusal, SandboxInfo, SandboxRecord, SandboxState, Snapshot, SnapshotRestored } from "./types.js";
+import type { Access, ForkRefusal, SandboxInfo, SandboxRecord, SandboxState, Snapshot, SnapshotRestored } from "./types.js";
 
 /** Whether to wait for the sandbox's state. */
 export interface WaitOptions {
@@ -34,6 +34,8 @@ export interface SandboxCreateOptions extends WaitOptions, ClientOptions {
   vcpus?: number;
   /** Disk, GiB (1–64; default 4). */
   diskGib?: number;
+  /** What processes inside may do with the key they are handed (default `{ scopes: ["checkpoints", "snapshots"] }`). */
+  access?: Access;
 }
 
 /** Options of {@link Sandbox.fork}. */
@@ -42,6 +44,8 @@ export interface ForkOptions extends WaitOptions {
   name?: string;
   /** Make this many forks in one call (1–100): an array is returned. */
   count?: number;
+  /** Each fork's access setting (default `{ scopes: ["checkpoints", "snapshots"] }`; never the source's). */
+  access?: Access;
 }
 
 /** The forks of a many-fork call: those made, and `failed`, the refusals of the others. */
@@ -131,7 +135,7 @@ export class Sandbox {
    * Sent with an `Idempotency-Key`, retried with it: a retry never makes a
    * second sandbox.
    *
-   * @param options - name, memoryMib, vcpus, diskGib, wait, client
+   * @param options - name, memoryMib, vcpus, diskGib, access, wait, client
    * @returns the sandbox
    * @throws {@link StrataError} `name_taken` (409), `host_capacity` (503); when the wait for `running`
    *   fails (see {@link Sandbox.waitFor}), its error with the sandbox's id in `data.sandbox`: the sandbox
@@ -140,7 +144,7 @@ export class Sandbox {
   static async create(options: SandboxCreateOptions = {}): Promise<Sandbox> {
     const client = options.client ?? Strata.default();
     const { data } = await client.call("POST", "/v1/sandboxes", {
-      json: { name: options.name, memory_mib: options.memoryMib, vcpus: options.vcpus, disk_gib: options.diskGib },
+      json: { name: options.name, memory_mib: options.memoryMib, vcpus: options.vcpus, disk_gib: options.diskGib, access: options.access },
       idempotent: true,
     });
     const sb = new Sandbox(client, camel<SandboxRecord>(data));
@@ -206,7 +210,7 @@ export class Sandbox {
    */
   static async createFromCheckpoint(
     snapshot: string | Pick<Snapshot, "id" | "sandbox">,
-    options: { sandbox?: string; name?: string } & WaitOptions & ClientOptions = {},
+    options: { sandbox?: string; name?: string; access?: Access } & WaitOptions & ClientOptions = {},
   ): Promise<Sandbox> {
     const client = options.client ?? Strata.default();
     const from = typeof snapshot === "string" ? options.sandbox : snapshot.sandbox;
@@ -214,8 +218,11 @@ export class Sandbox {
     return Sandbox.forkOne(client, from, typeof snapshot === "string" ? snapshot : snapshot.id, options);
   }
 
-  private static async forkOne(client: Strata, from: string, snapshot: string, options: { name?: string } & WaitOptions): Promise<Sandbox> {
-    const { data } = await client.call("POST", "/v1/sandboxes", { json: { name: options.name, from: { sandbox: from, snapshot } }, idempotent: true });
+  private static async forkOne(client: Strata, from: string, snapshot: string, options: { name?: string; access?: Access } & WaitOptions): Promise<Sandbox> {
+    const { data } = await client.call("POST", "/v1/sandboxes", {
+      json: { name: options.name, from: { sandbox: from, snapshot }, access: options.access },
+      idempotent: true,
+    });
     const sb = new Sandbox(client, camel<SandboxRecord>(data));
     if (options.wait !== false) await sb.waitFor("running").catch((e: unknown) => Promise.reject(naming(e, sb.id)));
     return sb;
@@ -227,7 +234,7 @@ export class Sandbox {
    * refusals). Each returns once running unless `wait: false`.
    *
    * @param snapshot - `v1`, … or its name
-   * @param options - name (with count: the names' prefix), count, wait
+   * @param options - name (with count: the names' prefix), count, access, wait
    * @returns the fork, or the forks
    */
   fork(snapshot: string, options?: ForkOptions & { count?: undefined }): Promise<Sandbox>;
@@ -245,7 +252,7 @@ export class Sandbox {
   async fork(snapshot: string, options: ForkOptions = {}): Promise<Sandbox | ForkSet> {
     if (options.count === undefined) return Sandbox.forkOne(this.client, this.id, snapshot, options);
     const { data } = await this.client.call<{ sandboxes: unknown[]; failed?: ForkRefusal[] }>("POST", sandboxPath(this.id, "snapshots", snapshot, "fork"), {
-      json: { count: options.count, name_prefix: options.name },
+      json: { count: options.count, name_prefix: options.name, access: options.access },
     });
     const set = camel<SandboxRecord[]>(data.sandboxes).map((r) => new Sandbox(this.client, r)) as ForkSet;
     set.failed = data.failed ?? [];
@@ -280,6 +287,23 @@ export class Sandbox {
    */
   async refresh(): Promise<SandboxRecord> {
     const { data } = await this.client.call("GET", sandboxPath(this.id));
+    this.info = camel<SandboxRecord>(data);
+    return this.info;
+  }
+
+  /**
+   * Sets what processes inside the sandbox may do with the key they are
+   * handed (its channel key): `{ scopes: [...] }`, or `"none"` for no key
+   * at all (every call from inside is then refused, whatever key it
+   * carries). It holds from the next call on, for the key already in the
+   * guest too. Needs an account API key.
+   *
+   * @param access - the new setting
+   * @returns the record (also in {@link Sandbox.info})
+   * @throws {@link StrataError} `invalid_field` (400); `sandbox_not_a_vm` (409) for a configured sandbox
+   */
+  async setAccess(access: Access): Promise<SandboxRecord> {
+    const { data } = await this.client.call("PUT", sandboxPath(this.id, "access"), { json: access });
     this.info = camel<SandboxRecord>(data);
     return this.info;
   }

@@ -4,16 +4,17 @@
  * @module
  */
 import { Strata, camel, sandboxPath } from "./client.js";
-import type { AccessToken } from "./types.js";
+import type { AccessToken, Scope } from "./types.js";
 
 /**
  * The sandbox's access token (`sb.accessToken`): a key that acts only on
- * this sandbox's checkpoints, files, sessions and some snapshot routes.
- * Managing it needs an account API key.
+ * this sandbox, within its scopes (by default `checkpoints` and
+ * `snapshots`; `exec` and `files` when issued with them). Managing it
+ * needs an account API key.
  *
  * @example
  * ```ts
- * const { token } = await sb.accessToken.issue();
+ * const { token } = await sb.accessToken.issue({ scopes: ["checkpoints", "exec"] });
  * const inside = new Strata({ apiUrl, apiKey: token });
  * ```
  */
@@ -27,11 +28,14 @@ export class AccessTokens {
   /**
    * Issues a token; its plaintext is shown only now.
    *
-   * @returns the token, its hint and creation time
-   * @throws {@link StrataError} `token_exists` (409) when one is enabled
+   * @param options - `scopes`: what it may do (default `["checkpoints", "snapshots"]`)
+   * @returns the token, its hint, creation time and scopes
+   * @throws {@link StrataError} `token_exists` (409) when one is enabled; `invalid_field` (400) for
+   *   an unknown scope, or `exec`/`files` on a configured sandbox
    */
-  async issue(): Promise<AccessToken> {
-    return camel((await this.client.call("POST", sandboxPath(this.sandboxId, "access-token"))).data);
+  async issue(options: { scopes?: Scope[] } = {}): Promise<AccessToken> {
+    const json = options.scopes === undefined ? undefined : { scopes: options.scopes };
+    return camel((await this.client.call("POST", sandboxPath(this.sandboxId, "access-token"), { json })).data);
   }
 
   /**
@@ -44,7 +48,7 @@ export class AccessTokens {
   }
 
   /**
-   * Replaces the token with a new one; the old one fails from the next request on.
+   * Replaces the token with a new one, with its scopes; the old one fails from the next request on.
    *
    * @returns the new token
    * @throws {@link StrataError} `token_not_found` (404) when none is enabled

@@ -18,6 +18,25 @@ export type SandboxState =
   | "destroying"
   | "destroyed";
 
+/**
+ * What a sandbox access token or a channel key may do on its sandbox:
+ * `checkpoints` (directory checkpoints), `snapshots` (take, list, read VM
+ * snapshots), `exec` (exec and sessions), `files`, `ports`, `watch`.
+ */
+export type Scope = "checkpoints" | "snapshots" | "exec" | "files" | "ports" | "watch";
+
+/**
+ * A sandbox's access setting: what the processes inside it may do with the
+ * key they are handed (its channel key), or `"none"`: no key at all, and
+ * every call from inside refused. Default `{ scopes: ["checkpoints", "snapshots"] }`.
+ */
+export type Access =
+  | "none"
+  | {
+      /** The scopes of the key handed to the guest. */
+      scopes: Scope[];
+    };
+
 /** An operation answered `202` that failed afterwards (a pause whose save failed: the sandbox runs on). */
 export interface FailedOperation {
   /** The operation, e.g. `"pause"`. */
@@ -56,6 +75,8 @@ export interface SandboxRecord {
   unresponsiveSince?: string;
   /** In state `unresponsive`: why, when the host knows. */
   unresponsiveReason?: string;
+  /** A microVM's access setting (a configured sandbox has none). */
+  access?: Access;
 }
 
 /**
@@ -296,6 +317,8 @@ export interface AccessToken {
   hint?: string;
   /** RFC 3339. */
   createdAt?: string;
+  /** What it may do on its sandbox. */
+  scopes?: Scope[];
 }
 
 /** Where a fork came from. */

@@ -69,6 +69,33 @@ describe("answers that are not JSend", () => {
   });
 });
 
+describe("scopes and access", () => {
+  test("are sent as the API takes them, and read back", async () => {
+    const seen: string[] = [];
+    handler = (req, res) => {
+      let body = "";
+      req.on("data", (c: Buffer) => (body += c.toString()));
+      req.on("end", () => {
+        seen.push(`${req.method} ${req.url} ${body}`);
+        if (req.url?.endsWith("/access")) json(res, 200, { status: "success", data: { ...record("sb-a", "running"), access: JSON.parse(body) } });
+        else json(res, 200, { status: "success", data: { token: "sbt_x", hint: "x", created_at: "2026-01-01T00:00:00Z", scopes: ["checkpoints", "snapshots"] } });
+      });
+    };
+    const sb = new Sandbox(client(), { id: "sb-a" });
+    assert.deepEqual((await sb.accessToken.issue()).scopes, ["checkpoints", "snapshots"]);
+    await sb.accessToken.issue({ scopes: ["exec"] });
+    assert.equal((await sb.setAccess("none")).access, "none");
+    assert.deepEqual((await sb.setAccess({ scopes: ["files"] })).access, { scopes: ["files"] });
+    assert.deepEqual(sb.info.access, { scopes: ["files"] });
+    assert.deepEqual(seen, [
+      "POST /v1/sandboxes/sb-a/access-token ",
+      'POST /v1/sandboxes/sb-a/access-token {"scopes":["exec"]}',
+      'PUT /v1/sandboxes/sb-a/access "none"',
+      'PUT /v1/sandboxes/sb-a/access {"scopes":["files"]}',
+    ]);
+  });
+});
+
 describe("retries", () => {
   test("an idempotent request whose first try outlasted the budget is tried again", async () => {
     let n = 0;

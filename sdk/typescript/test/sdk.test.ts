@@ -484,14 +484,31 @@ if (!API_URL || !API_KEY) {
   });
 
   describe("access tokens", () => {
-    test("issue, get, rotate, revoke; what a token may do", async () => {
+    test("a default token: checkpoints and snapshots, not exec or files (403 naming the scope)", async () => {
       await sb.accessToken.revoke();
       const issued = await sb.accessToken.issue();
       try {
+        assert.deepEqual(issued.scopes, ["checkpoints", "snapshots"]);
+        const mine = await Sandbox.connect(sb.id, { client: new Strata({ apiUrl: API_URL, apiKey: issued.token!, onRequest: options.onRequest }) });
+        assert.ok(Array.isArray(await mine.checkpoints.list()));
+        assert.ok(Array.isArray(await mine.snapshots.list()));
+        assert.equal((await rejectsWith(mine.exec.run("true"), 403, "forbidden")).data.scope, "exec");
+        assert.equal((await rejectsWith(mine.files.read("/etc/hostname"), 403, "forbidden")).data.scope, "files");
+      } finally {
+        await sb.accessToken.revoke();
+      }
+    });
+
+    test("issue, get, rotate, revoke; what a token may do", async () => {
+      await sb.accessToken.revoke();
+      const issued = await sb.accessToken.issue({ scopes: ["checkpoints", "snapshots", "exec", "files"] });
+      try {
         assert.match(issued.token ?? "", /^sbt_/);
         assert.equal(issued.hint, issued.token!.slice(-4));
+        assert.deepEqual(issued.scopes, ["checkpoints", "snapshots", "exec", "files"]);
         await rejectsWith(sb.accessToken.issue(), 409, "token_exists");
         assert.deepEqual((await sb.accessToken.get()).enabled, true);
+        assert.deepEqual((await sb.accessToken.get()).scopes, ["checkpoints", "snapshots", "exec", "files"]);
 
         // A token may not read the sandbox's record (403): connect still works, with its id only.
         const tokenClient = new Strata({ apiUrl: API_URL, apiKey: issued.token!, onRequest: options.onRequest });
@@ -519,6 +536,7 @@ if (!API_URL || !API_KEY) {
 
         const rotated = await sb.accessToken.rotate();
         assert.notEqual(rotated.token, issued.token);
+        assert.deepEqual(rotated.scopes, issued.scopes);
         // 401: the rotated-out token.
         await rejectsWith(mine.checkpoints.list(), 401, "unauthorized");
         await rejectsWith(Sandbox.connect(sb.id, { client: tokenClient }), 401, "unauthorized");
@@ -527,6 +545,21 @@ if (!API_URL || !API_KEY) {
       }
       assert.equal((await sb.accessToken.get()).enabled, false);
       await rejectsWith(sb.accessToken.rotate(), 404, "token_not_found");
+    });
+
+    test("the access setting: shown, changed, checked", async () => {
+      assert.deepEqual((await sb.refresh()).access, { scopes: ["checkpoints", "snapshots"] });
+      try {
+        assert.equal((await sb.setAccess("none")).access, "none");
+        assert.equal(sb.info.access, "none");
+        // Inside, the guest now has no key at all.
+        const env = await sb.exec.run(["sh", "-c", "grep -c CREATEOS_API_KEY /run/strata/credentials.env || true"]);
+        assert.equal(env.stdout.trim(), "0");
+        assert.deepEqual((await sb.setAccess({ scopes: ["exec", "checkpoints"] })).access, { scopes: ["checkpoints", "exec"] });
+        await rejectsWith(sb.setAccess({ scopes: ["root" as "exec"] }), 400, "invalid_field");
+      } finally {
+        await sb.setAccess({ scopes: ["checkpoints", "snapshots"] });
+      }
     });
   });
 

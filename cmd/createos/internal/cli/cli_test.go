@@ -338,6 +338,33 @@ func TestTokenCommands(t *testing.T) {
 	if _, errOut, code := e.run("sandbox", "access-token", "rotate", "sb-a1"); code != 1 || !strings.Contains(errOut, "token_not_found") {
 		t.Errorf("rotate after revoke: %d %s", code, errOut)
 	}
+
+	// Scopes: named with --scope (repeated or joined), shown, kept by a
+	// rotate; a call outside them says which scope it needs.
+	if out := e.ok("sandbox", "access-token", "issue", "sb-a2", "--scope", "snapshots", "--scope", "watch,ports"); !strings.Contains(out, "scopes: snapshots,ports,watch") {
+		t.Errorf("issue --scope printed %q", out)
+	}
+	if out := e.ok("sandbox", "access-token", "show", "sb-a2"); !strings.Contains(out, "with scopes snapshots,ports,watch") {
+		t.Errorf("show printed %q", out)
+	}
+	if out := e.ok("sandbox", "access-token", "rotate", "sb-a2"); !strings.Contains(out, "scopes: snapshots,ports,watch") {
+		t.Errorf("rotate printed %q", out)
+	}
+	e.ok("sandbox", "access-token", "revoke", "sb-a2")
+	var scoped Token
+	if err := json.Unmarshal([]byte(e.ok("sandbox", "access-token", "issue", "sb-a2", "--scope", "snapshots", "-o", "json")), &scoped); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := e.run("sandbox", "checkpoint", "list", "sb-a2", "--api-key", scoped.Token); code != 1 || !strings.Contains(errOut, "forbidden") || !strings.Contains(errOut, "checkpoints") {
+		t.Errorf("a token without checkpoints listing them: %d %s", code, errOut)
+	}
+	// A configured sandbox's guest may be the host: no exec, no files.
+	if _, errOut, code := e.run("sandbox", "access-token", "issue", "sb-b1", "--api-key", keyB, "--scope", "exec"); code != 1 || !strings.Contains(errOut, "invalid_field") {
+		t.Errorf("exec on a configured sandbox: %d %s", code, errOut)
+	}
+	if _, errOut, code := e.run("sandbox", "access-token", "issue", "sb-b1", "--api-key", keyB, "--scope", "root"); code != 2 || !strings.Contains(errOut, "unknown scope") {
+		t.Errorf("an unknown scope: %d %s", code, errOut)
+	}
 }
 
 // TestCompletion: cobra's completion scripts, and checkpoint ids offered

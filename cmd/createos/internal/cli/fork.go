@@ -20,9 +20,10 @@ type forkFailure struct {
 
 func (a *app) forkCommand() *cobra.Command {
 	var count int
+	var access string
 	var w waitFlags
 	cmd := &cobra.Command{
-		Use:   "fork SANDBOX SNAPSHOT [NAME] [--count N] [--no-wait]",
+		Use:   "fork SANDBOX SNAPSHOT [NAME] [--count N] [--access none|SCOPE,…] [--no-wait]",
 		Short: "Make new sandboxes from a snapshot and wait until they run",
 		Long: `Make a new, independent sandbox from a snapshot of SANDBOX: its disk, and
 its memory when it has one, so that its processes run on. The fork takes
@@ -33,7 +34,8 @@ NAME is optional and follows the rule of create's. With --count N (1 to
 100), N forks are made in one call, each made or refused on its own, and
 NAME is sent as their name_prefix (they are named NAME-1, NAME-2, …);
 createos then waits for each, prints them all, and fails (exit 1) when any
-did not come to run.`,
+did not come to run. A fork's access setting is --access (as create's),
+never its source's.`,
 		Example: "  createos sandbox fork sb-local v2 web-2\n" +
 			"  createos sandbox fork sb-local v2 worker --count 5",
 		Args: cobra.RangeArgs(2, 3),
@@ -43,16 +45,25 @@ did not come to run.`,
 			if len(args) == 3 {
 				name = &args[2]
 			}
+			var raw json.RawMessage
+			if cmd.Flags().Changed("access") {
+				acc, err := parseAccess("--access", access)
+				if err != nil {
+					return err
+				}
+				raw, _ = json.Marshal(acc)
+			}
 			if !cmd.Flags().Changed("count") {
 				if name != nil && api.ValidateSandboxName(*name) != nil {
 					return fmt.Errorf("sandbox name %q: want 1 to 63 lowercase letters, digits and '-', starting with a letter and not ending with '-'", *name)
 				}
-				return a.createSandbox(cmd.Context(), api.SandboxCreateRequest{Name: name, From: from}, &w)
+				return a.createSandbox(cmd.Context(), api.SandboxCreateRequest{Name: name, From: from, Access: raw}, &w)
 			}
-			return a.forkMany(cmd.Context(), from, ForkRequest{Count: count, NamePrefix: name}, &w)
+			return a.forkMany(cmd.Context(), from, ForkRequest{Count: count, NamePrefix: name, Access: raw}, &w)
 		},
 	}
 	cmd.Flags().IntVar(&count, "count", 1, "make N forks in one call (1 to 100); NAME is then their name prefix")
+	cmd.Flags().StringVar(&access, "access", "", "what the key handed to each fork's guest may do: none, or scopes joined by commas (default checkpoints,snapshots)")
 	w.add(cmd, "runs")
 	cmd.ValidArgsFunction = a.completeSnapshot
 	return cmd

@@ -37,7 +37,7 @@ func (a *app) sandboxCommands() []*cobra.Command {
 	} {
 		cmds = append(cmds, a.sandboxOpCommand(o.op, o.target, o.short))
 	}
-	return append(cmds, a.execCommand(), a.sessionCommand(), a.cpCommand(), a.forkCommand())
+	return append(cmds, a.execCommand(), a.sessionCommand(), a.cpCommand(), a.forkCommand(), a.accessCommand())
 }
 
 // waitFlags are --no-wait and --wait-timeout.
@@ -106,9 +106,10 @@ func (w *waitFlags) late(ctx context.Context, id, last, target string) error {
 
 func (a *app) sandboxCreateCommand() *cobra.Command {
 	var memory, vcpus, disk int
+	var access string
 	var w waitFlags
 	cmd := &cobra.Command{
-		Use:   "create [NAME] [--memory-mib N] [--vcpus N] [--disk-gib N] [--no-wait]",
+		Use:   "create [NAME] [--memory-mib N] [--vcpus N] [--disk-gib N] [--access none|SCOPE,…] [--no-wait]",
 		Short: "Create a sandbox (a microVM) and wait until it runs",
 		Long: `Create a sandbox: a microVM booted from the guest image. Resources the
 flags leave out take the API's defaults (512 MiB of memory, 1 vCPU, a 4 GiB
@@ -117,8 +118,14 @@ fails with the sandbox's reason if it goes to state error; --no-wait prints
 the record in state creating at once.
 
 NAME is optional: 1 to 63 lowercase letters, digits and '-', starting with a
-letter and not ending with '-', unique among the account's sandboxes.`,
+letter and not ending with '-', unique among the account's sandboxes.
+
+--access is what processes inside may do with the key their guest is
+handed: scopes joined by commas (checkpoints, snapshots, exec, files, ports,
+watch; default checkpoints,snapshots), or none for no key at all (see
+'createos sandbox access').`,
 		Example: "  createos sandbox create web-1 --memory-mib 1024 --vcpus 2\n" +
+			"  createos sandbox create ci --access none\n" +
 			"  id=$(createos sandbox create --no-wait -o json | jq -r .id)",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -138,12 +145,20 @@ letter and not ending with '-', unique among the account's sandboxes.`,
 			if cmd.Flags().Changed("disk-gib") {
 				req.DiskGiB = &disk
 			}
+			if cmd.Flags().Changed("access") {
+				acc, err := parseAccess("--access", access)
+				if err != nil {
+					return err
+				}
+				req.SetAccess(acc)
+			}
 			return a.createSandbox(cmd.Context(), req, &w)
 		},
 	}
 	cmd.Flags().IntVar(&memory, "memory-mib", api.DefaultMemoryMiB, fmt.Sprintf("memory in MiB (%d to %d)", api.MinMemoryMiB, api.MaxMemoryMiB))
 	cmd.Flags().IntVar(&vcpus, "vcpus", api.DefaultVCPUs, fmt.Sprintf("virtual CPUs (%d to %d)", api.MinVCPUs, api.MaxVCPUs))
 	cmd.Flags().IntVar(&disk, "disk-gib", api.DefaultDiskGiB, fmt.Sprintf("disk in GiB (%d to %d)", api.MinDiskGiB, api.MaxDiskGiB))
+	cmd.Flags().StringVar(&access, "access", "", "what the key handed to the guest may do: none, or scopes joined by commas (default checkpoints,snapshots)")
 	w.add(cmd, "runs")
 	return cmd
 }
@@ -244,6 +259,9 @@ func (a *app) sandboxGetCommand() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(a.stdout, "created: %s\n", sb.CreatedAt)
+			if sb.Access != nil {
+				fmt.Fprintf(a.stdout, "access: %s\n", sb.Access)
+			}
 			if sb.From != nil {
 				fmt.Fprintf(a.stdout, "from: snapshot %s of %s\n", sb.From.Snapshot, sb.From.Sandbox)
 			}

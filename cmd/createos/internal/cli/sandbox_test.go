@@ -307,6 +307,13 @@ func (f *fakeAPI) route(r *http.Request, body []byte) (any, int, error) {
 	case op == "stop":
 		sb.State = api.SandboxStopped
 		return state(), 0, nil
+	case op == "access" && r.Method == http.MethodPut:
+		acc, err := api.ParseAccessBody(body)
+		if err != nil {
+			return nil, 0, err
+		}
+		sb.Access = &acc
+		return *sb, 0, nil
 	case op == "exec":
 		req, err := api.ParseExec(body)
 		if err != nil {
@@ -730,5 +737,50 @@ func TestSandboxPauseThatFailsSaysWhy(t *testing.T) {
 	get := okFake(t, f, "sandbox", "get", "sb-a1")
 	if !strings.Contains(get, "last error: pause at 2026-11-05T10:01:00.000Z: insufficient_storage: not enough free space") {
 		t.Errorf("get:\n%s", get)
+	}
+}
+
+// TestSandboxAccess: --access on create and fork is sent as the API's
+// access setting ("none" or {"scopes":[…]}); createos sandbox access sets
+// it and prints it; a setting the API would refuse is a usage error (exit
+// 2) that sends nothing.
+func TestSandboxAccess(t *testing.T) {
+	f := startFakeAPI(t)
+	f.polls = 0
+	okFake(t, f, "sandbox", "create", "a", "--access", "none")
+	if body := f.lastBody("POST /v1/sandboxes"); body != `{"name":"a","access":"none"}` {
+		t.Errorf("create --access none sent %s", body)
+	}
+	okFake(t, f, "sandbox", "create", "b", "--access", "exec,checkpoints")
+	if body := f.lastBody("POST /v1/sandboxes"); body != `{"name":"b","access":{"scopes":["checkpoints","exec"]}}` {
+		t.Errorf("create --access exec,checkpoints sent %s", body)
+	}
+	out := okFake(t, f, "sandbox", "access", "sb-1", "files,exec")
+	if body := f.lastBody("PUT /v1/sandboxes/sb-1/access"); body != `{"scopes":["exec","files"]}` {
+		t.Errorf("access sent %s", body)
+	}
+	if !strings.Contains(out, "The access of sb-1 is exec,files.") {
+		t.Errorf("access printed %q", out)
+	}
+	if out := okFake(t, f, "sandbox", "access", "sb-1", "none"); !strings.Contains(out, "is none") {
+		t.Errorf("access none printed %q", out)
+	}
+	if out := okFake(t, f, "sandbox", "get", "sb-1"); !strings.Contains(out, "access: none") {
+		t.Errorf("get printed %q", out)
+	}
+	before := len(f.log())
+	for _, args := range [][]string{
+		{"sandbox", "access", "sb-1", "root"},
+		{"sandbox", "access", "sb-1", "exec,exec"},
+		{"sandbox", "access", "sb-1", ""},
+		{"sandbox", "create", "--access", "all"},
+		{"sandbox", "fork", "sb-1", "v1", "--access", "exec,"},
+	} {
+		if _, errOut, code := runFake(t, f, args...); code != 2 || errOut == "" {
+			t.Errorf("%q: exit %d %q, want a usage error", args, code, errOut)
+		}
+	}
+	if got := f.log(); len(got) != before {
+		t.Errorf("refused settings were sent: %q", got[before:])
 	}
 }

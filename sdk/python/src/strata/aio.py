@@ -404,6 +404,7 @@ class AsyncSandbox:
     refresh = _threaded(Sandbox.refresh)
     wait_until = _threaded(Sandbox.wait_until)
     kill = _threaded(Sandbox.kill)
+    set_access = _threaded(Sandbox.set_access)
     pause = _threaded(Sandbox.pause)
     resume = _threaded(Sandbox.resume)
     stop = _threaded(Sandbox.stop)

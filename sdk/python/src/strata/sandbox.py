@@ -24,7 +24,7 @@ from .checkpoints import Checkpoints, Retention
 from .exec import Exec
 from .files import Files
 from .snapshots import Snapshots
-from .tokens import AccessToken
+from .tokens import Access, AccessToken
 
 TRANSITIONAL = frozenset({"creating", "pausing", "resuming", "stopping", "destroying", "unresponsive"})
 WAIT_TIMEOUT = 300.0
@@ -92,6 +92,7 @@ class Sandbox:
         memory_mib: int | None = None,
         vcpus: int | None = None,
         disk_gib: int | None = None,
+        access: Access | None = None,
         wait: bool = True,
         timeout: float = WAIT_TIMEOUT,
         client: Strata | None = None,
@@ -99,10 +100,12 @@ class Sandbox:
         """Create a sandbox (a microVM booted from the guest image) and
         return it once ``running`` (unless ``wait=False``). ``memory_mib``
         (512; 128–8192), ``vcpus`` (1; 1–4), ``disk_gib`` (4; 1–64); ``name``
-        unique in the account (``409 name_taken``). Sent with an
-        Idempotency-Key, retried safely."""
+        unique in the account (``409 name_taken``); ``access``: what
+        processes inside may do with the key they are handed (see
+        ``set_access``; default ``{"scopes": ["checkpoints", "snapshots"]}``).
+        Sent with an Idempotency-Key, retried safely."""
         body: dict[str, Any] = {}
-        for k, v in (("name", name), ("memory_mib", memory_mib), ("vcpus", vcpus), ("disk_gib", disk_gib)):
+        for k, v in (("name", name), ("memory_mib", memory_mib), ("vcpus", vcpus), ("disk_gib", disk_gib), ("access", access)):
             if v is not None:
                 body[k] = v
         return cls._create(body, wait, timeout, resolve(client))
@@ -126,13 +129,15 @@ class Sandbox:
         *,
         sandbox: str | None = None,
         name: str | None = None,
+        access: Access | None = None,
         wait: bool = True,
         timeout: float = WAIT_TIMEOUT,
         client: Strata | None = None,
     ) -> "Sandbox":
         """A fork (the seeds' name): a new sandbox from VM snapshot
         ``snapshot_id`` (id or name) of sandbox ``sandbox`` (default: the
-        configured ``CREATEOS_SANDBOX_ID``), running once returned."""
+        configured ``CREATEOS_SANDBOX_ID``), running once returned; its
+        ``access`` its own (default), never its source's."""
         c = resolve(client)
         source = sandbox or c.sandbox_id
         if not source:
@@ -140,6 +145,8 @@ class Sandbox:
         body: dict[str, Any] = {"from": {"sandbox": source, "snapshot": snapshot_id}}
         if name is not None:
             body["name"] = name
+        if access is not None:
+            body["access"] = access
         return cls._create(body, wait, timeout, c)
 
     @classmethod
@@ -234,6 +241,16 @@ class Sandbox:
 
     # -- lifecycle -----------------------------------------------------------
 
+    def set_access(self, access: Access) -> Record:
+        """Set what processes inside the sandbox may do with the key they
+        are handed (its channel key): ``{"scopes": [...]}``, or ``"none"``
+        for no key at all (every call from inside is then refused, whatever
+        key it carries). It holds from the next call on, for the key
+        already in the guest too. Needs an account key; returns the record
+        (``409 sandbox_not_a_vm`` for a configured sandbox)."""
+        self._info = self.client.request("PUT", self._path("access"), body=access).data
+        return self._info
+
     def kill(self) -> Record:
         """Delete the sandbox (``DELETE``): its VM, disk, checkpoints and
         snapshots. Returns ``{"id","state":"destroyed"}``."""
@@ -267,10 +284,10 @@ class Sandbox:
     # -- forks ---------------------------------------------------------------
 
     @overload
-    def fork(self, snapshot: str, *, name: str | None = ..., count: None = ..., wait: bool = ..., timeout: float = ...) -> "Sandbox": ...
+    def fork(self, snapshot: str, *, name: str | None = ..., count: None = ..., access: Access | None = ..., wait: bool = ..., timeout: float = ...) -> "Sandbox": ...
 
     @overload
-    def fork(self, snapshot: str, *, name: str | None = ..., count: int, wait: bool = ..., timeout: float = ...) -> ForkList: ...
+    def fork(self, snapshot: str, *, name: str | None = ..., count: int, access: Access | None = ..., wait: bool = ..., timeout: float = ...) -> ForkList: ...
 
     def fork(
         self,
@@ -278,6 +295,7 @@ class Sandbox:
         *,
         name: str | None = None,
         count: int | None = None,
+        access: Access | None = None,
         wait: bool = True,
         timeout: float = WAIT_TIMEOUT,
     ) -> "Sandbox | ForkList":
@@ -289,15 +307,20 @@ class Sandbox:
         are waited for together. When one of them does not come to
         ``running`` (or the single fork does not), StrataError: its
         ``data`` has ``ids``, every fork made (``id`` for a single fork),
-        so the caller can kill them."""
+        so the caller can kill them. ``access``: each fork's access setting
+        (see ``set_access``; default, never the source's)."""
         if count is None:
             body: dict[str, Any] = {"from": {"sandbox": self.id, "snapshot": snapshot}}
             if name is not None:
                 body["name"] = name
+            if access is not None:
+                body["access"] = access
             return self._create(body, wait, timeout, self.client)
         req: dict[str, Any] = {"count": count}
         if name is not None:
             req["name_prefix"] = name
+        if access is not None:
+            req["access"] = access
         resp = self.client.request("POST", self._path("snapshots", snapshot, "fork"), body=req, timeout=timeout)
         forks = ForkList([Sandbox(r["id"], client=self.client, info=r) for r in resp.data.get("sandboxes") or []], list(resp.data.get("failed") or []))
         if wait and forks:
