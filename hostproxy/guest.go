@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"strata/internal/api"
+	"strata/internal/fault"
 	"strata/internal/guestclient"
 	"strata/internal/jsend"
 	"strata/internal/servertiming"
@@ -289,20 +290,18 @@ func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, 
 		data, err := jsend.ParseSuccess(reply)
 		if err != nil {
 			resp.Release()
-			return nil, fmt.Errorf("guest %s: %w", guest, err)
+			return nil, errGuestAnswer.Wrap(fmt.Errorf("guest %s: %w: %.200q", guest, err, reply))
 		}
 		// data is a slice of the answer: it stays held until the
 		// handler wrote it.
 		return &GuestData{Data: data, answer: resp}, nil
 	}
+	// A fail is copied out of the answer (at most jsend.MaxFailBody
+	// bytes), which goes back to the budget at once.
 	defer resp.Release()
 	switch {
 	case resp.Status >= 400 && resp.Status < 500:
-		fe, err := jsend.ParseFail(resp.Status, reply)
-		if err != nil {
-			return nil, fmt.Errorf("guest %s: %w: %.200q", guest, err, reply)
-		}
-		return nil, fe
+		return nil, guestFail(guest, resp.Status, reply)
 	case resp.Status >= 500:
 		cause := fmt.Errorf("guest %s answered %d: %.500q", guest, resp.Status, reply)
 		if fe := guest5xx[resp.Status]; fe != nil {
@@ -310,8 +309,34 @@ func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, 
 		}
 		return nil, cause
 	default:
-		return nil, fmt.Errorf("guest %s: unexpected status %d", guest, resp.Status)
+		return nil, errGuestAnswer.Wrap(fmt.Errorf("guest %s: unexpected status %d", guest, resp.Status))
 	}
+}
+
+// guestFailKinds are the kinds of guestd's fails: the statuses a guest's
+// refusal of a HEAD, which has no body to tell its code, may have.
+var guestFailKinds = func() map[fault.Kind]bool {
+	m := map[fault.Kind]bool{}
+	for _, k := range api.GuestFailCodes {
+		m[k] = true
+	}
+	return m
+}()
+
+// guestFail is the error a guest's client error (status, body) is
+// answered with: guestd's fail as it was sent (jsend.ParseFail's bounds)
+// when its code is one guestd answers with, with its status
+// (api.GuestFailCodes); errGuestAnswer otherwise, so that no guest can
+// answer for the edge (401, 403, 429, sandbox_not_found) or make up codes.
+func guestFail(guest string, status int, body []byte) error {
+	fe, err := jsend.ParseFail(status, body)
+	if err != nil {
+		return errGuestAnswer.Wrap(fmt.Errorf("guest %s: %w: %.200q", guest, err, body))
+	}
+	if kind, ok := api.GuestFailCodes[fe.Code]; !ok || kind != fe.Kind {
+		return errGuestAnswer.Wrap(fmt.Errorf("guest %s answered %d %.80q, not a fail of guestd's", guest, status, fe.Code))
+	}
+	return fe
 }
 
 // GuestData is the data of a guest's answer, held within the guest's

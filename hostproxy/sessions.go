@@ -425,10 +425,8 @@ func (g *GuestClient) AttachSession(ctx context.Context, guest, path string) (*w
 	conn, resp, err := websocket.Dial(dctx, "ws://guestd"+path, &websocket.DialOptions{HTTPClient: c.HTTPClient(), HTTPHeader: h})
 	if err != nil {
 		if resp != nil && resp.StatusCode >= 400 && resp.StatusCode < 500 {
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			if fe, perr := jsend.ParseFail(resp.StatusCode, body); perr == nil {
-				return nil, fe
-			}
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, jsend.MaxFailBody+1))
+			return nil, guestFail(guest, resp.StatusCode, body)
 		}
 		return nil, g.transportError(ctx, guest, err)
 	}

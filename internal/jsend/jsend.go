@@ -39,6 +39,8 @@ func Status(k fault.Kind) int {
 		return http.StatusServiceUnavailable
 	case fault.InsufficientStorage:
 		return http.StatusInsufficientStorage
+	case fault.BadGateway:
+		return http.StatusBadGateway
 	default:
 		return http.StatusInternalServerError
 	}

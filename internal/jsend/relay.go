@@ -12,7 +12,7 @@ import (
 // It reports false for a status that no kind maps to (and for 500, which is
 // Internal and never carries a client-facing code).
 func KindForStatus(status int) (fault.Kind, bool) {
-	for k := fault.Invalid; k <= fault.InsufficientStorage; k++ {
+	for k := fault.Invalid; k <= fault.BadGateway; k++ {
 		if Status(k) == status {
 			return k, true
 		}
