@@ -105,8 +105,11 @@ func New(dial Dial, lim Limits, budget *Budget) *Client {
 // HTTPClient is an HTTP client of the guest's transport, for an upgrade
 // (a WebSocket): its answer's header is bounded as every call's, and
 // nothing else of the client's limits applies (the caller bounds what
-// the connection carries).
-func (c *Client) HTTPClient() *http.Client { return &http.Client{Transport: c.t} }
+// the connection carries). A redirect is the answer, never followed: a
+// guest must not send the host's requests again where it likes.
+func (c *Client) HTTPClient() *http.Client {
+	return &http.Client{Transport: c.t, CheckRedirect: noRedirects}
+}
 
 // StreamClient is HTTPClient for a request whose body and answer stream:
 // the answer's header must come within headerTimeout of the request's
@@ -114,8 +117,10 @@ func (c *Client) HTTPClient() *http.Client { return &http.Client{Transport: c.t}
 func (c *Client) StreamClient(headerTimeout time.Duration) *http.Client {
 	t := c.t.Clone()
 	t.ResponseHeaderTimeout = headerTimeout
-	return &http.Client{Transport: t}
+	return &http.Client{Transport: t, CheckRedirect: noRedirects}
 }
+
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // Request is one call.
 type Request struct {
