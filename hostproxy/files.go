@@ -180,7 +180,7 @@ func (s *Server) file(c echo.Context) error {
 	}
 	if resp.StatusCode >= 500 {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, jsend.MaxFailBody))
-		cause := fmt.Errorf("guest %s answered %d to a files call: %.500q", sb.Guest, resp.StatusCode, raw)
+		cause := fmt.Errorf("guest %s answered %d to a files call: %q", sb.Guest, resp.StatusCode, head(raw, 500))
 		if fe := guest5xx[resp.StatusCode]; fe != nil {
 			return fe.Wrap(cause)
 		}

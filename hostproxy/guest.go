@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -290,7 +291,7 @@ func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, 
 		data, err := jsend.ParseSuccess(reply)
 		if err != nil {
 			resp.Release()
-			return nil, errGuestAnswer.Wrap(fmt.Errorf("guest %s: %w: %.200q", guest, err, reply))
+			return nil, errGuestAnswer.Wrap(fmt.Errorf("guest %s: %w: %q", guest, err, head(reply, 200)))
 		}
 		// data is a slice of the answer: it stays held until the
 		// handler wrote it.
@@ -303,7 +304,7 @@ func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, 
 	case resp.Status >= 400 && resp.Status < 500:
 		return nil, guestFail(guest, resp.Status, reply)
 	case resp.Status >= 500:
-		cause := fmt.Errorf("guest %s answered %d: %.500q", guest, resp.Status, reply)
+		cause := fmt.Errorf("guest %s answered %d: %q", guest, resp.Status, head(reply, 500))
 		if fe := guest5xx[resp.Status]; fe != nil {
 			return nil, fe.Wrap(cause)
 		}
@@ -312,6 +313,11 @@ func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, 
 		return nil, errGuestAnswer.Wrap(fmt.Errorf("guest %s: unexpected status %d", guest, resp.Status))
 	}
 }
+
+// head is the first n bytes of a guest's answer, for a log: fmt's
+// precision (%.200q) copies a whole []byte before it cuts it (16 MiB
+// for a 16 MiB answer).
+func head(b []byte, n int) []byte { return b[:min(len(b), n)] }
 
 // guestFailKinds are the kinds of guestd's fails: the statuses a guest's
 // refusal of a HEAD, which has no body to tell its code, may have.
@@ -331,7 +337,7 @@ var guestFailKinds = func() map[fault.Kind]bool {
 func guestFail(guest string, status int, body []byte) error {
 	fe, err := jsend.ParseFail(status, body)
 	if err != nil {
-		return errGuestAnswer.Wrap(fmt.Errorf("guest %s: %w: %.200q", guest, err, body))
+		return errGuestAnswer.Wrap(fmt.Errorf("guest %s: %w: %q", guest, err, head(body, 200)))
 	}
 	if kind, ok := api.GuestFailCodes[fe.Code]; !ok || kind != fe.Kind {
 		return errGuestAnswer.Wrap(fmt.Errorf("guest %s answered %d %.80q, not a fail of guestd's", guest, status, fe.Code))
@@ -347,6 +353,24 @@ type GuestData struct {
 	// Data is a slice of the held answer: not to be used after Release.
 	Data   json.RawMessage
 	answer *guestclient.Answer
+	// encode, when set, writes the data the client sees in place of
+	// Data, made from Data as it is written (a session list with the
+	// sandbox's id added, one record at a time), so that nothing but the
+	// held answer is held whole. Data was checked before, so encode does
+	// not fail; w's errors (a client gone) are not its.
+	encode func(w io.Writer) error
+}
+
+// write writes d as the data of a JSend success answered with status.
+func (d *GuestData) write(w http.ResponseWriter, status int) {
+	if d.encode == nil {
+		jsend.SuccessStream(w, status, func(w io.Writer) error {
+			_, _ = w.Write(d.Data)
+			return nil
+		})
+		return
+	}
+	jsend.SuccessStream(w, status, d.encode)
 }
 
 // Release gives the answer's bytes back to the guest's budget. It may be

@@ -1,10 +1,19 @@
 package hostproxy_test
 
 import (
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"runtime/metrics"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"strata/hostproxy"
 	"strata/hostproxy/hostproxytest"
+	"strata/internal/api"
 )
 
 const filesA1 = "/v1/sandboxes/sb-a1/files/workspace/page.html"
@@ -68,6 +77,141 @@ func TestFileAnswersTypes(t *testing.T) {
 			}
 			if strings.Contains(string(rep.body), "evil") || strings.Contains(string(rep.body), "log in") {
 				t.Errorf("the guest's text is relayed: %s", rep.body)
+			}
+		})
+	}
+}
+
+// guestHeapBound is what one hostile guest may make hostproxy hold
+// (docs/design.md, "What a guest can make the host hold").
+const guestHeapBound = 96 << 20
+
+// heapWatch samples the live heap (what the last collection marked,
+// runtime/metrics' /gc/heap/live:bytes) after collection after
+// collection until stop is called, which returns the most it saw above
+// the live heap at the start. Sampling can miss a peak; it can also
+// count as live what was allocated while a collection marked (one more
+// answer of a guest, when calls follow each other), so a bound on it
+// leaves room for that. Neither depends on the machine's speed.
+func heapWatch() (stop func() (peak int64)) {
+	live := func() int64 {
+		runtime.GC()
+		s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+		metrics.Read(s)
+		return int64(s[0].Value.Uint64())
+	}
+	base := live()
+	done, out := make(chan struct{}), make(chan int64)
+	go func() {
+		var peak int64
+		for {
+			peak = max(peak, live()-base)
+			select {
+			case <-done:
+				out <- peak
+				return
+			default:
+			}
+		}
+	}()
+	return func() int64 {
+		close(done)
+		return <-out
+	}
+}
+
+// get is GET path with account A's key, by a client that allocates
+// little of its own (s.do checks the answer against openapi.json), for
+// tests that measure what hostproxy allocates in the same process.
+func (s *stack) get(path string) (int, string) {
+	s.t.Helper()
+	req, err := http.NewRequest("GET", s.url+path, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("X-Api-Key", keyA)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	io.Copy(&b, io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, b.String()
+}
+
+// sessionRecord is a record as guestd writes it.
+const sessionRecord = `{"id":"se-0123456789abcdef","cmd":["sh"],"tty":false,"detachable":false,"state":"running","attached":0,"created_at":"2026-11-05T10:00:00Z","output_bytes":0}`
+
+// TestGuestAnswersNotAmplified pins issue 30's amplified guest answers: a
+// guest answering a session list with 15 MiB of {} grew hostproxy to 8.6
+// GiB over four calls (each answered with 886 MB), a fail of 16 MiB of
+// tiny fields took 560 MiB. Four calls of each: what hostproxy allocates
+// is at most twice the guest's answer, 16 KiB a record and 1 MiB a call
+// (a list of api.MaxSessionsListed records is refused before any is
+// decoded), what it holds at
+// once within guestHeapBound, and nothing is held after. (Allocated is
+// what the process allocated, the fake guest's writes included; held is
+// the live heap sampled after collections.)
+func TestGuestAnswersNotAmplified(t *testing.T) {
+	var fields strings.Builder
+	fields.WriteString(`{"status":"fail","data":{"code":"session_limit","message":"m"`)
+	for i := 0; fields.Len() < 16<<20-64; i++ {
+		fmt.Fprintf(&fields, `,"%x":0`, i)
+	}
+	fields.WriteString("}}")
+	list := func(n int, rec string) string {
+		return `{"status":"success","data":{"sessions":[` + strings.TrimSuffix(strings.Repeat(rec+",", n), ",") + `]}}`
+	}
+	cases := []struct {
+		name   string
+		path   string // guestd's
+		answer hostproxytest.Fault
+		status int
+	}{
+		{"16 MiB list of empty sessions", "/v1/sessions", hostproxytest.Fault{Status: 200, Body: list((16<<20-64)/3, `{}`)}, 502},
+		{"16 MiB fail of tiny fields", "/v1/sessions", hostproxytest.Fault{Status: 409, Body: fields.String()}, 502},
+		{"the longest list", "/v1/sessions", hostproxytest.Fault{Status: 200, Body: list(api.MaxSessionsListed, sessionRecord)}, 200},
+		{"a 16 MiB record", "/v1/sessions/se-0123456789abcdef", hostproxytest.Fault{Status: 200, Body: `{"status":"success","data":{"cmd":[` + strings.Repeat(`"",`, (16<<20)/3-64) + `""]}}`}, 502},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startStack(t, func(c *hostproxy.Config) { c.Timeouts.GuestRequest = hostproxy.Duration(20 * time.Second) })
+			tc.answer.Header = map[string]string{"Content-Length": strconv.Itoa(len(tc.answer.Body))}
+			s.guests["sb-a1"].SetRoute("GET", tc.path, tc.answer)
+			path := "/v1/sandboxes/sb-a1" + strings.TrimPrefix(tc.path, "/v1")
+			const calls = 4
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			stop := heapWatch()
+			for range calls {
+				status, body := s.get(path)
+				if status != tc.status {
+					t.Fatalf("status %d, want %d: %.300s", status, tc.status, body)
+				}
+				if tc.status == 200 && strings.Count(body, `"sandbox":"sb-a1"`) != api.MaxSessionsListed {
+					t.Fatalf("records without their sandbox: %.300s", body)
+				}
+			}
+			peak := stop()
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			allocated := int64(after.TotalAlloc - before.TotalAlloc)
+			held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+			t.Logf("answer %d bytes; %d calls allocated %d MiB, held at most %d MiB, %d KiB after", len(tc.answer.Body), calls, allocated>>20, peak>>20, held>>10)
+			// The answer read (twice its length at most, in pieces
+			// when it has no Content-Length), each record decoded twice
+			// (checked, then written), and the call itself.
+			records := int64(api.MaxSessionsListed)
+			if limit := int64(calls) * (2*int64(len(tc.answer.Body)) + records*16<<10 + 1<<20); allocated > limit {
+				t.Errorf("allocated %d bytes over %d calls, bound %d", allocated, calls, limit)
+			}
+			if peak > guestHeapBound {
+				t.Errorf("held %d bytes at once, bound %d", peak, guestHeapBound)
+			}
+			if held > 4<<20 {
+				t.Errorf("still held %d bytes after the calls", held)
 			}
 		})
 	}

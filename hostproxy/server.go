@@ -298,7 +298,7 @@ func (s *Server) data(h func(c echo.Context) (any, error)) echo.HandlerFunc {
 			// A guest's answer, held until written, and written
 			// without a copy.
 			defer d.Release()
-			jsend.SuccessRaw(c.Response(), d.Data)
+			d.write(c.Response(), http.StatusOK)
 			return nil
 		}
 		jsend.Success(c.Response(), v)

@@ -183,30 +183,56 @@ func sessionID(c echo.Context) (string, error) {
 	return id, nil
 }
 
-// withSandbox adds the sandbox's id to guestd's session record(s).
-func withSandbox(d *GuestData, id string, list bool) (any, error) {
-	defer d.Release()
+// withSandbox checks guestd's session record, or list of records
+// (api.EachSession: at most api.MaxSessionsListed records, each bounded),
+// and sets d to be written with the sandbox's id added to each: the
+// records are decoded again one at a time as they are written, so what
+// the answer holds until it is written is the guest's text, within the
+// guest's budget, whatever it lists. A record or list out of bounds is
+// errGuestAnswer; d is released then.
+func withSandbox(d *GuestData, guest, id string, list bool) (*GuestData, error) {
+	check := func(api.Session) error { return nil }
+	var err error
 	if list {
-		var v struct {
-			Sessions []api.Session `json:"sessions"`
-		}
-		if err := json.Unmarshal(d.Data, &v); err != nil {
-			return nil, err
-		}
-		for i := range v.Sessions {
-			v.Sessions[i].Sandbox = id
-		}
-		if v.Sessions == nil {
-			v.Sessions = []api.Session{}
-		}
-		return v, nil
+		err = api.EachSession(d.Data, check)
+	} else {
+		_, err = api.ParseSessionRecord(d.Data)
 	}
-	var v api.Session
-	if err := json.Unmarshal(d.Data, &v); err != nil {
-		return nil, err
+	if err != nil {
+		d.Release()
+		return nil, errGuestAnswer.Wrap(fmt.Errorf("guest %s: %w", guest, err))
 	}
-	v.Sandbox = id
-	return v, nil
+	record := func(w io.Writer, rec api.Session) error {
+		rec.Sandbox = id
+		b, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		_, _ = w.Write(b)
+		return nil
+	}
+	if !list {
+		d.encode = func(w io.Writer) error {
+			rec, err := api.ParseSessionRecord(d.Data)
+			if err != nil {
+				return err
+			}
+			return record(w, rec)
+		}
+		return d, nil
+	}
+	d.encode = func(w io.Writer) error {
+		_, _ = io.WriteString(w, `{"sessions":[`)
+		sep := ""
+		err := api.EachSession(d.Data, func(rec api.Session) error {
+			_, _ = io.WriteString(w, sep)
+			sep = ","
+			return record(w, rec)
+		})
+		_, _ = io.WriteString(w, "]}")
+		return err
+	}
+	return d, nil
 }
 
 // startSession is POST …/sessions: 201 and the record.
@@ -225,13 +251,13 @@ func (s *Server) startSession(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	rec, err := withSandbox(v.(*GuestData), sb.ID, false)
+	d, err := withSandbox(v.(*GuestData), sb.Guest, sb.ID, false)
 	if err != nil {
 		return err
 	}
-	c.Response().Header().Set("Content-Type", "application/json")
-	c.Response().WriteHeader(http.StatusCreated)
-	return json.NewEncoder(c.Response()).Encode(map[string]any{"status": "success", "data": rec})
+	defer d.Release()
+	d.write(c.Response(), http.StatusCreated)
+	return nil
 }
 
 // sessionCall is a list, get or delete of sessions: path is guestd's.
@@ -258,7 +284,7 @@ func (s *Server) sessionCall(method string, one bool) func(c echo.Context) (any,
 		if err != nil {
 			return nil, err
 		}
-		return withSandbox(v.(*GuestData), sb.ID, !one)
+		return withSandbox(v.(*GuestData), sb.Guest, sb.ID, !one)
 	}
 }
 
