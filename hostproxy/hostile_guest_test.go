@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"runtime"
-	"runtime/metrics"
 	"strconv"
 	"strings"
 	"testing"
@@ -82,44 +81,6 @@ func TestFileAnswersTypes(t *testing.T) {
 	}
 }
 
-// guestHeapBound is what one hostile guest may make hostproxy hold
-// (docs/design.md, "What a guest can make the host hold").
-const guestHeapBound = 96 << 20
-
-// heapWatch samples the live heap (what the last collection marked,
-// runtime/metrics' /gc/heap/live:bytes) after collection after
-// collection until stop is called, which returns the most it saw above
-// the live heap at the start. Sampling can miss a peak; it can also
-// count as live what was allocated while a collection marked (one more
-// answer of a guest, when calls follow each other), so a bound on it
-// leaves room for that. Neither depends on the machine's speed.
-func heapWatch() (stop func() (peak int64)) {
-	live := func() int64 {
-		runtime.GC()
-		s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-		metrics.Read(s)
-		return int64(s[0].Value.Uint64())
-	}
-	base := live()
-	done, out := make(chan struct{}), make(chan int64)
-	go func() {
-		var peak int64
-		for {
-			peak = max(peak, live()-base)
-			select {
-			case <-done:
-				out <- peak
-				return
-			default:
-			}
-		}
-	}()
-	return func() int64 {
-		close(done)
-		return <-out
-	}
-}
-
 // get is GET path with account A's key, by a client that allocates
 // little of its own (s.do checks the answer against openapi.json), for
 // tests that measure what hostproxy allocates in the same process.
@@ -150,7 +111,7 @@ const sessionRecord = `{"id":"se-0123456789abcdef","cmd":["sh"],"tty":false,"det
 // is at most twice the guest's answer, 16 KiB a record and 1 MiB a call
 // (a list of api.MaxSessionsListed records is refused before any is
 // decoded), what it holds at
-// once within guestHeapBound, and nothing is held after. (Allocated is
+// once within GuestHeapBound, and nothing is held after. (Allocated is
 // what the process allocated, the fake guest's writes included; held is
 // the live heap sampled after collections.)
 func TestGuestAnswersNotAmplified(t *testing.T) {
@@ -184,7 +145,7 @@ func TestGuestAnswersNotAmplified(t *testing.T) {
 			var before, after runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&before)
-			stop := heapWatch()
+			stop := hostproxy.HeapWatch()
 			for range calls {
 				status, body := s.get(path)
 				if status != tc.status {
@@ -207,8 +168,8 @@ func TestGuestAnswersNotAmplified(t *testing.T) {
 			if limit := int64(calls) * (2*int64(len(tc.answer.Body)) + records*16<<10 + 1<<20); allocated > limit {
 				t.Errorf("allocated %d bytes over %d calls, bound %d", allocated, calls, limit)
 			}
-			if peak > guestHeapBound {
-				t.Errorf("held %d bytes at once, bound %d", peak, guestHeapBound)
+			if peak > hostproxy.GuestHeapBound {
+				t.Errorf("held %d bytes at once, bound %d", peak, hostproxy.GuestHeapBound)
 			}
 			if held > 4<<20 {
 				t.Errorf("still held %d bytes after the calls", held)

@@ -559,6 +559,11 @@ func (s *Server) execInSandbox(c echo.Context) (any, error) {
 		return nil, err
 	}
 	r := c.Request()
+	release, err := s.holdBody(c, api.MaxExecBody)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	req, body, err := api.ReadExec(r)
 	if err != nil {
 		return nil, err

@@ -46,6 +46,9 @@ type Server struct {
 	// transfers the file transfers under way (files.go).
 	attached  attachments
 	transfers transfers
+	// inbound are the budgets of large bodies of calls from inside
+	// sandboxes (inbound.go).
+	inbound inbound
 
 	log      *slog.Logger
 	reg      *Registry

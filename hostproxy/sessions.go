@@ -241,6 +241,11 @@ func (s *Server) startSession(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	release, err := s.holdBody(c, api.MaxExecBody)
+	if err != nil {
+		return err
+	}
+	defer release()
 	_, body, err := api.ReadSession(c.Request())
 	if err != nil {
 		return err

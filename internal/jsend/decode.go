@@ -97,6 +97,15 @@ func ReadBody(r *http.Request, limit int64, tooLarge error) ([]byte, error) {
 	if r.Body == nil {
 		return nil, nil
 	}
+	if n := r.ContentLength; n > 0 {
+		// Read into a buffer of its length: io.ReadAll grows one by
+		// doubling, and holds up to twice a large body while it reads.
+		body := make([]byte, n)
+		if _, err := io.ReadFull(r.Body, body); err != nil {
+			return nil, ErrInvalidJSON.Wrap(err)
+		}
+		return body, nil
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
 		return nil, ErrInvalidJSON.Wrap(err)
