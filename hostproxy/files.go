@@ -27,36 +27,51 @@ import (
 // application/octet-stream, and every answer is sent with
 // X-Content-Type-Options: nosniff (fileMedia), so that no file of a
 // sandbox is ever taken for a page of the API's origin. A sandbox has at
-// most maxTransfers under way at once.
+// most maxTransfers under way at once, an account maxAccountTransfers;
+// each holds a place of its guest's exec pool (holdStream) while it
+// lasts.
 
 const (
-	fileBuffer   = 32 << 10
-	maxTransfers = 8
+	fileBuffer          = 32 << 10
+	maxTransfers        = 8
+	maxAccountTransfers = 256
 )
 
-var errTransferLimit = fault.New(fault.Conflict, "transfer_limit", "the sandbox has as many file transfers under way as it may; wait for one to end").With("limit", maxTransfers)
+var (
+	errTransferLimit        = fault.New(fault.Conflict, "transfer_limit", "the sandbox has as many file transfers under way as it may; wait for one to end").With("limit", maxTransfers)
+	errAccountTransferLimit = fault.New(fault.Conflict, "transfer_limit", "the account has as many file transfers under way as it may; wait for one to end").With("limit", maxAccountTransfers)
+)
 
-// transfers counts the file transfers under way, by sandbox.
+// transfers counts the file transfers under way, by sandbox and by
+// account.
 type transfers struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu        sync.Mutex
+	n         map[string]int
+	byAccount map[string]int
 }
 
-func (t *transfers) take(id string) (func(), error) {
+func (t *transfers) take(account, id string) (func(), error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.n == nil {
-		t.n = map[string]int{}
+		t.n, t.byAccount = map[string]int{}, map[string]int{}
 	}
-	if t.n[id] >= maxTransfers {
+	switch {
+	case t.n[id] >= maxTransfers:
 		return nil, errTransferLimit
+	case t.byAccount[account] >= maxAccountTransfers:
+		return nil, errAccountTransferLimit
 	}
 	t.n[id]++
+	t.byAccount[account]++
 	return func() {
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		if t.n[id]--; t.n[id] <= 0 {
 			delete(t.n, id)
+		}
+		if t.byAccount[account]--; t.byAccount[account] <= 0 {
+			delete(t.byAccount, account)
 		}
 	}, nil
 }
@@ -115,11 +130,16 @@ func (s *Server) file(c echo.Context) error {
 			return jsend.InvalidField(k, "no such query parameter on this method (PUT takes parents=true, DELETE recursive=true)")
 		}
 	}
-	release, err := s.transfers.take(sb.ID)
+	release, err := s.transfers.take(sb.Account, sb.ID)
 	if err != nil {
 		return err
 	}
 	defer release()
+	releaseStream, err := s.guests.holdStream(sb.Guest)
+	if err != nil {
+		return err
+	}
+	defer releaseStream()
 	// A file may take longer to send, either way, than the server's
 	// timeouts.
 	rc := http.NewResponseController(c.Response().Writer)

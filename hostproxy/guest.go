@@ -88,7 +88,10 @@ type guestPools struct {
 
 // maxGuestCalls caps the calls in flight to one guest in each pool: a
 // guest is untrusted (root inside a sandbox controls it), so a slow one
-// must not pin host memory.
+// must not pin host memory. The exec pool's cap covers its execs and
+// the streams hostproxy opens beside it, file transfers and attachments
+// (holdStream): every channel stream hostproxy holds to a guest is one
+// of 2 × maxGuestCalls.
 const maxGuestCalls = 16
 
 // NewGuestClient returns a client that dials with dialers (by scheme),
@@ -176,6 +179,27 @@ func (g *GuestClient) Health(ctx context.Context, guest string) (*GuestData, err
 // checked); the call may last timeout.
 func (g *GuestClient) Exec(ctx context.Context, guest string, body []byte, timeout time.Duration) (*GuestData, error) {
 	return g.send(ctx, poolExec, timeout, guest, http.MethodPost, "/v1/exec", body, "")
+}
+
+// errStreamLimit is a transfer or attachment refused because the
+// guest's long calls (execs, transfers, attachments) take every place of
+// their pool.
+var errStreamLimit = fault.New(fault.Conflict, "stream_limit", "the sandbox has as many execs, file transfers and attachments under way as it may; wait for one to end").With("limit", maxGuestCalls)
+
+// holdStream takes a place of the guest's exec pool for a stream hostproxy
+// opens itself (a file transfer, an attachment) for as long as it lasts,
+// so that every stream to the guest counts against the pools' caps; it
+// does not wait (errStreamLimit).
+func (g *GuestClient) holdStream(guest string) (release func(), err error) {
+	c, err := g.client(guest, poolExec)
+	if err != nil {
+		return nil, fmt.Errorf("guest %s: %w", guest, err)
+	}
+	release, ok := c.Hold()
+	if !ok {
+		return nil, errStreamLimit
+	}
+	return release, nil
 }
 
 // Forget drops the clients of guest (a sandbox stopped or deleted).

@@ -26,15 +26,18 @@ import (
 // client's and one to guestd through the channel, whose frames hostproxy
 // passes on one at a time (each at most api.MaxSessionFrame bytes: what
 // one attachment makes hostproxy hold is four frames, whatever the guest
-// sends). A sandbox has at most maxAttachments at once, the host
-// maxAllAttachments. A memory snapshot, pause, restore, stop or delete of
+// sends). A sandbox has at most maxAttachments at once, an account
+// maxAccountAttachments (so that no account takes the host's from the
+// others), the host maxAllAttachments; each holds a place of its guest's
+// exec pool (holdStream) while it lasts. A memory snapshot, pause, restore, stop or delete of
 // the sandbox ends its attachments first with close code 1011 and a
 // reason (endAttachments): its guest is about to stop, or to become
 // another moment's.
 
 const (
-	maxAttachments    = 16
-	maxAllAttachments = 4096
+	maxAttachments        = 16
+	maxAccountAttachments = 1024
+	maxAllAttachments     = 4096
 )
 
 // SessionProtocol is the WebSocket subprotocol of an attachment. A client
@@ -45,13 +48,19 @@ const SessionProtocol = "strata.v1"
 // keyProtocol is the prefix of a subprotocol that carries an API key.
 const keyProtocol = "key."
 
-var errAttachLimit = fault.New(fault.Conflict, "attach_limit", "the sandbox has as many attachments as it may; close one first").With("limit", maxAttachments)
+var (
+	errAttachLimit        = fault.New(fault.Conflict, "attach_limit", "the sandbox has as many attachments as it may; close one first").With("limit", maxAttachments)
+	errAccountAttachLimit = fault.New(fault.Conflict, "attach_limit", "the account has as many attachments as it may; close one first").With("limit", maxAccountAttachments)
+	errHostAttachLimit    = fault.New(fault.Conflict, "attach_limit", "the host has as many attachments as it may; retry later").With("limit", maxAllAttachments)
+)
 
-// attachments are the attachments open, by sandbox.
+// attachments are the attachments open, by sandbox, and their count by
+// account and in all.
 type attachments struct {
-	mu    sync.Mutex
-	by    map[string]map[*attached]struct{}
-	total int
+	mu        sync.Mutex
+	by        map[string]map[*attached]struct{}
+	byAccount map[string]int
+	total     int
 }
 
 // attached is one open attachment: its end closes its client's side
@@ -98,24 +107,30 @@ func (at *attached) stop(code websocket.StatusCode, reason string) {
 	}
 }
 
-func (a *attachments) add(id string, at *attached) error {
+func (a *attachments) add(account, id string, at *attached) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.by == nil {
-		a.by = map[string]map[*attached]struct{}{}
+		a.by, a.byAccount = map[string]map[*attached]struct{}{}, map[string]int{}
 	}
-	if len(a.by[id]) >= maxAttachments || a.total >= maxAllAttachments {
+	switch {
+	case len(a.by[id]) >= maxAttachments:
 		return errAttachLimit
+	case a.byAccount[account] >= maxAccountAttachments:
+		return errAccountAttachLimit
+	case a.total >= maxAllAttachments:
+		return errHostAttachLimit
 	}
 	if a.by[id] == nil {
 		a.by[id] = map[*attached]struct{}{}
 	}
 	a.by[id][at] = struct{}{}
+	a.byAccount[account]++
 	a.total++
 	return nil
 }
 
-func (a *attachments) remove(id string, at *attached) {
+func (a *attachments) remove(account, id string, at *attached) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if _, ok := a.by[id][at]; ok {
@@ -123,6 +138,9 @@ func (a *attachments) remove(id string, at *attached) {
 		a.total--
 		if len(a.by[id]) == 0 {
 			delete(a.by, id)
+		}
+		if a.byAccount[account]--; a.byAccount[account] <= 0 {
+			delete(a.byAccount, account)
 		}
 	}
 }
@@ -324,10 +342,15 @@ func (s *Server) attachSession(c echo.Context) error {
 		return jsend.InvalidField("upgrade", "attach is a WebSocket: send a WebSocket handshake (Upgrade: websocket, version 13)")
 	}
 	at := &attached{}
-	if err := s.attached.add(sb.ID, at); err != nil {
+	if err := s.attached.add(sb.Account, sb.ID, at); err != nil {
 		return err
 	}
-	defer s.attached.remove(sb.ID, at)
+	defer s.attached.remove(sb.Account, sb.ID, at)
+	releaseStream, err := s.guests.holdStream(sb.Guest)
+	if err != nil {
+		return err
+	}
+	defer releaseStream()
 
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -100,6 +101,20 @@ func New(dial Dial, lim Limits, budget *Budget) *Client {
 			MaxResponseHeaderBytes: lim.MaxHeader,
 		},
 	}
+}
+
+// Hold takes one of the client's places for calls in flight (Limits.
+// Calls) for a stream the caller opens itself through HTTPClient or
+// StreamClient (an upgrade, a streamed body), for as long as it lasts:
+// so that every stream to the guest counts against one cap, whatever
+// opened it. It does not wait: ok is false when every place is taken.
+// release gives the place back; it may be called more than once.
+func (c *Client) Hold() (release func(), ok bool) {
+	if !c.calls.TryAcquire(1) {
+		return nil, false
+	}
+	var once sync.Once
+	return func() { once.Do(func() { c.calls.Release(1) }) }, true
 }
 
 // HTTPClient is an HTTP client of the guest's transport, for an upgrade
