@@ -81,9 +81,11 @@ type GuestClient struct {
 	pools map[string]*guestPools
 }
 
-// guestPools are the clients of one guest.
+// guestPools are the clients of one guest, and the lock under which its
+// answers are decoded (decoding).
 type guestPools struct {
 	calls, exec *guestclient.Client
+	decode      sync.Mutex
 }
 
 // maxGuestCalls caps the calls in flight to one guest in each pool: a
@@ -260,6 +262,24 @@ func (g *GuestClient) client(guest string, p pool) (*guestclient.Client, error) 
 		return pools.exec, nil
 	}
 	return pools.calls, nil
+}
+
+// decoding runs check, which decodes a part of guest's answer held
+// (a session list's records), under the guest's lock: a guest's answers
+// are decoded one at a time, so what their decoding holds beside the
+// answers (one record's) is one guest's figure, however many clients
+// call at once.
+func (g *GuestClient) decoding(guest string, check func() error) error {
+	g.mu.Lock()
+	p := g.pools[guest]
+	g.mu.Unlock()
+	if p == nil {
+		// Forgotten since the call: nothing else decodes for it.
+		return check()
+	}
+	p.decode.Lock()
+	defer p.decode.Unlock()
+	return check()
 }
 
 type requestIDKey struct{}

@@ -1,6 +1,7 @@
 package hostproxy_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -151,7 +152,7 @@ func TestGuestAnswersNotAmplified(t *testing.T) {
 				if status != tc.status {
 					t.Fatalf("status %d, want %d: %.300s", status, tc.status, body)
 				}
-				if tc.status == 200 && strings.Count(body, `"sandbox":"sb-a1"`) != api.MaxSessionsListed {
+				if tc.status == 200 && (!json.Valid([]byte(body)) || strings.Count(body, `"sandbox":"sb-a1"`) != api.MaxSessionsListed) {
 					t.Fatalf("records without their sandbox: %.300s", body)
 				}
 			}
@@ -162,8 +163,8 @@ func TestGuestAnswersNotAmplified(t *testing.T) {
 			held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
 			t.Logf("answer %d bytes; %d calls allocated %d MiB, held at most %d MiB, %d KiB after", len(tc.answer.Body), calls, allocated>>20, peak>>20, held>>10)
 			// The answer read (twice its length at most, in pieces
-			// when it has no Content-Length), each record decoded twice
-			// (checked, then written), and the call itself.
+			// when it has no Content-Length), each record decoded once
+			// (checked; it is written as it came), and the call itself.
 			records := int64(api.MaxSessionsListed)
 			if limit := int64(calls) * (2*int64(len(tc.answer.Body)) + records*16<<10 + 1<<20); allocated > limit {
 				t.Errorf("allocated %d bytes over %d calls, bound %d", allocated, calls, limit)

@@ -1,6 +1,7 @@
 package hostproxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -202,53 +203,53 @@ func sessionID(c echo.Context) (string, error) {
 }
 
 // withSandbox checks guestd's session record, or list of records
-// (api.EachSession: at most api.MaxSessionsListed records, each bounded),
-// and sets d to be written with the sandbox's id added to each: the
-// records are decoded again one at a time as they are written, so what
-// the answer holds until it is written is the guest's text, within the
-// guest's budget, whatever it lists. A record or list out of bounds is
-// errGuestAnswer; d is released then.
-func withSandbox(d *GuestData, guest, id string, list bool) (*GuestData, error) {
-	check := func(api.Session) error { return nil }
-	var err error
-	if list {
-		err = api.EachSession(d.Data, check)
-	} else {
-		_, err = api.ParseSessionRecord(d.Data)
-	}
+// (api.EachSession: at most api.MaxSessionsListed records, each bounded,
+// decoded one at a time, one guest's at a time), and sets d to be
+// written with the sandbox's id added to each record: the records as the
+// guest sent them, once checked, so that writing them decodes nothing
+// and what the answer holds until it is written is the guest's text,
+// within the guest's budget, whatever it lists. A record or list out of
+// bounds is errGuestAnswer; d is released then.
+func (s *Server) withSandbox(d *GuestData, guest, id string, list bool) (*GuestData, error) {
+	var records [][]byte // slices of d.Data
+	err := s.guests.decoding(guest, func() error {
+		if !list {
+			records = [][]byte{bytes.TrimLeft(d.Data, " \t\r\n")}
+			_, err := api.ParseSessionRecord(records[0])
+			return err
+		}
+		return api.EachSession(d.Data, func(raw []byte, _ api.Session) error {
+			records = append(records, raw)
+			return nil
+		})
+	})
 	if err != nil {
 		d.Release()
 		return nil, errGuestAnswer.Wrap(fmt.Errorf("guest %s: %w", guest, err))
 	}
-	record := func(w io.Writer, rec api.Session) error {
-		rec.Sandbox = id
-		b, err := json.Marshal(rec)
-		if err != nil {
-			return err
-		}
-		_, _ = w.Write(b)
-		return nil
-	}
-	if !list {
-		d.encode = func(w io.Writer) error {
-			rec, err := api.ParseSessionRecord(d.Data)
-			if err != nil {
-				return err
-			}
-			return record(w, rec)
-		}
-		return d, nil
+	// A checked record is an object with members: the sandbox's id goes
+	// in as its first.
+	sandbox, _ := json.Marshal(id)
+	field := append(append([]byte(`"sandbox":`), sandbox...), ',')
+	write := func(w io.Writer, raw []byte) {
+		_, _ = w.Write(raw[:1])
+		_, _ = w.Write(field)
+		_, _ = w.Write(raw[1:])
 	}
 	d.encode = func(w io.Writer) error {
+		if !list {
+			write(w, records[0])
+			return nil
+		}
 		_, _ = io.WriteString(w, `{"sessions":[`)
-		sep := ""
-		err := api.EachSession(d.Data, func(rec api.Session) error {
-			_, _ = io.WriteString(w, sep)
-			sep = ","
-			return record(w, rec)
-		})
+		for i, raw := range records {
+			if i > 0 {
+				_, _ = io.WriteString(w, ",")
+			}
+			write(w, raw)
+		}
 		_, _ = io.WriteString(w, "]}")
-		return err
+		return nil
 	}
 	return d, nil
 }
@@ -274,7 +275,7 @@ func (s *Server) startSession(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	d, err := withSandbox(v.(*GuestData), sb.Guest, sb.ID, false)
+	d, err := s.withSandbox(v.(*GuestData), sb.Guest, sb.ID, false)
 	if err != nil {
 		return err
 	}
@@ -307,7 +308,7 @@ func (s *Server) sessionCall(method string, one bool) func(c echo.Context) (any,
 		if err != nil {
 			return nil, err
 		}
-		return withSandbox(v.(*GuestData), sb.Guest, sb.ID, !one)
+		return s.withSandbox(v.(*GuestData), sb.Guest, sb.ID, !one)
 	}
 }
 

@@ -285,8 +285,8 @@ type sessionRecordWire struct {
 // writes (no sandbox: that is hostproxy's to add), an id of a session's
 // shape, cmd as a request's, a state, an exit code and end exactly when
 // exited, counts of 0 or more. So the record holds no more than its text
-// and cmd's strings' headers, and written again it is no longer than its
-// text plus a constant (each byte of a string at most six, escaped).
+// and cmd's strings' headers; and its text, checked, may be relayed as
+// it was sent (hostproxy does, with the sandbox's id added).
 func ParseSessionRecord(b []byte) (Session, error) {
 	if len(b) > MaxSessionRecord {
 		return Session{}, fmt.Errorf("session record of %d bytes, at most %d", len(b), MaxSessionRecord)
@@ -326,12 +326,13 @@ func ParseSessionRecord(b []byte) (Session, error) {
 }
 
 // EachSession calls f with each record of a session list as guestd
-// answers it ({"sessions":[record…]}), checked as ParseSessionRecord
-// checks one, in order, until f fails. A list of more than
-// MaxSessionsListed records is refused before its first is decoded: it
-// decodes one record at a time, so a list costs no more than its text and
-// one record, however many records it holds.
-func EachSession(data []byte, f func(Session) error) error {
+// answers it ({"sessions":[record…]}), as sent (raw: a slice of data)
+// and decoded, checked as ParseSessionRecord checks one, in order,
+// until f fails. A list of more than MaxSessionsListed records is
+// refused before its first is decoded: it decodes one record at a time,
+// so a list costs no more than its text and one record, however many
+// records it holds.
+func EachSession(data []byte, f func(raw []byte, rec Session) error) error {
 	var list []byte
 	err := jsend.EachMember(data, func(k, v []byte) error {
 		if string(k) != `"sessions"` || list != nil {
@@ -361,6 +362,6 @@ func EachSession(data []byte, f func(Session) error) error {
 		if err != nil {
 			return err
 		}
-		return f(rec)
+		return f(b, rec)
 	})
 }
