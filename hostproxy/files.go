@@ -113,6 +113,8 @@ var fileQuery = map[string]string{http.MethodPut: "parents", http.MethodDelete: 
 
 // file serves GET, HEAD, PUT and DELETE of …/files/{path…}.
 func (s *Server) file(c echo.Context) error {
+	// Every answer of the route, a refusal too.
+	c.Response().Header().Set("X-Content-Type-Options", "nosniff")
 	sb, err := s.sessionRoute(c)
 	if err != nil {
 		return err
@@ -169,7 +171,6 @@ func (s *Server) file(c echo.Context) error {
 		return err
 	}
 	defer resp.Body.Close()
-	c.Response().Header().Set("X-Content-Type-Options", "nosniff")
 	if resp.StatusCode == http.StatusNotModified || resp.StatusCode == http.StatusRequestedRangeNotSatisfiable {
 		// A conditional GET's, or a range past the end: status and
 		// headers (Content-Range: bytes */size).

@@ -397,11 +397,10 @@ type GuestData struct {
 	// Data is a slice of the held answer: not to be used after Release.
 	Data   json.RawMessage
 	answer *guestclient.Answer
-	// encode, when set, writes the data the client sees in place of
-	// Data, made from Data as it is written (a session list with the
-	// sandbox's id added, one record at a time), so that nothing but the
-	// held answer is held whole. Data was checked before, so encode does
-	// not fail; w's errors (a client gone) are not its.
+	// encode, when set, writes what the client sees in place of Data,
+	// from Data as it is written (a session's records, checked, with the
+	// sandbox's id put in), so that nothing but the held answer is held
+	// whole. It does not fail; w's errors (a client gone) are not its.
 	encode func(w io.Writer) error
 }
 

@@ -60,7 +60,7 @@ func TestFileAnswersTypes(t *testing.T) {
 			if rep.status != tc.status {
 				t.Fatalf("status %d, want %d: %.300s", rep.status, tc.status, rep.body)
 			}
-			if got := rep.header.Get("X-Content-Type-Options"); got != "nosniff" && tc.status < 500 {
+			if got := rep.header.Get("X-Content-Type-Options"); got != "nosniff" {
 				t.Errorf("X-Content-Type-Options %q", got)
 			}
 			if tc.typ != "" {

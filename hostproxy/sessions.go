@@ -30,10 +30,10 @@ import (
 // sends). A sandbox has at most maxAttachments at once, an account
 // maxAccountAttachments (so that no account takes the host's from the
 // others), the host maxAllAttachments; each holds a place of its guest's
-// exec pool (holdStream) while it lasts. A memory snapshot, pause, restore, stop or delete of
-// the sandbox ends its attachments first with close code 1011 and a
-// reason (endAttachments): its guest is about to stop, or to become
-// another moment's.
+// exec pool (holdStream) while it lasts. A memory snapshot, pause,
+// restore, stop or delete of the sandbox ends its attachments first with
+// close code 1011 and a reason (endAttachments): its guest is about to
+// stop, or to become another moment's.
 
 const (
 	maxAttachments        = 16
