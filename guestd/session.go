@@ -346,15 +346,31 @@ func (s *session) record() api.Session {
 	return rec
 }
 
-// prune forgets sessions exited more than api.SessionKeep ago (ss.mu
-// held).
+// prune forgets sessions exited more than api.SessionKeep ago, and the
+// exited sessions that ended first while more than
+// api.MaxSessionsListed are kept (ss.mu held): a list stays within what
+// hostproxy relays, however many short sessions a sandbox starts.
 func (ss *sessionSet) prune() {
+	type ended struct {
+		id string
+		at time.Time
+	}
+	var exited []ended
 	for id, s := range ss.byID {
 		s.mu.Lock()
-		old := s.exitCode != nil && time.Since(s.ended) > api.SessionKeep
+		done, at := s.exitCode != nil, s.ended
 		s.mu.Unlock()
-		if old {
+		switch {
+		case done && time.Since(at) > api.SessionKeep:
 			delete(ss.byID, id)
+		case done:
+			exited = append(exited, ended{id, at})
+		}
+	}
+	if over := len(ss.byID) - api.MaxSessionsListed; over > 0 {
+		slices.SortFunc(exited, func(a, b ended) int { return a.at.Compare(b.at) })
+		for _, e := range exited[:min(over, len(exited))] {
+			delete(ss.byID, e.id)
 		}
 	}
 }

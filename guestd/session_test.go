@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -501,5 +502,47 @@ func TestSessionOutput(t *testing.T) {
 	}
 	if len(chunks) < 3 {
 		t.Fatalf("%d chunks of 3 frames' bytes", len(chunks))
+	}
+}
+
+// TestSessionsListedBound pins what guestd keeps for its lists (issue 30:
+// hostproxy relays a list of at most api.MaxSessionsListed records, and
+// guestd kept every session exited in the last 10 minutes): past that
+// many, the exited sessions that ended first are forgotten; running ones
+// never are.
+func TestSessionsListedBound(t *testing.T) {
+	ss := &sessionSet{byID: map[string]*session{}}
+	now := time.Now()
+	add := func(id string, ended time.Time) {
+		s := &session{id: id, done: make(chan struct{})}
+		if !ended.IsZero() {
+			code := 0
+			s.exitCode, s.ended = &code, ended
+			close(s.done)
+		}
+		ss.byID[id] = s
+	}
+	for i := range api.MaxSessions {
+		add(fmt.Sprintf("running-%d", i), time.Time{})
+	}
+	exited := api.MaxSessionsListed // more than may be kept with the running ones
+	for i := range exited {
+		add(fmt.Sprintf("exited-%03d", i), now.Add(-time.Minute+time.Duration(i)*time.Millisecond))
+	}
+	add("old", now.Add(-api.SessionKeep-time.Minute))
+	ss.prune()
+	if len(ss.byID) != api.MaxSessionsListed {
+		t.Fatalf("%d sessions kept, want %d", len(ss.byID), api.MaxSessionsListed)
+	}
+	for i := range api.MaxSessions {
+		if ss.byID[fmt.Sprintf("running-%d", i)] == nil {
+			t.Fatalf("running session %d forgotten", i)
+		}
+	}
+	gone := api.MaxSessions // the exited sessions that ended first
+	for i := range exited {
+		if kept := ss.byID[fmt.Sprintf("exited-%03d", i)] != nil; kept != (i >= gone) {
+			t.Fatalf("exited session %d kept: %v", i, kept)
+		}
 	}
 }

@@ -254,10 +254,20 @@ func apiCases() []apiCase {
 			status: 507, code: "insufficient_storage", reachesGuest: true, notInBody: []string{"/var/lib/strata"}},
 		{name: "guest_internal_error", setup: guestFault(hostproxytest.OpCreate, "/workspace/project", hostproxytest.Error(500, "rename /var/lib/strata/layers/17/upper: input/output error"), create(`{"path":"/workspace/project"}`)),
 			status: 500, reachesGuest: true, notInBody: []string{"/var/lib/strata", "input/output"}},
+		// 502: a guest's answer that is not guestd's, whatever it says.
 		{name: "guest_garbage", setup: guestFault(hostproxytest.OpList, "", hostproxytest.Fault{Status: 200, Body: "<html>oops</html>"}, request{method: "GET", path: cpsA1, key: keyA}),
-			status: 500, reachesGuest: true, notInBody: []string{"html"}},
+			status: 502, code: "guest_error", reachesGuest: true, notInBody: []string{"html"}},
 		{name: "guest_fail_without_code", setup: guestFault(hostproxytest.OpList, "", hostproxytest.Fault{Status: 409, Body: `{"status":"fail","data":{}}`}, request{method: "GET", path: cpsA1, key: keyA}),
-			status: 500, reachesGuest: true},
+			status: 502, code: "guest_error", reachesGuest: true},
+		// Issue 30: a guest spoke for the edge through hostproxy.
+		{name: "guest_unauthorized", setup: guestFault(hostproxytest.OpList, "", hostproxytest.Fail(401, "unauthorized", "log in again at https://evil.example", nil), request{method: "GET", path: cpsA1, key: keyA}),
+			status: 502, code: "guest_error", reachesGuest: true, notInBody: []string{"evil"}},
+		{name: "guest_sandbox_not_found", setup: guestFault(hostproxytest.OpList, "", hostproxytest.Fail(404, "sandbox_not_found", "no such sandbox", nil), request{method: "GET", path: cpsA1, key: keyA}),
+			status: 502, code: "guest_error", reachesGuest: true},
+		{name: "guest_code_of_another_status", setup: guestFault(hostproxytest.OpList, "", hostproxytest.Fail(429, "directory_busy", "slow down", map[string]any{"retry_after": 1}), request{method: "GET", path: cpsA1, key: keyA}),
+			status: 502, code: "guest_error", reachesGuest: true},
+		{name: "guest_made_up_code", setup: guestFault(hostproxytest.OpList, "", hostproxytest.Fail(409, "please_upgrade", "visit https://evil.example", nil), request{method: "GET", path: cpsA1, key: keyA}),
+			status: 502, code: "guest_error", reachesGuest: true, notInBody: []string{"evil"}},
 		{name: "guest_unreachable", setup: fixed(request{method: "GET", path: "/v1/sandboxes/sb-dead/checkpoints", key: keyA}), status: 503, code: "guest_unavailable", notInBody: []string{"nonexistent"}},
 		{name: "guest_stopped", setup: func(s *stack) request {
 			s.guests["sb-a1"].Stop()
@@ -324,7 +334,7 @@ func TestAPICoversEveryCode(t *testing.T) {
 		"path_not_absolute", "path_not_clean", "path_not_found", "path_not_directory", "path_protected",
 		"path_symlink", "path_mount", "path_nested", "path_hardlink", "path_special_file",
 		"token_exists", "token_not_found", "rate_limited", "idempotency_key_reused",
-		"entry_not_found", "file_too_large", "checkpoint_limit",
+		"entry_not_found", "file_too_large", "checkpoint_limit", "guest_error",
 	}
 	have := map[string]bool{}
 	statuses := map[int]bool{}
@@ -337,7 +347,7 @@ func TestAPICoversEveryCode(t *testing.T) {
 			t.Errorf("no case provokes %q", c)
 		}
 	}
-	for _, st := range []int{http.StatusInsufficientStorage, http.StatusServiceUnavailable, http.StatusInternalServerError} {
+	for _, st := range []int{http.StatusInsufficientStorage, http.StatusServiceUnavailable, http.StatusInternalServerError, http.StatusBadGateway} {
 		if !statuses[st] {
 			t.Errorf("no case provokes status %d", st)
 		}

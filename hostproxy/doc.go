@@ -37,10 +37,18 @@
 //   - checks the Idempotency-Key header of create and restore
 //     (api.IdempotencyKey) and forwards it unchanged: guestd keeps the
 //     answers, so a retry is answered by the guest that did the work;
-//   - relays guestd's answer: a success's data and a fail's code, message and
-//     fields as they were sent; a 5xx becomes a JSend error with a fixed
-//     message; an unreachable or silent guest becomes 503 within the dial and
-//     request timeouts, without holding up other sandboxes;
+//   - relays guestd's answer, which it does not trust (root inside a
+//     sandbox can answer for guestd): a success's data as it was sent; a
+//     fail's code, message and fields as they were sent when its code is
+//     one of guestd's with guestd's status (api.GuestFailCodes: never 401,
+//     403, 429 or sandbox_not_found) and it is within jsend.ParseFail's
+//     bounds; a session list checked within bounds (api.EachSession) and
+//     written with the sandbox's id added; a 5xx becomes a JSend error
+//     with a fixed message; any other answer is 502 guest_error, the
+//     guest's text logged only; an unreachable or silent guest becomes
+//     503 within the dial and request timeouts, without holding up other
+//     sandboxes. What a guest's answers make hostproxy hold is bounded
+//     per guest (docs/design.md, "What a guest can make the host hold");
 //   - limits requests per credential (429 rate_limited with Retry-After),
 //     and failed authentications per client address and key prefix (a
 //     correct key is never refused by that limit: authn.go), exports
@@ -52,15 +60,21 @@
 //     the access setting: account keys only; exec: the exec scope) and exec
 //     sessions (the exec scope; an attachment is the
 //     client's WebSocket joined to one to guestd, frame by frame, each
-//     bounded, at most 16 per sandbox; sessions.go) and files (streamed
-//     through a 32 KiB buffer both ways, at most 8 transfers per sandbox;
-//     files.go) through package
+//     bounded, at most 16 per sandbox, 1024 per account, 4096 on the
+//     host; sessions.go) and files (streamed through a 32 KiB buffer both
+//     ways, at most 8 transfers per sandbox, 256 per account; a file is
+//     always application/octet-stream and every answer nosniff, whatever
+//     the guest says; files.go) through package
 //     sandbox, keeps the microVMs' records in its registry, reaches their
 //     guestd through each VM's channel (the vm:// guest address; execs on a
 //     connection pool of their own), and serves the calls processes inside
 //     a sandbox make through that channel, scoped to that sandbox whatever
 //     key they carry, refused (401) while its access is none (at most 32
-//     connections per sandbox, none of the account's routes, no /metrics);
+//     connections per sandbox, none of the account's routes, no /metrics;
+//     a body over 16 KiB is read only within the sandbox's budget of
+//     bodies, inbound.go). Every stream hostproxy holds to a guest, calls,
+//     execs, transfers and attachments, is one of its two pools' places
+//     (maxGuestCalls each);
 //   - hands each guest its credentials (API address, sandbox id, token):
 //     a microVM guest that cannot take a token when it is issued or
 //     rotated is owed it, in memory only, until it boots or is found

@@ -22,6 +22,11 @@ var (
 	errLoginsLimited      = fault.New(fault.TooManyRequests, "rate_limited", "too many failed authentications from this address with this key; retry later")
 	errGuestUnavailable   = fault.New(fault.Unavailable, "guest_unavailable", "the sandbox's guest daemon cannot be reached")
 	errGuestTimeout       = fault.New(fault.Unavailable, "guest_timeout", "the sandbox's guest daemon did not answer in time")
+	// errGuestAnswer is a guest's answer that is not guestd's: not JSend,
+	// over a bound, or a fail whose code is not one guestd answers with
+	// (api.GuestFailCodes). A guest is not trusted: it is told apart from
+	// hostproxy's own failures (500), and what it sent is logged only.
+	errGuestAnswer = fault.New(fault.BadGateway, "guest_error", "the sandbox's guest daemon gave an answer that is not the API's")
 )
 
 // guest5xx are the only messages a client sees for a guest's 5xx: the

@@ -9,3 +9,9 @@ func (s *Server) Routes() []string {
 	}
 	return out
 }
+
+// HeapWatch and GuestHeapBound are heapWatch and guestHeapBound, for the
+// tests of hostile guests outside the package.
+var HeapWatch = heapWatch
+
+const GuestHeapBound = guestHeapBound

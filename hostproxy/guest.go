@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"strata/internal/api"
+	"strata/internal/fault"
 	"strata/internal/guestclient"
 	"strata/internal/jsend"
 	"strata/internal/servertiming"
@@ -79,14 +81,19 @@ type GuestClient struct {
 	pools map[string]*guestPools
 }
 
-// guestPools are the clients of one guest.
+// guestPools are the clients of one guest, and the lock under which its
+// answers are decoded (decoding).
 type guestPools struct {
 	calls, exec *guestclient.Client
+	decode      sync.Mutex
 }
 
 // maxGuestCalls caps the calls in flight to one guest in each pool: a
 // guest is untrusted (root inside a sandbox controls it), so a slow one
-// must not pin host memory.
+// must not pin host memory. The exec pool's cap covers its execs and
+// the streams hostproxy opens beside it, file transfers and attachments
+// (holdStream): every channel stream hostproxy holds to a guest is one
+// of 2 × maxGuestCalls.
 const maxGuestCalls = 16
 
 // NewGuestClient returns a client that dials with dialers (by scheme),
@@ -176,6 +183,27 @@ func (g *GuestClient) Exec(ctx context.Context, guest string, body []byte, timeo
 	return g.send(ctx, poolExec, timeout, guest, http.MethodPost, "/v1/exec", body, "")
 }
 
+// errStreamLimit is a transfer or attachment refused because the
+// guest's long calls (execs, transfers, attachments) take every place of
+// their pool.
+var errStreamLimit = fault.New(fault.Conflict, "stream_limit", "the sandbox has as many execs, file transfers and attachments under way as it may; wait for one to end").With("limit", maxGuestCalls)
+
+// holdStream takes a place of the guest's exec pool for a stream hostproxy
+// opens itself (a file transfer, an attachment) for as long as it lasts,
+// so that every stream to the guest counts against the pools' caps; it
+// does not wait (errStreamLimit).
+func (g *GuestClient) holdStream(guest string) (release func(), err error) {
+	c, err := g.client(guest, poolExec)
+	if err != nil {
+		return nil, fmt.Errorf("guest %s: %w", guest, err)
+	}
+	release, ok := c.Hold()
+	if !ok {
+		return nil, errStreamLimit
+	}
+	return release, nil
+}
+
 // Forget drops the clients of guest (a sandbox stopped or deleted).
 func (g *GuestClient) Forget(guest string) {
 	g.mu.Lock()
@@ -236,6 +264,24 @@ func (g *GuestClient) client(guest string, p pool) (*guestclient.Client, error) 
 	return pools.calls, nil
 }
 
+// decoding runs check, which decodes a part of guest's answer held
+// (a session list's records), under the guest's lock: a guest's answers
+// are decoded one at a time, so what their decoding holds beside the
+// answers (one record's) is one guest's figure, however many clients
+// call at once.
+func (g *GuestClient) decoding(guest string, check func() error) error {
+	g.mu.Lock()
+	p := g.pools[guest]
+	g.mu.Unlock()
+	if p == nil {
+		// Forgotten since the call: nothing else decodes for it.
+		return check()
+	}
+	p.decode.Lock()
+	defer p.decode.Unlock()
+	return check()
+}
+
 type requestIDKey struct{}
 
 // withRequestID carries the public request id to the guest, so that one
@@ -289,29 +335,58 @@ func (g *GuestClient) send(ctx context.Context, pl pool, timeout time.Duration, 
 		data, err := jsend.ParseSuccess(reply)
 		if err != nil {
 			resp.Release()
-			return nil, fmt.Errorf("guest %s: %w", guest, err)
+			return nil, errGuestAnswer.Wrap(fmt.Errorf("guest %s: %w: %q", guest, err, head(reply, 200)))
 		}
 		// data is a slice of the answer: it stays held until the
 		// handler wrote it.
 		return &GuestData{Data: data, answer: resp}, nil
 	}
+	// A fail is copied out of the answer (at most jsend.MaxFailBody
+	// bytes), which goes back to the budget at once.
 	defer resp.Release()
 	switch {
 	case resp.Status >= 400 && resp.Status < 500:
-		fe, err := jsend.ParseFail(resp.Status, reply)
-		if err != nil {
-			return nil, fmt.Errorf("guest %s: %w: %.200q", guest, err, reply)
-		}
-		return nil, fe
+		return nil, guestFail(guest, resp.Status, reply)
 	case resp.Status >= 500:
-		cause := fmt.Errorf("guest %s answered %d: %.500q", guest, resp.Status, reply)
+		cause := fmt.Errorf("guest %s answered %d: %q", guest, resp.Status, head(reply, 500))
 		if fe := guest5xx[resp.Status]; fe != nil {
 			return nil, fe.Wrap(cause)
 		}
 		return nil, cause
 	default:
-		return nil, fmt.Errorf("guest %s: unexpected status %d", guest, resp.Status)
+		return nil, errGuestAnswer.Wrap(fmt.Errorf("guest %s: unexpected status %d", guest, resp.Status))
 	}
+}
+
+// head is the first n bytes of a guest's answer, for a log: fmt's
+// precision (%.200q) copies a whole []byte before it cuts it (16 MiB
+// for a 16 MiB answer).
+func head(b []byte, n int) []byte { return b[:min(len(b), n)] }
+
+// guestFailKinds are the kinds of guestd's fails: the statuses a guest's
+// refusal of a HEAD, which has no body to tell its code, may have.
+var guestFailKinds = func() map[fault.Kind]bool {
+	m := map[fault.Kind]bool{}
+	for _, k := range api.GuestFailCodes {
+		m[k] = true
+	}
+	return m
+}()
+
+// guestFail is the error a guest's client error (status, body) is
+// answered with: guestd's fail as it was sent (jsend.ParseFail's bounds)
+// when its code is one guestd answers with, with its status
+// (api.GuestFailCodes); errGuestAnswer otherwise, so that no guest can
+// answer for the edge (401, 403, 429, sandbox_not_found) or make up codes.
+func guestFail(guest string, status int, body []byte) error {
+	fe, err := jsend.ParseFail(status, body)
+	if err != nil {
+		return errGuestAnswer.Wrap(fmt.Errorf("guest %s: %w: %q", guest, err, head(body, 200)))
+	}
+	if kind, ok := api.GuestFailCodes[fe.Code]; !ok || kind != fe.Kind {
+		return errGuestAnswer.Wrap(fmt.Errorf("guest %s answered %d %.80q, not a fail of guestd's", guest, status, fe.Code))
+	}
+	return fe
 }
 
 // GuestData is the data of a guest's answer, held within the guest's
@@ -322,6 +397,23 @@ type GuestData struct {
 	// Data is a slice of the held answer: not to be used after Release.
 	Data   json.RawMessage
 	answer *guestclient.Answer
+	// encode, when set, writes what the client sees in place of Data,
+	// from Data as it is written (a session's records, checked, with the
+	// sandbox's id put in), so that nothing but the held answer is held
+	// whole. It does not fail; w's errors (a client gone) are not its.
+	encode func(w io.Writer) error
+}
+
+// write writes d as the data of a JSend success answered with status.
+func (d *GuestData) write(w http.ResponseWriter, status int) {
+	if d.encode == nil {
+		jsend.SuccessStream(w, status, func(w io.Writer) error {
+			_, _ = w.Write(d.Data)
+			return nil
+		})
+		return
+	}
+	jsend.SuccessStream(w, status, d.encode)
 }
 
 // Release gives the answer's bytes back to the guest's budget. It may be

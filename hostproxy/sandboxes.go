@@ -536,6 +536,11 @@ func (s *Server) stopSandbox(c echo.Context) (any, error) {
 func (s *Server) execInSandbox(c echo.Context) (any, error) {
 	sb := sandboxOf(c)
 	r := c.Request()
+	release, err := s.holdBody(c, api.MaxExecBody)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	req, body, err := api.ReadExec(r)
 	if err != nil {
 		return nil, err

@@ -46,6 +46,9 @@ type Server struct {
 	// transfers the file transfers under way (files.go).
 	attached  attachments
 	transfers transfers
+	// inbound are the budgets of large bodies of calls from inside
+	// sandboxes (inbound.go).
+	inbound inbound
 
 	log      *slog.Logger
 	reg      *Registry
@@ -296,7 +299,7 @@ func (s *Server) data(h func(c echo.Context) (any, error)) echo.HandlerFunc {
 			// A guest's answer, held until written, and written
 			// without a copy.
 			defer d.Release()
-			jsend.SuccessRaw(c.Response(), d.Data)
+			d.write(c.Response(), http.StatusOK)
 			return nil
 		}
 		jsend.Success(c.Response(), v)

@@ -1,6 +1,7 @@
 package hostproxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,15 +27,18 @@ import (
 // client's and one to guestd through the channel, whose frames hostproxy
 // passes on one at a time (each at most api.MaxSessionFrame bytes: what
 // one attachment makes hostproxy hold is four frames, whatever the guest
-// sends). A sandbox has at most maxAttachments at once, the host
-// maxAllAttachments. A memory snapshot, pause, restore, stop or delete of
-// the sandbox ends its attachments first with close code 1011 and a
-// reason (endAttachments): its guest is about to stop, or to become
-// another moment's.
+// sends). A sandbox has at most maxAttachments at once, an account
+// maxAccountAttachments (so that no account takes the host's from the
+// others), the host maxAllAttachments; each holds a place of its guest's
+// exec pool (holdStream) while it lasts. A memory snapshot, pause,
+// restore, stop or delete of the sandbox ends its attachments first with
+// close code 1011 and a reason (endAttachments): its guest is about to
+// stop, or to become another moment's.
 
 const (
-	maxAttachments    = 16
-	maxAllAttachments = 4096
+	maxAttachments        = 16
+	maxAccountAttachments = 1024
+	maxAllAttachments     = 4096
 )
 
 // SessionProtocol is the WebSocket subprotocol of an attachment. A client
@@ -45,13 +49,19 @@ const SessionProtocol = "strata.v1"
 // keyProtocol is the prefix of a subprotocol that carries an API key.
 const keyProtocol = "key."
 
-var errAttachLimit = fault.New(fault.Conflict, "attach_limit", "the sandbox has as many attachments as it may; close one first").With("limit", maxAttachments)
+var (
+	errAttachLimit        = fault.New(fault.Conflict, "attach_limit", "the sandbox has as many attachments as it may; close one first").With("limit", maxAttachments)
+	errAccountAttachLimit = fault.New(fault.Conflict, "attach_limit", "the account has as many attachments as it may; close one first").With("limit", maxAccountAttachments)
+	errHostAttachLimit    = fault.New(fault.Conflict, "attach_limit", "the host has as many attachments as it may; retry later").With("limit", maxAllAttachments)
+)
 
-// attachments are the attachments open, by sandbox.
+// attachments are the attachments open, by sandbox, and their count by
+// account and in all.
 type attachments struct {
-	mu    sync.Mutex
-	by    map[string]map[*attached]struct{}
-	total int
+	mu        sync.Mutex
+	by        map[string]map[*attached]struct{}
+	byAccount map[string]int
+	total     int
 }
 
 // attached is one open attachment: its end closes its client's side
@@ -98,24 +108,30 @@ func (at *attached) stop(code websocket.StatusCode, reason string) {
 	}
 }
 
-func (a *attachments) add(id string, at *attached) error {
+func (a *attachments) add(account, id string, at *attached) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.by == nil {
-		a.by = map[string]map[*attached]struct{}{}
+		a.by, a.byAccount = map[string]map[*attached]struct{}{}, map[string]int{}
 	}
-	if len(a.by[id]) >= maxAttachments || a.total >= maxAllAttachments {
+	switch {
+	case len(a.by[id]) >= maxAttachments:
 		return errAttachLimit
+	case a.byAccount[account] >= maxAccountAttachments:
+		return errAccountAttachLimit
+	case a.total >= maxAllAttachments:
+		return errHostAttachLimit
 	}
 	if a.by[id] == nil {
 		a.by[id] = map[*attached]struct{}{}
 	}
 	a.by[id][at] = struct{}{}
+	a.byAccount[account]++
 	a.total++
 	return nil
 }
 
-func (a *attachments) remove(id string, at *attached) {
+func (a *attachments) remove(account, id string, at *attached) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if _, ok := a.by[id][at]; ok {
@@ -123,6 +139,9 @@ func (a *attachments) remove(id string, at *attached) {
 		a.total--
 		if len(a.by[id]) == 0 {
 			delete(a.by, id)
+		}
+		if a.byAccount[account]--; a.byAccount[account] <= 0 {
+			delete(a.byAccount, account)
 		}
 	}
 }
@@ -181,30 +200,56 @@ func sessionID(c echo.Context) (string, error) {
 	return id, nil
 }
 
-// withSandbox adds the sandbox's id to guestd's session record(s).
-func withSandbox(d *GuestData, id string, list bool) (any, error) {
-	defer d.Release()
-	if list {
-		var v struct {
-			Sessions []api.Session `json:"sessions"`
+// withSandbox checks guestd's session record, or list of records
+// (api.EachSession: at most api.MaxSessionsListed records, each bounded,
+// decoded one at a time, one guest's at a time), and sets d to be
+// written with the sandbox's id added to each record: the records as the
+// guest sent them, once checked, so that writing them decodes nothing
+// and what the answer holds until it is written is the guest's text,
+// within the guest's budget, whatever it lists. A record or list out of
+// bounds is errGuestAnswer; d is released then.
+func (s *Server) withSandbox(d *GuestData, guest, id string, list bool) (*GuestData, error) {
+	var records [][]byte // slices of d.Data
+	err := s.guests.decoding(guest, func() error {
+		if !list {
+			records = [][]byte{bytes.TrimLeft(d.Data, " \t\r\n")}
+			_, err := api.ParseSessionRecord(records[0])
+			return err
 		}
-		if err := json.Unmarshal(d.Data, &v); err != nil {
-			return nil, err
-		}
-		for i := range v.Sessions {
-			v.Sessions[i].Sandbox = id
-		}
-		if v.Sessions == nil {
-			v.Sessions = []api.Session{}
-		}
-		return v, nil
+		return api.EachSession(d.Data, func(raw []byte, _ api.Session) error {
+			records = append(records, raw)
+			return nil
+		})
+	})
+	if err != nil {
+		d.Release()
+		return nil, errGuestAnswer.Wrap(fmt.Errorf("guest %s: %w", guest, err))
 	}
-	var v api.Session
-	if err := json.Unmarshal(d.Data, &v); err != nil {
-		return nil, err
+	// A checked record is an object with members: the sandbox's id goes
+	// in as its first.
+	sandbox, _ := json.Marshal(id)
+	field := append(append([]byte(`"sandbox":`), sandbox...), ',')
+	write := func(w io.Writer, raw []byte) {
+		_, _ = w.Write(raw[:1])
+		_, _ = w.Write(field)
+		_, _ = w.Write(raw[1:])
 	}
-	v.Sandbox = id
-	return v, nil
+	d.encode = func(w io.Writer) error {
+		if !list {
+			write(w, records[0])
+			return nil
+		}
+		_, _ = io.WriteString(w, `{"sessions":[`)
+		for i, raw := range records {
+			if i > 0 {
+				_, _ = io.WriteString(w, ",")
+			}
+			write(w, raw)
+		}
+		_, _ = io.WriteString(w, "]}")
+		return nil
+	}
+	return d, nil
 }
 
 // startSession is POST …/sessions: 201 and the record.
@@ -213,6 +258,11 @@ func (s *Server) startSession(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	release, err := s.holdBody(c, api.MaxExecBody)
+	if err != nil {
+		return err
+	}
+	defer release()
 	_, body, err := api.ReadSession(c.Request())
 	if err != nil {
 		return err
@@ -223,13 +273,13 @@ func (s *Server) startSession(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	rec, err := withSandbox(v.(*GuestData), sb.ID, false)
+	d, err := s.withSandbox(v.(*GuestData), sb.Guest, sb.ID, false)
 	if err != nil {
 		return err
 	}
-	c.Response().Header().Set("Content-Type", "application/json")
-	c.Response().WriteHeader(http.StatusCreated)
-	return json.NewEncoder(c.Response()).Encode(map[string]any{"status": "success", "data": rec})
+	defer d.Release()
+	d.write(c.Response(), http.StatusCreated)
+	return nil
 }
 
 // sessionCall is a list, get or delete of sessions: path is guestd's.
@@ -256,7 +306,7 @@ func (s *Server) sessionCall(method string, one bool) func(c echo.Context) (any,
 		if err != nil {
 			return nil, err
 		}
-		return withSandbox(v.(*GuestData), sb.ID, !one)
+		return s.withSandbox(v.(*GuestData), sb.Guest, sb.ID, !one)
 	}
 }
 
@@ -291,10 +341,15 @@ func (s *Server) attachSession(c echo.Context) error {
 		return jsend.InvalidField("upgrade", "attach is a WebSocket: send a WebSocket handshake (Upgrade: websocket, version 13)")
 	}
 	at := &attached{}
-	if err := s.attached.add(sb.ID, at); err != nil {
+	if err := s.attached.add(sb.Account, sb.ID, at); err != nil {
 		return err
 	}
-	defer s.attached.remove(sb.ID, at)
+	defer s.attached.remove(sb.Account, sb.ID, at)
+	releaseStream, err := s.guests.holdStream(sb.Guest)
+	if err != nil {
+		return err
+	}
+	defer releaseStream()
 
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
@@ -423,10 +478,8 @@ func (g *GuestClient) AttachSession(ctx context.Context, guest, path string) (*w
 	conn, resp, err := websocket.Dial(dctx, "ws://guestd"+path, &websocket.DialOptions{HTTPClient: c.HTTPClient(), HTTPHeader: h})
 	if err != nil {
 		if resp != nil && resp.StatusCode >= 400 && resp.StatusCode < 500 {
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			if fe, perr := jsend.ParseFail(resp.StatusCode, body); perr == nil {
-				return nil, fe
-			}
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, jsend.MaxFailBody+1))
+			return nil, guestFail(guest, resp.StatusCode, body)
 		}
 		return nil, g.transportError(ctx, guest, err)
 	}

@@ -14,7 +14,9 @@
 // It answers the routes of issue 8 too (beyond.go): changes, files,
 // restore-paths, clone and release over in-memory file trees, and
 // retention on create; and POST and GET /v1/sessions with records only
-// (no process runs), for the tests of who may call them.
+// (no process runs), for the tests of who may call them. Any other route,
+// or any answer at all, is set with SetRoute: a hostile guest's, or
+// guestd's sessions and files.
 //
 // Like guestd, it honours the Idempotency-Key header of create and
 // restore: the first successful answer under a key is kept for
@@ -31,6 +33,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -62,8 +65,10 @@ const (
 // Fault is an answer the double gives instead of doing the operation.
 type Fault struct {
 	Status int
-	// Body is sent as is, with Content-Type application/json.
-	Body string
+	// Body is sent as is, with Content-Type application/json unless
+	// Header says otherwise.
+	Body   string
+	Header map[string]string
 }
 
 // Fail is the fault of a JSend fail envelope with code, message and fields.
@@ -124,6 +129,7 @@ type FakeGuest struct {
 	credentials api.Credentials
 	head        map[string]string // path -> checkpoint the live directory continues from
 	faults      map[faultKey]Fault
+	routes      map[string]Fault // by "METHOD /path" (SetRoute)
 	delay       time.Duration
 	seq         uint64
 	requests    int
@@ -184,6 +190,19 @@ func (g *FakeGuest) SetFault(op Op, path string, f Fault) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.faults[faultKey{op, path}] = f
+}
+
+// SetRoute makes the double answer every request of method on path (the
+// path alone, no query) with f, whatever it is: a route guestd has and
+// the double does not (sessions, files), or any answer a hostile guest
+// could give.
+func (g *FakeGuest) SetRoute(method, path string, f Fault) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.routes == nil {
+		g.routes = map[string]Fault{}
+	}
+	g.routes[method+" "+path] = f
 }
 
 // ClearFaults removes every fault.
@@ -250,6 +269,7 @@ func (g *FakeGuest) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.requests++
 	g.lastHeader = r.Header.Clone()
 	delay := g.delay
+	route, routed := g.routes[r.Method+" "+r.URL.Path]
 	g.mu.Unlock()
 	if delay > 0 {
 		select {
@@ -258,19 +278,30 @@ func (g *FakeGuest) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if routed {
+		writeFault(w, route)
+		return
+	}
 	data, err := g.route(r)
 	if err != nil {
 		var f *faultError
 		if errors.As(err, &f) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(f.Status)
-			_, _ = w.Write([]byte(f.Body))
+			writeFault(w, f.Fault)
 			return
 		}
 		jsend.Error(w, nil, r.Header.Get(jsend.HeaderRequestID), err)
 		return
 	}
 	jsend.Success(w, data)
+}
+
+func writeFault(w http.ResponseWriter, f Fault) {
+	w.Header().Set("Content-Type", "application/json")
+	for k, v := range f.Header {
+		w.Header().Set(k, v)
+	}
+	w.WriteHeader(f.Status)
+	_, _ = io.WriteString(w, f.Body)
 }
 
 type faultError struct{ Fault }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -37,6 +38,14 @@ const (
 const (
 	// MaxSessions is the most live (running) sessions of one sandbox.
 	MaxSessions = 64
+	// MaxSessionsListed is the most sessions guestd keeps, so lists: the
+	// live ones and the exited ones kept SessionKeep, of which those that
+	// ended first are forgotten past this many.
+	MaxSessionsListed = 256
+	// MaxSessionRecord bounds a session's record as JSON: the longest cmd
+	// written the longest way (MaxExecCmdBytes, every byte escaped as
+	// \u00XX, and MaxExecArgs quotes and commas), and 1 KiB for the rest.
+	MaxSessionRecord = 6*MaxExecCmdBytes + 3*MaxExecArgs + 1<<10
 	// SessionBuffer is how much of its latest output each session keeps
 	// for attachments that come later, in bytes.
 	SessionBuffer = 1 << 20
@@ -252,4 +261,107 @@ func ValidSessionID(id string) bool {
 		}
 	}
 	return true
+}
+
+// sessionRecordWire is a record as guestd writes it: pointers tell the
+// fields it always writes from those it leaves out.
+type sessionRecordWire struct {
+	ID          *string    `json:"id"`
+	Cmd         *[]string  `json:"cmd"`
+	TTY         *bool      `json:"tty"`
+	Detachable  *bool      `json:"detachable"`
+	State       *string    `json:"state"`
+	ExitCode    *int       `json:"exit_code"`
+	TimedOut    *bool      `json:"timed_out"`
+	Attached    *int       `json:"attached"`
+	CreatedAt   *time.Time `json:"created_at"`
+	EndedAt     *time.Time `json:"ended_at"`
+	OutputBytes *int64     `json:"output_bytes"`
+}
+
+// ParseSessionRecord decodes a session's record as guestd answers it, for
+// hostproxy, which does not trust the guest: at most MaxSessionRecord
+// bytes, one object with jsend.DecodeBytes's rules, every field guestd
+// writes (no sandbox: that is hostproxy's to add), an id of a session's
+// shape, cmd as a request's, a state, an exit code and end exactly when
+// exited, counts of 0 or more. So the record holds no more than its text
+// and cmd's strings' headers; and its text, checked, may be relayed as
+// it was sent (hostproxy does, with the sandbox's id added).
+func ParseSessionRecord(b []byte) (Session, error) {
+	if len(b) > MaxSessionRecord {
+		return Session{}, fmt.Errorf("session record of %d bytes, at most %d", len(b), MaxSessionRecord)
+	}
+	var w sessionRecordWire
+	if err := jsend.DecodeBytes(b, &w); err != nil {
+		return Session{}, fmt.Errorf("session record: %w", err)
+	}
+	if w.ID == nil || w.Cmd == nil || w.TTY == nil || w.Detachable == nil || w.State == nil ||
+		w.Attached == nil || w.CreatedAt == nil || w.OutputBytes == nil {
+		return Session{}, errors.New("session record: a field guestd always writes is missing")
+	}
+	if !ValidSessionID(*w.ID) {
+		return Session{}, fmt.Errorf("session record: id %.40q", *w.ID)
+	}
+	if err := checkCmd(*w.Cmd); err != nil {
+		return Session{}, fmt.Errorf("session record: %w", err)
+	}
+	exited := *w.State == SessionExited
+	switch {
+	case *w.State != SessionRunning && !exited:
+		return Session{}, fmt.Errorf("session record: state %.40q", *w.State)
+	case exited != (w.ExitCode != nil) || exited != (w.EndedAt != nil) || (!exited && w.TimedOut != nil && *w.TimedOut):
+		return Session{}, errors.New("session record: an exit code, end or timeout that does not go with its state")
+	case *w.Attached < 0 || *w.OutputBytes < 0:
+		return Session{}, errors.New("session record: a negative count")
+	}
+	rec := Session{
+		ID: *w.ID, Cmd: *w.Cmd, TTY: *w.TTY, Detachable: *w.Detachable, State: *w.State,
+		ExitCode: w.ExitCode, Attached: *w.Attached, CreatedAt: *w.CreatedAt, EndedAt: w.EndedAt,
+		OutputBytes: *w.OutputBytes,
+	}
+	if w.TimedOut != nil {
+		rec.TimedOut = *w.TimedOut
+	}
+	return rec, nil
+}
+
+// EachSession calls f with each record of a session list as guestd
+// answers it ({"sessions":[record…]}), as sent (raw: a slice of data)
+// and decoded, checked as ParseSessionRecord checks one, in order,
+// until f fails. A list of more than MaxSessionsListed records is
+// refused before its first is decoded: it decodes one record at a time,
+// so a list costs no more than its text and one record, however many
+// records it holds.
+func EachSession(data []byte, f func(raw []byte, rec Session) error) error {
+	var list []byte
+	err := jsend.EachMember(data, func(k, v []byte) error {
+		if string(k) != `"sessions"` || list != nil {
+			return fmt.Errorf("session list: member %.40s", k)
+		}
+		list = v
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if list == nil {
+		return errors.New("session list: no sessions")
+	}
+	n := 0
+	errTooMany := fmt.Errorf("session list: more than %d sessions", MaxSessionsListed)
+	if err := jsend.EachElement(list, func([]byte) error {
+		if n++; n > MaxSessionsListed {
+			return errTooMany
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("session list: %w", err)
+	}
+	return jsend.EachElement(list, func(b []byte) error {
+		rec, err := ParseSessionRecord(b)
+		if err != nil {
+			return err
+		}
+		return f(b, rec)
+	})
 }

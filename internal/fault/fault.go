@@ -43,6 +43,9 @@ const (
 	Unavailable
 	// InsufficientStorage is not enough free space to proceed safely (507).
 	InsufficientStorage
+	// BadGateway is an answer from a dependency that breaks its contract
+	// (502): a guest's answer that is not guestd's.
+	BadGateway
 )
 
 var kindNames = [...]string{
@@ -51,6 +54,7 @@ var kindNames = [...]string{
 	Conflict: "conflict", TooLarge: "too_large", UnsupportedMedia: "unsupported_media",
 	Unprocessable: "unprocessable", TooManyRequests: "too_many_requests",
 	Unavailable: "unavailable", InsufficientStorage: "insufficient_storage",
+	BadGateway: "bad_gateway",
 }
 
 func (k Kind) String() string {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -102,11 +103,28 @@ func New(dial Dial, lim Limits, budget *Budget) *Client {
 	}
 }
 
+// Hold takes one of the client's places for calls in flight (Limits.
+// Calls) for a stream the caller opens itself through HTTPClient or
+// StreamClient (an upgrade, a streamed body), for as long as it lasts:
+// so that every stream to the guest counts against one cap, whatever
+// opened it. It does not wait: ok is false when every place is taken.
+// release gives the place back; it may be called more than once.
+func (c *Client) Hold() (release func(), ok bool) {
+	if !c.calls.TryAcquire(1) {
+		return nil, false
+	}
+	var once sync.Once
+	return func() { once.Do(func() { c.calls.Release(1) }) }, true
+}
+
 // HTTPClient is an HTTP client of the guest's transport, for an upgrade
 // (a WebSocket): its answer's header is bounded as every call's, and
 // nothing else of the client's limits applies (the caller bounds what
-// the connection carries).
-func (c *Client) HTTPClient() *http.Client { return &http.Client{Transport: c.t} }
+// the connection carries). A redirect is the answer, never followed: a
+// guest must not send the host's requests again where it likes.
+func (c *Client) HTTPClient() *http.Client {
+	return &http.Client{Transport: c.t, CheckRedirect: noRedirects}
+}
 
 // StreamClient is HTTPClient for a request whose body and answer stream:
 // the answer's header must come within headerTimeout of the request's
@@ -114,8 +132,10 @@ func (c *Client) HTTPClient() *http.Client { return &http.Client{Transport: c.t}
 func (c *Client) StreamClient(headerTimeout time.Duration) *http.Client {
 	t := c.t.Clone()
 	t.ResponseHeaderTimeout = headerTimeout
-	return &http.Client{Transport: t}
+	return &http.Client{Transport: t, CheckRedirect: noRedirects}
 }
+
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // Request is one call.
 type Request struct {

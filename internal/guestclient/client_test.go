@@ -220,3 +220,38 @@ func TestRetryOnce(t *testing.T) {
 		t.Fatalf("the guest saw %d calls, want 3", seen)
 	}
 }
+
+// TestHoldCountsAgainstCalls: a stream held (an upgrade, a streamed
+// body) takes a place of the calls in flight, so the cap covers every
+// stream to the guest (issue 30: file transfers and attachments were
+// outside it); none is taken once every place is, and a place comes back
+// on release.
+func TestHoldCountsAgainstCalls(t *testing.T) {
+	dial := rawGuest(t, func(w io.Writer) { io.WriteString(w, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}") })
+	c := New(dial, Limits{Calls: 2, Timeout: 200 * time.Millisecond}, NewBudget(1<<20))
+	r1, ok1 := c.Hold()
+	r2, ok2 := c.Hold()
+	if !ok1 || !ok2 {
+		t.Fatal("two places of two not held")
+	}
+	if _, ok := c.Hold(); ok {
+		t.Fatal("a third place held")
+	}
+	if _, err := c.Do(context.Background(), Request{Method: "GET", Path: "/"}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a call with every place held: %v, want a deadline", err)
+	}
+	r1()
+	r1() // once only
+	if _, ok := c.Hold(); !ok {
+		t.Fatal("no place after a release")
+	}
+	if _, ok := c.Hold(); ok {
+		t.Fatal("a release counted twice")
+	}
+	r2()
+	a, err := c.Do(context.Background(), Request{Method: "GET", Path: "/"})
+	if err != nil {
+		t.Fatalf("a call with a place free: %v", err)
+	}
+	a.Release()
+}

@@ -12,7 +12,9 @@
 //     pieces when it has none, never past Limits.MaxAnswer (the call fails
 //     with ErrAnswerTooLarge);
 //   - calls in flight to one guest: Limits.Calls, a semaphore; more wait,
-//     up to their deadline;
+//     up to their deadline. A stream the caller opens itself (HTTPClient,
+//     StreamClient) takes a place too, for as long as it lasts (Hold),
+//     or is refused when there is none;
 //   - bytes of answers held at once: a Budget, which the clients of one
 //     sandbox share; a call waits for room, up to its deadline, and gives
 //     its bytes back when the caller releases the answer (Answer.Release);

@@ -19,6 +19,15 @@ import (
 // MaxBody is the largest request body the API accepts.
 const MaxBody = 16 << 10
 
+// MaxValues bounds the JSON values (objects, arrays, scalars) of a body
+// that DecodeBytes decodes. A body of MaxBody bytes cannot hold more
+// (each value takes a byte at least), so it matters to the larger bodies
+// of exec and sessions only, whose valid requests hold a few hundred:
+// decoded, every value is a structure (an 8 MiB list of empty strings
+// was 2.8 million strings, 150 MiB of heap), so a body is counted,
+// without allocating, before anything is decoded from it.
+const MaxValues = MaxBody
+
 // Errors of request decoding, shared by every server so that codes match.
 var (
 	ErrInvalidJSON      = fault.New(fault.Invalid, "invalid_json", "the request body must be exactly one JSON object")
@@ -88,6 +97,15 @@ func ReadBody(r *http.Request, limit int64, tooLarge error) ([]byte, error) {
 	if r.Body == nil {
 		return nil, nil
 	}
+	if n := r.ContentLength; n > 0 {
+		// Read into a buffer of its length: io.ReadAll grows one by
+		// doubling, and holds up to twice a large body while it reads.
+		body := make([]byte, n)
+		if _, err := io.ReadFull(r.Body, body); err != nil {
+			return nil, ErrInvalidJSON.Wrap(err)
+		}
+		return body, nil
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
 		return nil, ErrInvalidJSON.Wrap(err)
@@ -99,6 +117,8 @@ func ReadBody(r *http.Request, limit int64, tooLarge error) ([]byte, error) {
 }
 
 // DecodeBytes is DecodeObject's parser, apart so that it can be fuzzed.
+// A body of more than MaxValues values is invalid_json before it is
+// decoded.
 //
 // encoding/json alone is looser than the API: it matches field names
 // without regard to case, keeps the last of two equal keys and replaces
@@ -113,6 +133,9 @@ func DecodeBytes(body []byte, dst any) error {
 	}
 	if !wellFormedText(body) {
 		return ErrInvalidJSON.With("reason", "the body is not valid UTF-8 (or escapes half a surrogate pair)")
+	}
+	if countValues(body, MaxValues) > MaxValues {
+		return ErrInvalidJSON.With("reason", fmt.Sprintf("the body holds more than %d JSON values", MaxValues))
 	}
 	if err := checkKeys(body, reflect.TypeOf(dst)); err != nil {
 		return err

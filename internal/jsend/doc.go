@@ -1,6 +1,9 @@
 // Package jsend is the transport edge shared by guestd and hostproxy: it
 // writes JSend envelopes, maps fault kinds to HTTP statuses (the one place
 // in strata that does), and decodes request bodies under the API's rules.
+// What it takes from someone untrusted (a large body, a guest's fail) is
+// bounded before it is decoded, by a scanner that allocates nothing
+// (scan.go): encoding/json makes a structure of every value first.
 //
 // Success is 200 with {"status":"success","data":…}. A client error (4xx)
 // is {"status":"fail","data":{"code","message",…fields}}. A server error

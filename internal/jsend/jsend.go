@@ -39,6 +39,8 @@ func Status(k fault.Kind) int {
 		return http.StatusServiceUnavailable
 	case fault.InsufficientStorage:
 		return http.StatusInsufficientStorage
+	case fault.BadGateway:
+		return http.StatusBadGateway
 	default:
 		return http.StatusInternalServerError
 	}
@@ -58,13 +60,19 @@ func Success(w http.ResponseWriter, data any) {
 	write(w, http.StatusOK, map[string]any{"status": "success", "data": data})
 }
 
-// SuccessRaw writes data, valid JSON (ParseSuccess's), as the data of a
-// JSend success envelope, without copying it.
-func SuccessRaw(w http.ResponseWriter, data json.RawMessage) {
+// SuccessStream writes status with the data that write writes, valid
+// JSON, as the data of a JSend success envelope: for data made as it is
+// written, which nothing holds whole. An error of write's own (not one
+// of w's: a client gone is not told) breaks the answer off
+// (http.ErrAbortHandler): its envelope has begun, and the client must
+// not take a short answer for a whole one.
+func SuccessStream(w http.ResponseWriter, status int, write func(w io.Writer) error) {
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(status)
 	_, _ = io.WriteString(w, `{"status":"success","data":`)
-	_, _ = w.Write(data)
+	if err := write(w); err != nil {
+		panic(http.ErrAbortHandler)
+	}
 	_, _ = io.WriteString(w, "}\n")
 }
 
