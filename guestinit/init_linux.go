@@ -363,6 +363,11 @@ func (s *system) stage2() error {
 		_ = os.Chmod(dir.path, dir.mode)
 	}
 	s.linkVirtioPorts()
+	for path, v := range QuietSysctls() {
+		if err := os.WriteFile(path, []byte(v), 0); err != nil {
+			s.logf("sysctl %s: %v", path, err)
+		}
+	}
 	if err := unix.Sethostname([]byte(s.params.Hostname)); err != nil {
 		s.logf("sethostname: %v", err)
 	}

@@ -114,6 +114,14 @@ func TestPlans(t *testing.T) {
 	}
 }
 
+func TestQuietSysctls(t *testing.T) {
+	for path, v := range QuietSysctls() {
+		if !strings.HasPrefix(path, "/proc/sys/") || strings.Contains(path, "..") || v == "" {
+			t.Errorf("sysctl %s = %q", path, v)
+		}
+	}
+}
+
 func TestHuman(t *testing.T) {
 	for n, want := range map[uint64]string{0: "0B", 1023: "1023B", 1024: "1.0KiB", 3 << 29: "1.5GiB"} {
 		if got := human(n); got != want {

@@ -235,6 +235,12 @@ func (c Config) KernelCmdline() string {
 		// Microvm has no HPET or PM timer: TSC calibration against the
 		// PIT fails under load, and boots hang (VMM.md).
 		args = append(args, "tsc_early_khz="+strconv.Itoa(c.TSCKHz))
+		// TCG's TSC is QEMU's virtual clock, the same for every vCPU and
+		// never unstable: the clocksource watchdog, which woke the guest
+		// twice a second to compare it with nothing better, is off. So
+		// is the soft-lockup watchdog (every 4 s): under TCG on a busy
+		// host a vCPU may stall for seconds without being locked up.
+		args = append(args, "tsc=reliable", "nowatchdog")
 	}
 	return strings.Join(append(args, c.KernelArgs...), " ")
 }
