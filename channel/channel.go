@@ -65,6 +65,10 @@ type end struct {
 
 	incoming chan net.Conn
 	done     chan struct{}
+
+	// used is when a stream was last opened, either way (unix nanos):
+	// the host's heartbeat is spaced out while the channel is quiet.
+	used atomic.Int64
 }
 
 func newEnd(log *slog.Logger) *end {
@@ -76,6 +80,10 @@ func newEnd(log *slog.Logger) *end {
 
 // setSession publishes s as the current session (nil: none).
 func (e *end) setSession(s *session) {
+	if s != nil {
+		// A new session is in use: its first pings come at once.
+		e.used.Store(time.Now().UnixNano())
+	}
 	e.mu.Lock()
 	e.sess = s
 	close(e.changed)
@@ -95,6 +103,7 @@ func (e *end) Open(ctx context.Context) (net.Conn, error) {
 		if s != nil && !s.IsClosed() {
 			st, err := openStream(ctx, s)
 			if err == nil {
+				e.used.Store(time.Now().UnixNano())
 				return st, nil
 			}
 			if !errors.Is(err, yamux.ErrSessionShutdown) {
@@ -173,6 +182,7 @@ func (e *end) serve(s *session) {
 		if err != nil {
 			break
 		}
+		e.used.Store(time.Now().UnixNano())
 		select {
 		case e.incoming <- newStream(st, s.g):
 		case <-e.done:
@@ -373,7 +383,7 @@ func (h *Host) heartbeat(ctx context.Context, s *session, n uint64) bool {
 		select {
 		case <-s.CloseChan():
 			return false
-		case <-time.After(h.cfg.Heartbeat):
+		case <-time.After(h.interval(time.Now())):
 		}
 		res := make(chan error, 1)
 		go func() {
@@ -391,6 +401,26 @@ func (h *Host) heartbeat(ctx context.Context, s *session, n uint64) bool {
 			}
 		}
 	}
+}
+
+// The heartbeat of a quiet channel (no stream opened either way for
+// quietAfter heartbeats) is every quietEvery heartbeats: under TCG each
+// ping wakes the guest and costs its QEMU host CPU (about a third of an
+// idle sandbox's), and a guest nobody uses has nobody waiting on it. A
+// dead guestd is then found within quietEvery heartbeats and a
+// PingTimeout, where a channel in use finds it within one and a
+// PingTimeout.
+const (
+	quietAfter = 10
+	quietEvery = 5
+)
+
+// interval is the wait before the next ping at now.
+func (h *Host) interval(now time.Time) time.Duration {
+	if now.Sub(time.Unix(0, h.used.Load())) > quietAfter*h.cfg.Heartbeat {
+		return quietEvery * h.cfg.Heartbeat
+	}
+	return h.cfg.Heartbeat
 }
 
 // maxUnsure is how many rounds in a row a look at the CPUs (Stalled) may
@@ -523,44 +553,59 @@ func ListenGuest(open func() (io.ReadWriteCloser, error), log *slog.Logger) *Gue
 	return g
 }
 
-// The guest's wait between two opens of its port while no host end is
-// connected: the first is reopenFirst, each one after a try that got no
-// session doubles, up to reopenMost.
+// The guest's wait between two opens of its port that failed: the first
+// is reopenFirst, each one after a try that got no session doubles, up
+// to reopenMost. A port that can wait for its host end (Port) waits
+// instead, at most hostWaitMost at a time.
 const (
-	reopenFirst = 10 * time.Millisecond
-	reopenMost  = time.Second
+	reopenFirst  = 10 * time.Millisecond
+	reopenMost   = time.Second
+	hostWaitMost = 5 * time.Second
 )
+
+// hostWaiter is a port that can wait for its host end to connect (Port).
+type hostWaiter interface {
+	AwaitHost(ctx context.Context, d time.Duration)
+}
 
 func (g *Guest) run(ctx context.Context) {
 	wait := reopenFirst
 	for ctx.Err() == nil {
 		port, err := g.open()
 		if err == nil {
-			var s *session
-			hs, serr := guestHandshake(port)
-			if serr == nil {
-				var ys *yamux.Session
-				ys, serr = yamux.Server(hs, config(g.log))
-				s = &session{Session: ys}
-			}
-			if serr == nil {
-				stop := context.AfterFunc(ctx, func() { s.Close() })
-				g.serve(s)
-				stop()
-				// A session was had: the host may be back at once
-				// (a reset), so the next try comes soon.
-				wait = reopenFirst
+			for ctx.Err() == nil {
+				var s *session
+				hs, serr := guestHandshake(port)
+				if serr == nil {
+					var ys *yamux.Session
+					ys, serr = yamux.Server(hs, config(g.log))
+					s = &session{Session: ys}
+				}
+				if serr == nil {
+					stop := context.AfterFunc(ctx, func() { s.Close() })
+					g.serve(s)
+					stop()
+					// A session was had: the port is opened again (its
+					// close drops what the dead session left in it), at
+					// once (the host may be back at once: a reset).
+					wait = reopenFirst
+					break
+				}
+				// With no host end connected the port reads EOF at
+				// once. Each open and close, and each read, is a message
+				// or an exit to QEMU, which under TCG costs the host real
+				// CPU: a guest whose hostproxy is stopped keeps its port
+				// open and sleeps until a host end connects.
+				w, ok := port.(hostWaiter)
+				if !ok || !errors.Is(serr, io.EOF) {
+					break
+				}
+				w.AwaitHost(ctx, hostWaitMost)
 			}
 			port.Close()
 		} else {
 			g.log.Debug("channel port", "err", err)
 		}
-		// With no host end connected the port reads EOF at once. Each
-		// open and close is a message to QEMU, which under TCG costs the
-		// host real CPU: while the host stays away (hostproxy stopped),
-		// the tries thin out to one a second, so an idle guest with no
-		// host costs next to nothing, and finds a host that comes back
-		// within a second.
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):

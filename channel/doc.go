@@ -15,17 +15,20 @@
 //     session; Open waits for one up to its context;
 //   - Guest opens the port by its name (/sys/class/virtio-ports/*/name; no
 //     udev is needed), and reopens it whenever it reads EOF, which is what
-//     the port gives while no host end is connected: at once after a
-//     session, then ever less often while the host stays away (10 ms
-//     doubling to 1 s: each open is a message to QEMU, and a guest whose
-//     hostproxy is stopped must cost the host nothing);
+//     the port gives while no host end is connected; while none is, it
+//     keeps the port open and sleeps until the kernel's SIGIO says a
+//     host end connected (Port.AwaitHost: each open, close and read is a
+//     message to QEMU, and a guest whose hostproxy is stopped must cost
+//     the host nothing);
 //   - both ends are net.Listeners of the streams the other end opens.
 //
 // What it does not do: it does not speak HTTP, authenticate, or time
 // requests out (a stream is a net.Conn: callers set deadlines).
 // yamux's keep-alives are off: a paused guest must not have its session
 // closed under it. The host's own heartbeat (HostConfig.Heartbeat) pings
-// the guest one ping at a time; a ping unanswered while the guest's CPUs
+// the guest one ping at a time, five times less often while no stream
+// has been opened for ten heartbeats (each ping wakes a guest that may
+// be idle, which under TCG costs its QEMU host CPU); a ping unanswered while the guest's CPUs
 // run (HostConfig.Stalled asks; a look that fails or is slow counts as
 // stopped a few rounds in a row at most) resets the session, for a guestd that was
 // killed and started again waits for a handshake that a live session

@@ -70,7 +70,8 @@ type Config struct {
 	// memory snapshot records it and loads only into the same.
 	QEMUVersion string
 	// Heartbeat is how often the host pings each guest through its
-	// channel (1 s when zero; negative: never), and PingTimeout how long
+	// channel (1 s when zero; negative: never; five times less often
+	// while the channel is quiet: package channel), and PingTimeout how long
 	// a ping of a guest whose CPUs run may go unanswered before its
 	// channel is reset and the sandbox is unresponsive (3 s when zero).
 	Heartbeat, PingTimeout time.Duration
