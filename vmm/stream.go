@@ -23,8 +23,10 @@ const streamJob = "compact"
 // give it: the disk the guest sees never changes, whether the job
 // completes, fails or is cancelled (ctx). A cancelled or failed job
 // leaves the chain as it was; the layers it did not drop are still read.
-// Streaming waits for a guest in prelaunch (-S): QEMU runs no block job
-// there.
+// A machine started with Incoming cannot stream before its state is
+// loaded: its images are inactive and QEMU refuses the job ("Inactive
+// ... can't be a file child of active ..."); in prelaunch otherwise (-S,
+// images active) the job runs to its end (QEMU 10.0.2, TestRebaseDisk).
 func (m *qemuMachine) StreamDisk(ctx context.Context, base Layer, drop []string) error {
 	if !ValidNode(base.Node) {
 		return fmt.Errorf("stream base node %q is not valid", base.Node)
