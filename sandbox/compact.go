@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"strata/internal/failpoint"
 	"strata/vmm"
 )
 
@@ -38,10 +39,21 @@ import (
 //     unpinned layers right under it becomes one new layer A' (a copy of
 //     A, rebased with qemu-img in safe mode onto what is under the run,
 //     which copies the run's data into it), and every chain of the
-//     sandbox's snapshots that reads A names A' instead. Only when every chain that reads A
-//     or the run is such a snapshot chain or the sandbox's live chain (no
-//     other sandbox's, saved state's or template's, no snapshot not yet
-//     ready): the move must free them.
+//     sandbox's snapshots that reads A names A' instead; so does the
+//     live chain when it reads A over the run ([T…, A, run…, below…]
+//     becomes [T…, A', below…]). A and the run are then named by nothing
+//     and collected: the disk's data is stored once. Only when every
+//     chain that reads A or the run is such a snapshot chain or the
+//     sandbox's live chain (no other sandbox's, saved state's or
+//     template's, no snapshot not yet ready), and the live chain can
+//     move now: where no QEMU reads it, in its record alone (a boot
+//     spells the chain out from the record), and a running QEMU switches
+//     to A' first (vmm RebaseDisk: A' added read-only, the layer above A
+//     reopened over it, A and the run dropped). A sandbox whose QEMU can
+//     do neither (unresponsive) keeps its merge for a later compaction:
+//     merged while the live chain went on reading A and the run, their
+//     data would be stored twice, and a stream would then copy it into
+//     the live top once more (issue 30).
 //   - stream: the live chain [T, L1 … Ln] becomes [T, Lk … Ln], Lk the
 //     first pinned layer under T (another chain holds it and what is
 //     under it), or [T] over the base image when there is none. A
@@ -52,17 +64,18 @@ import (
 //
 // Bound (docs/design.md): each layer has one layer under it in every
 // chain that reads it, so a sandbox's chains form a tree whose leaves
-// are chain tops. Once compaction has run, every layer of a chain below
-// its top is pinned (merges leave no unpinned layer under a pinned one
-// in a snapshot's chain, a stream none under the live top): a top or a
-// branch point of the tree. A tree with C leaves has at most C-1 branch
-// points, so with C chains (S snapshots, the live disk, and the layers
-// of a saved state's disk, which no move rewrites until the resume) no
-// chain holds more than 2C-1 layers over the base image; a linear
-// history (no restore to an older snapshot) has no branch point and
-// holds at most 1+S. Layers shared with another sandbox (a fork's chains
-// read its source's snapshot) are never rewritten and add their own
-// depth.
+// are chain tops. Once compaction has run (with the sandbox's QEMU
+// running or gone: a merge the live chain reads waits otherwise), every
+// layer of a chain below its top is pinned (merges leave no unpinned
+// layer under a pinned one in a snapshot's chain or the live chain, a
+// stream none under the live top): a top or a branch point of the tree.
+// A tree with C leaves has at most C-1 branch points, so with C chains
+// (S snapshots, the live disk, and the layers of a saved state's disk,
+// which no move rewrites until the resume) no chain holds more than 2C-1
+// layers over the base image; a linear history (no restore to an older
+// snapshot) has no branch point and holds at most 1+S. Layers shared
+// with another sandbox (a fork's chains read its source's snapshot) are
+// never rewritten and add their own depth.
 //
 // Races: compaction holds the sandbox like an operation (no lifecycle
 // operation begins while it runs; one that wants to waits a bounded time,
@@ -74,6 +87,30 @@ import (
 // disk: QEMU's chains are spelled out at each boot (never taken from the
 // files' backing names), and a stream only adds data that the top's
 // backing layers give it already.
+//
+// Crashes and a running QEMU: collect deletes every file no record
+// names, and knows nothing of QEMUs; so a file a running QEMU reads is
+// named by a record at every step. A stream names the short chain only
+// once QEMU has dropped the streamed layers. A merge that moves a
+// running sandbox's live chain names A' in the snapshots' chains first
+// (vm.compact.merged: the QEMU reads A and the run, which the live chain
+// still names), then has the QEMU switch (vm.compact.switched: it reads
+// A', which the snapshots name; A and the run are still named), and
+// only then takes A and the run out of the live chain. A crash between
+// the two updates leaves the live chain naming A and the run: the disk
+// it reads is the same as over A' (the adopted QEMU reads either), and
+// nothing a QEMU reads is collected; but the next compaction finds A and
+// the run read by the live chain alone and streams them into its top
+// (a QEMU already on A' streams A' instead), and their data is stored
+// twice until the snapshots that read A' go. A switch that fails leaves
+// the same. A sandbox with no QEMU has its live chain moved in the same
+// update as the snapshots'.
+
+// The crash points of a merge that moves a running sandbox's live chain.
+const (
+	FailpointMergeNamed    = "vm.compact.merged"   // the snapshots (and a stopped sandbox's live chain) name the merged layer
+	FailpointMergeSwitched = "vm.compact.switched" // the running QEMU reads the merged layer, its record not yet
+)
 
 // compactYield is how long an operation on a sandbox waits for its
 // compaction to finish before it cancels it.
@@ -92,13 +129,15 @@ type compaction struct {
 // merge replaces Top and the layers of Run (unpinned, right under Top)
 // with one new layer over Below (a chain, top first; empty: the base
 // image) in the chains of Snapshots, which all read Top over Run and
-// Below.
+// Below, and in the live chain when Live (it reads them so too, under
+// a layer of its own).
 type merge struct {
 	Snapshot  string // the snapshot whose top Top is, if one's
 	Top       string
 	Run       []string
 	Below     []string
 	Snapshots []string
+	Live      bool
 }
 
 // stream shortens the live chain Chain to Chain[0] over Chain[Keep:]
@@ -152,11 +191,12 @@ func heldChains(records []Record) []heldChain {
 	return cs
 }
 
-// planCompaction is the next move on sandbox id's chains: a merge first
-// (it frees layers the live chain may still read, so that the stream
-// after it can drop them), then a stream, which only when streamable (a
-// running or stopped sandbox with no saved state waiting on its disk).
-func planCompaction(records []Record, id string, streamable bool) compaction {
+// planCompaction is the next move on sandbox id's chains: a merge first,
+// then a stream, which only when streamable (a running or stopped
+// sandbox with no saved state waiting on its disk). A merge whose layers
+// the live chain reads moves the live chain too, and waits unless
+// movable (no QEMU reads the chain, or a running one that can switch).
+func planCompaction(records []Record, id string, streamable, movable bool) compaction {
 	i := slices.IndexFunc(records, func(r Record) bool { return r.ID == id })
 	if i < 0 || records[i].Machine == nil {
 		return compaction{}
@@ -177,7 +217,7 @@ func planCompaction(records []Record, id string, streamable bool) compaction {
 			if n == p+1 {
 				continue
 			}
-			if mg, ok := planMerge(chains, id, c.Layers[p:], n-p); ok {
+			if mg, ok := planMerge(chains, id, c.Layers[p:], n-p, movable); ok {
 				return compaction{Merge: &mg}
 			}
 			p = n - 1
@@ -212,17 +252,24 @@ func planCompaction(records []Record, id string, streamable bool) compaction {
 // snapshot's chain, its first layer pinned) with the n-1 unpinned layers
 // under it, if every chain that reads any of them is a rewritable
 // snapshot chain of the sandbox reading them the same way, or its live
-// chain (which a stream then shortens).
-func planMerge(chains []heldChain, id string, chain []string, n int) (merge, bool) {
+// chain reading them so under its own top, and movable: a merge that
+// left the live chain on the old layers would store them twice (merged,
+// and where the live chain reads them, which a stream then copies into
+// its top once more).
+func planMerge(chains []heldChain, id string, chain []string, n int, movable bool) (merge, bool) {
 	mg := merge{Top: chain[0], Run: slices.Clone(chain[1:n]), Below: slices.Clone(chain[n:])}
 	for _, o := range chains {
-		if o.Live && o.Sandbox == id {
-			continue
-		}
 		if !slices.ContainsFunc(chain[:n], func(l string) bool { return slices.Contains(o.Layers, l) }) {
 			continue
 		}
 		at := slices.Index(o.Layers, mg.Top)
+		if o.Live && o.Sandbox == id {
+			if !movable || at < 1 || !slices.Equal(o.Layers[at:], chain) || hasDuplicates(o.Layers) {
+				return merge{}, false
+			}
+			mg.Live = true
+			continue
+		}
 		if o.Sandbox != id || o.Snapshot == "" || o.Fixed || at < 0 || !slices.Equal(o.Layers[at:], chain) {
 			return merge{}, false
 		}
@@ -413,10 +460,16 @@ func (m *Manager) compact(ctx context.Context, id string) error {
 		running := mc != nil && r.State == Running
 		stopped := mc == nil && (r.State == Stopped || r.State == Error)
 		streamable := r.Machine != nil && r.Machine.Saved == "" && !r.Machine.FreshTop && (running || stopped)
-		plan := planCompaction(records, id, streamable)
+		// The live chain moves onto a merged layer in the record alone
+		// where no QEMU reads it (the next boot spells out the record's
+		// chain), or with its QEMU where one runs (RebaseDisk).
+		movable := running || mc == nil && r.Machine != nil && r.Machine.Process == nil
+		plan := planCompaction(records, id, streamable, movable)
 		switch {
+		case plan.Merge != nil && running:
+			err = m.merge(ctx, r, *plan.Merge, mc)
 		case plan.Merge != nil:
-			err = m.merge(ctx, r, *plan.Merge)
+			err = m.merge(ctx, r, *plan.Merge, nil)
 		case plan.Stream != nil && running:
 			err = m.streamLive(ctx, mc, r, *plan.Stream)
 		case plan.Stream != nil:
@@ -435,8 +488,10 @@ func (m *Manager) compact(ctx context.Context, id string) error {
 }
 
 // merge makes the merged layer (outside the records, a work file collect
-// leaves alone while it is made), then names it in the snapshots' chains.
-func (m *Manager) merge(ctx context.Context, r Record, mg merge) error {
+// leaves alone while it is made), then names it in the snapshots' chains
+// and, when the merge moves it, the live chain: in the same update where
+// no QEMU runs (mc nil), else after mc's QEMU has switched to it.
+func (m *Manager) merge(ctx context.Context, r Record, mg merge, mc *machine) error {
 	t0 := time.Now()
 	id := newFileID()
 	work := m.layerPath(id) + ".tmp"
@@ -457,18 +512,38 @@ func (m *Manager) merge(ctx context.Context, r Record, mg merge) error {
 	if err := syncFile(work); err != nil {
 		return err
 	}
+	n, live, moved, err := m.nameMerged(ctx, r.ID, mg, id, work, mc == nil)
+	if err != nil {
+		return err
+	}
+	failpoint.Hit(FailpointMergeNamed)
+	m.log.Info("snapshot layers merged", "sandbox", r.ID, "snapshot", mg.Snapshot, "layers", 1+len(mg.Run), "into", id, "snapshots", n, "live", moved, "took", time.Since(t0).Round(time.Millisecond))
+	switch {
+	case moved:
+		m.nameInHeader(ctx, r.ID, live, mg, id)
+	case mc != nil && live != nil:
+		return m.switchLive(ctx, mc, r, mg, live, id)
+	}
+	return nil
+}
+
+// nameMerged renames the work file into the store as layer id and names
+// it in the chains of the merge's snapshots, and in the live chain too
+// when withLive (no QEMU reads it: moved says it did). It returns how
+// many snapshot chains it rewrote and the live chain as it was, when the
+// merge moves it and it reads the merged layers as planned (else nil).
+func (m *Manager) nameMerged(ctx context.Context, sandboxID string, mg merge, id, work string, withLive bool) (n int, live []string, moved bool, err error) {
 	m.storeMu.RLock()
 	defer m.storeMu.RUnlock()
 	if err := os.Rename(work, m.layerPath(id)); err != nil {
-		return err
+		return 0, nil, false, err
 	}
 	if err := syncDir(m.storeDir()); err != nil {
-		return err
+		return 0, nil, false, err
 	}
 	size := allocated(m.layerPath(id))
-	changed := 0
-	_, err := m.cfg.Records.Update(context.WithoutCancel(ctx), r.ID, func(rec *Record) error {
-		changed = 0
+	_, err = m.cfg.Records.Update(context.WithoutCancel(ctx), sandboxID, func(rec *Record) error {
+		n, live, moved = 0, nil, false
 		for i := range rec.Snapshots {
 			s := &rec.Snapshots[i]
 			if !slices.Contains(mg.Snapshots, s.ID) || s.Status != SnapshotReady || s.Template != nil {
@@ -477,22 +552,88 @@ func (m *Manager) merge(ctx context.Context, r Record, mg merge) error {
 			if d, ok := mg.apply(s.Disk, id); ok {
 				s.Disk = d
 				if s.ID == mg.Snapshot {
+					// Its own layer is the merged one now: the run's
+					// data with its own.
 					s.SizeBytes += size - allocated(m.layerPath(mg.Top))
 				}
-				changed++
+				n++
+			}
+		}
+		if n == 0 || !mg.Live || rec.Machine == nil {
+			return nil
+		}
+		if d, ok := mg.apply(rec.Machine.Disk, id); ok {
+			live = slices.Clone(rec.Machine.Disk)
+			if withLive && rec.Machine.Process == nil {
+				rec.Machine.Disk, moved = d, true
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return err // the file goes with the next collect, if no record names it
+		return 0, nil, false, err // the file goes with the next collect, if no record names it
 	}
-	if changed == 0 {
+	if n == 0 {
 		os.Remove(m.layerPath(id)) // named nowhere (storeMu still held)
-		return fmt.Errorf("merge of %s: the snapshots' chains changed under it", mg.Top)
+		return 0, nil, false, fmt.Errorf("merge of %s: the snapshots' chains changed under it", mg.Top)
 	}
-	m.log.Info("snapshot layers merged", "sandbox", r.ID, "snapshot", mg.Snapshot, "layers", 1+len(mg.Run), "into", id, "snapshots", changed, "took", time.Since(t0).Round(time.Millisecond))
+	return n, live, moved, nil
+}
+
+// switchLive moves a running sandbox's live chain onto the merged layer
+// id: its QEMU first (RebaseDisk: the merged layer, which the snapshots
+// name already, under the layer above Top), then the record, if its live
+// chain is still live. Until the record says so the old layers stay
+// named, so collect keeps every file the QEMU reads whatever the step a
+// crash ends.
+func (m *Manager) switchLive(ctx context.Context, mc *machine, r Record, mg merge, live []string, id string) error {
+	t0 := time.Now()
+	full := m.chain(&Machine{Disk: live, BaseDisk: r.Machine.BaseDisk})
+	at := slices.Index(live, mg.Top)
+	end := at + 1 + len(mg.Run)
+	var drop []string
+	for _, l := range full[at:end] {
+		drop = append(drop, l.Node)
+	}
+	next, _ := mg.apply(live, id)
+	onto := vmm.Layer{Node: "l" + id, Path: m.layerPath(id)}
+	// Not cancelled half-way (QEMU may have switched when a cancel
+	// ends the wait for its answer): a reopen takes no time to speak of.
+	if err := mc.vm.RebaseDisk(context.WithoutCancel(ctx), full[at-1].Node, onto, full[end].Node, drop); errors.Is(err, vmm.ErrNotDropped) {
+		m.log.Warn("disk chain switched to a merged layer, replaced layers left open", "sandbox", r.ID, "err", err)
+	} else if err != nil {
+		return fmt.Errorf("live chain left on the layers merged into %s: %w", id, err)
+	}
+	failpoint.Hit(FailpointMergeSwitched)
+	moved := false
+	if _, err := m.cfg.Records.Update(context.WithoutCancel(ctx), r.ID, func(rec *Record) error {
+		moved = false
+		if rec.Machine != nil && slices.Equal(rec.Machine.Disk, live) {
+			rec.Machine.Disk, moved = next, true
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if !moved {
+		return fmt.Errorf("merge of %s: the live chain changed while its QEMU switched", mg.Top)
+	}
+	m.log.Info("disk chain switched to a merged layer", "sandbox", r.ID, "layer", id, "replaced", len(drop), "took", time.Since(t0).Round(time.Millisecond))
 	return nil
+}
+
+// nameInHeader writes the merged layer's path as the backing file into
+// the header of the live chain's top, when the top is the layer above
+// the merged one (the record moved the chain; no QEMU runs): only tools
+// reading the file alone follow it. A frozen layer's header is left.
+func (m *Manager) nameInHeader(ctx context.Context, sandboxID string, live []string, mg merge, id string) {
+	if slices.Index(live, mg.Top) != 1 {
+		return
+	}
+	out, err := exec.CommandContext(ctx, "qemu-img", "rebase", "-q", "-u", "-f", "qcow2", "-b", m.layerPath(id), "-F", "qcow2", m.layerPath(live[0])).CombinedOutput()
+	if err != nil {
+		m.log.Warn("the top's header still names a merged layer", "sandbox", sandboxID, "top", live[0], "err", err, "out", string(bytes.TrimSpace(out)))
+	}
 }
 
 // streamLive has the running QEMU merge the live chain's dropped layers

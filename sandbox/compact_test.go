@@ -21,6 +21,7 @@ func TestPlanCompaction(t *testing.T) {
 		name       string
 		records    []Record
 		streamable bool
+		unmovable  bool // a QEMU reads the live chain and cannot switch now
 		want       compaction
 	}{
 		{
@@ -50,9 +51,27 @@ func TestPlanCompaction(t *testing.T) {
 			records: []Record{vm("a", []string{"t", "p2", "p1"})},
 		},
 		{
-			name:       "a deleted snapshot's top under a kept one is merged into a copy of the kept top",
+			name:       "a deleted snapshot's top under a kept one is merged into a copy of the kept top, and the live chain moves onto it",
 			records:    []Record{vm("a", []string{"t", "s2", "s1"}, ready("v2", "s2", "s1"))},
 			streamable: true,
+			want:       compaction{Merge: &merge{Snapshot: "v2", Top: "s2", Run: []string{"s1"}, Below: []string{}, Snapshots: []string{"v2"}, Live: true}},
+		},
+		{
+			name:       "a stopped or paused sandbox's live chain moves too (its record alone)",
+			records:    []Record{vm("a", []string{"t", "s2", "s1"}, ready("v2", "s2", "s1"))},
+			streamable: false,
+			want:       compaction{Merge: &merge{Snapshot: "v2", Top: "s2", Run: []string{"s1"}, Below: []string{}, Snapshots: []string{"v2"}, Live: true}},
+		},
+		{
+			name:      "a merge the live chain reads waits while its QEMU can neither switch nor is gone",
+			records:   []Record{vm("a", []string{"t", "s2", "s1"}, ready("v2", "s2", "s1"))},
+			unmovable: true,
+		},
+		{
+			name:       "a merge the live chain does not read leaves it",
+			records:    []Record{vm("a", []string{"t", "x"}, ready("v2", "s2", "s1"))},
+			streamable: true,
+			unmovable:  true,
 			want:       compaction{Merge: &merge{Snapshot: "v2", Top: "s2", Run: []string{"s1"}, Below: []string{}, Snapshots: []string{"v2"}}},
 		},
 		{
@@ -60,7 +79,14 @@ func TestPlanCompaction(t *testing.T) {
 			records: []Record{vm("a", []string{"t", "s3", "s2", "s1"},
 				ready("v2", "s2", "s1"), ready("v3", "s3", "s2", "s1"))},
 			streamable: true,
-			want:       compaction{Merge: &merge{Snapshot: "v2", Top: "s2", Run: []string{"s1"}, Below: []string{}, Snapshots: []string{"v2", "v3"}}},
+			want:       compaction{Merge: &merge{Snapshot: "v2", Top: "s2", Run: []string{"s1"}, Below: []string{}, Snapshots: []string{"v2", "v3"}, Live: true}},
+		},
+		{
+			name: "the live chain moves under a snapshot's top of its own, and keeps what is under the run",
+			records: []Record{vm("a", []string{"t", "s4", "s3", "s2", "s1"},
+				ready("v1", "s1"), ready("v3", "s3", "s2", "s1"), ready("v4", "s4", "s3", "s2", "s1"))},
+			streamable: true,
+			want:       compaction{Merge: &merge{Snapshot: "v3", Top: "s3", Run: []string{"s2"}, Below: []string{"s1"}, Snapshots: []string{"v3", "v4"}, Live: true}},
 		},
 		{
 			name: "a fork reading the run keeps the chain as it is",
@@ -94,7 +120,7 @@ func TestPlanCompaction(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := planCompaction(tc.records, "a", tc.streamable)
+			got := planCompaction(tc.records, "a", tc.streamable, !tc.unmovable)
 			if fmt.Sprint(describe(got)) != fmt.Sprint(describe(tc.want)) {
 				t.Fatalf("plan = %s, want %s", describe(got), describe(tc.want))
 			}
@@ -202,7 +228,9 @@ func (m *chainModel) compact(t *testing.T) {
 				frozen[l] = m.disk([]string{l})
 			}
 		}
-		plan := planCompaction([]Record{m.rec}, m.rec.ID, !m.paused)
+		// A paused sandbox has no QEMU: its live chain moves in its
+		// record alone; a running one's QEMU switches.
+		plan := planCompaction([]Record{m.rec}, m.rec.ID, !m.paused, true)
 		switch {
 		case plan.Merge != nil:
 			mg := *plan.Merge
@@ -220,6 +248,13 @@ func (m *chainModel) compact(t *testing.T) {
 			}
 			if n == 0 {
 				t.Fatalf("merge %+v rewrote no chain", mg)
+			}
+			if mg.Live {
+				d, ok := mg.apply(m.rec.Machine.Disk, made)
+				if !ok {
+					t.Fatalf("merge %+v moves a live chain that does not read it: %v", mg, m.rec.Machine.Disk)
+				}
+				m.rec.Machine.Disk = d
 			}
 		case plan.Stream != nil:
 			st := *plan.Stream
@@ -245,6 +280,27 @@ func (m *chainModel) compact(t *testing.T) {
 		}
 	}
 	t.Fatal("compaction does not end")
+}
+
+// checkOnce checks that compaction stored nothing twice: every block is
+// held by one layer at most of those the records name (a move copies
+// blocks into a layer only as it frees the layers they came from).
+func (m *chainModel) checkOnce(t *testing.T) {
+	named := map[string]bool{}
+	for _, chain := range append(disks(m.rec.Snapshots), m.rec.Machine.Disk, m.rec.Machine.LoadDisk) {
+		for _, l := range chain {
+			named[l] = true
+		}
+	}
+	holder := map[string]string{}
+	for _, l := range slices.Sorted(maps.Keys(named)) {
+		for b := range m.blocks[l] {
+			if h, ok := holder[b]; ok {
+				t.Fatalf("block %s is stored in layers %s and %s (live %v, load %v, snapshots %+v)", b, h, l, m.rec.Machine.Disk, m.rec.Machine.LoadDisk, m.rec.Snapshots)
+			}
+			holder[b] = l
+		}
+	}
 }
 
 // checkBound checks the bound docs/design.md states, once compaction has
@@ -293,11 +349,13 @@ func TestCompactionCycles(t *testing.T) {
 			m.compact(t)
 		}
 		m.checkBound(t)
+		m.checkOnce(t)
 	}
 	for range 200 {
 		m.do(3)
 		m.compact(t)
 		m.checkBound(t)
+		m.checkOnce(t)
 	}
 	if n := len(m.rec.Machine.Disk); n > 2 || len(m.rec.Snapshots) != 1 || len(m.rec.Snapshots[0].Disk) != 1 {
 		t.Fatalf("after the cycles: live %v, snapshots %+v", m.rec.Machine.Disk, m.rec.Snapshots)
@@ -307,7 +365,7 @@ func TestCompactionCycles(t *testing.T) {
 // FuzzPlanCompaction drives a sandbox through snapshots, deletes, pauses,
 // resumes and restores, compacting after each step: no move changes the
 // disk any chain reads or writes a layer a snapshot holds, compaction
-// ends, and the chains stay within the bound.
+// ends, the chains stay within the bound, and no data is stored twice.
 func FuzzPlanCompaction(f *testing.F) {
 	f.Add([]byte{0, 2, 0, 2, 0, 0, 3, 3, 4, 2})
 	f.Add([]byte{0, 0, 0, 0, 2, 2, 2, 4, 4})
@@ -320,6 +378,7 @@ func FuzzPlanCompaction(f *testing.F) {
 			m.do(op)
 			m.compact(t)
 			m.checkBound(t)
+			m.checkOnce(t)
 		}
 	})
 }

@@ -179,6 +179,7 @@ type fakeMachine struct {
 	saves     atomic.Int32 // Save calls begun
 	streams   atomic.Int32 // StreamDisk calls begun
 	streamed  atomic.Int32 // StreamDisk calls completed
+	rebases   atomic.Int32 // RebaseDisk calls completed
 	topMu     sync.Mutex
 	top       string       // the disk's top node
 	shutdowns atomic.Int32 // POST /v1/shutdown received
@@ -577,6 +578,22 @@ func (m *fakeMachine) StreamDisk(ctx context.Context, base vmm.Layer, drop []str
 		}
 	}
 	m.streamed.Add(1)
+	return nil
+}
+
+// RebaseDisk checks what a QEMU would: the new layer is a file, and the
+// node above and the dropped ones are named; the top stays the top.
+func (m *fakeMachine) RebaseDisk(ctx context.Context, above string, onto vmm.Layer, backing string, drop []string) error {
+	if m.exited() {
+		return errors.New("fake qemu: exited")
+	}
+	if _, err := os.Stat(onto.Path); err != nil {
+		return fmt.Errorf("fake qemu: rebase onto: %w", err)
+	}
+	if !vmm.ValidNode(above) || !vmm.ValidNode(backing) || len(drop) == 0 {
+		return fmt.Errorf("fake qemu: rebase of %q over %q onto %q, dropping %v", above, backing, onto.Node, drop)
+	}
+	m.rebases.Add(1)
 	return nil
 }
 

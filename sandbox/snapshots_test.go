@@ -598,8 +598,8 @@ func TestPauseHoldsNoStoreLock(t *testing.T) {
 }
 
 // TestCompactionBoundsTheChain: snapshots each followed by the delete of
-// the one before, on a running sandbox (its QEMU streams) and on a
-// stopped one (qemu-img rebases its top), leave chains within the bound
+// the one before, on a running sandbox (its QEMU switches to the merged
+// layer) and on a stopped one (its record alone), leave chains within the bound
 // and a store of a fixed size. (Regression: every snapshot added a layer
 // for good; 2 snapshots kept, 31 layers.)
 func TestCompactionBoundsTheChain(t *testing.T) {
@@ -620,8 +620,8 @@ func TestCompactionBoundsTheChain(t *testing.T) {
 		}
 	}
 	cycles(40)
-	if h.drv.last("sb-1").streams.Load() == 0 {
-		t.Error("the running QEMU never streamed")
+	if h.drv.last("sb-1").rebases.Load() == 0 {
+		t.Error("the running QEMU never switched to a merged layer")
 	}
 	rep := checkStore(t, m)
 	if _, err := m.Stop(ctx, "sb-1"); err != nil {
@@ -629,7 +629,7 @@ func TestCompactionBoundsTheChain(t *testing.T) {
 	}
 	cycles(20)
 	r := waitChain(t, h, "sb-1")
-	for _, move := range []string{"disk chain streamed", "disk chain rebased", "snapshot layers merged"} {
+	for _, move := range []string{"disk chain switched to a merged layer", "snapshot layers merged"} {
 		if !strings.Contains(h.logs.String(), move) {
 			t.Errorf("no %q in the log", move)
 		}
@@ -675,9 +675,10 @@ func TestSnapshotWaitsForCompaction(t *testing.T) {
 	h.drv.setPlan(plan{streamGate: gate})
 	h.running(m, "sb-1")
 	fm := h.drv.last("sb-1")
-	v1 := takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: false})
+	// The newer one goes: its top, unpinned, is streamed into the live top.
 	takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: false})
-	if err := m.DeleteSnapshot(ctx, "sb-1", v1.ID); err != nil {
+	v2 := takeSnapshot(t, m, "sb-1", sandbox.SnapshotRequest{Memory: false})
+	if err := m.DeleteSnapshot(ctx, "sb-1", v2.ID); err != nil {
 		t.Fatal(err)
 	}
 	for fm.streams.Load() == 0 {

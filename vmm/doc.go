@@ -49,6 +49,10 @@
 //     RAMRegionOf finds a RAM block's pages in a mapped-ram state, which
 //     a fork maps where they are (RAMFile.Offset), and RAM in memory (a
 //     memfd, RAMFile.InMemory) is what a template QEMU loads into;
+//   - StreamDisk merges the layers under the disk's top into it (a block
+//     job), RebaseDisk puts a merged copy of layers, made outside QEMU,
+//     in their place under the layer above them (blockdev-reopen, no
+//     job); both then drop the replaced layers' nodes and descriptors;
 //   - frozen is read-only to QEMU: after a switch, the read-write
 //     descriptor of every layer but the top leaves QEMU (remove-fd), and
 //     a fork maps its template's RAM from a read-only descriptor;

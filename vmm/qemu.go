@@ -60,6 +60,10 @@ type Machine interface {
 	// StreamDisk merges the layers between the top and base into the
 	// top and drops them (their node names).
 	StreamDisk(ctx context.Context, base Layer, drop []string) error
+	// RebaseDisk puts onto, a frozen layer that reads the same as the
+	// layers drop (their node names, top first) over the node backing,
+	// in their place under the node above, and drops them.
+	RebaseDisk(ctx context.Context, above string, onto Layer, backing string, drop []string) error
 	// Quit ends QEMU through its monitor and waits for its exit.
 	Quit(ctx context.Context) error
 }

@@ -23,8 +23,10 @@ const streamJob = "compact"
 // give it: the disk the guest sees never changes, whether the job
 // completes, fails or is cancelled (ctx). A cancelled or failed job
 // leaves the chain as it was; the layers it did not drop are still read.
-// Streaming waits for a guest in prelaunch (-S): QEMU runs no block job
-// there.
+// A machine started with Incoming cannot stream before its state is
+// loaded: its images are inactive and QEMU refuses the job ("Inactive
+// ... can't be a file child of active ..."); in prelaunch otherwise (-S,
+// images active) the job runs to its end (QEMU 10.0.2, TestRebaseDisk).
 func (m *qemuMachine) StreamDisk(ctx context.Context, base Layer, drop []string) error {
 	if !ValidNode(base.Node) {
 		return fmt.Errorf("stream base node %q is not valid", base.Node)
@@ -51,31 +53,15 @@ func (m *qemuMachine) StreamDisk(ctx context.Context, base Layer, drop []string)
 	if err := m.waitJob(ctx, q); err != nil {
 		return err
 	}
-	// The merged nodes: those made with -blockdev went with the top's
-	// old backing link; those added later (blockdev-add) are the
-	// monitor's until deleted. Their descriptors go with their sets.
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	var errs []error
-	for _, node := range drop {
-		if _, err := q.Execute(dctx, "blockdev-del", map[string]any{"node-name": node}); err != nil && !notFound(err) {
-			errs = append(errs, fmt.Errorf("dropping %s: %w", node, err))
-			continue
-		}
-		if set, ok := sets[node]; ok {
-			if _, err := q.Execute(dctx, "remove-fd", map[string]any{"fdset-id": set}); err != nil && !notFound(err) {
-				errs = append(errs, fmt.Errorf("closing the descriptors of %s: %w", node, err))
-			}
-		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("stream of %s: %w: %w", m.cfg.Name, ErrNotDropped, errors.Join(errs...))
+	if err := m.dropNodes(ctx, q, sets, drop); err != nil {
+		return fmt.Errorf("stream of %s: %w: %w", m.cfg.Name, ErrNotDropped, err)
 	}
 	return nil
 }
 
-// ErrNotDropped is StreamDisk's error when the stream completed (the top
-// no longer reads the merged layers) but QEMU kept some of their nodes or
+// ErrNotDropped is StreamDisk's or RebaseDisk's error when the chain has
+// changed (the stream completed, the reopen was done: nothing reads the
+// dropped layers any more) but QEMU kept some of their nodes or
 // descriptors open.
 var ErrNotDropped = errors.New("merged layers not all dropped")
 
