@@ -426,6 +426,51 @@ def test_websocket_ipv6_host_header() -> None:
     assert f"Host: [::1]:{port}\r\n" in got["req"]
 
 
+def test_download_modes(tmp_path: Path) -> None:
+    """Pins issue 30 item 6: a download kept the guest's modes whatever the
+    umask, and as root its setuid bits and owners. Files and directories get
+    the tar's permissions less the umask, never setuid, setgid or sticky, and
+    this process's user."""
+    import http.server
+    import tarfile
+    import threading
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name, kind, mode in (("open", tarfile.REGTYPE, 0o777), ("suid", tarfile.REGTYPE, 0o4755), ("tmp", tarfile.DIRTYPE, 0o1777)):
+            ti = tarfile.TarInfo(name)
+            ti.type, ti.mode, ti.uid, ti.gid, ti.size = kind, mode, 4242, 4242, 1 if kind == tarfile.REGTYPE else 0
+            tf.addfile(ti, io.BytesIO(b"x") if kind == tarfile.REGTYPE else None)
+    body = buf.getvalue()
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-tar")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    old = os.umask(0o027)
+    try:
+        client = strata.Strata(f"http://127.0.0.1:{srv.server_address[1]}", "k", retry_for=0)
+        from strata.files import _umask
+
+        assert _umask() == 0o027
+        strata.Sandbox.connect("sb-x", client=client).files.download("/d", tmp_path / "out")
+        for name in ("open", "suid", "tmp"):
+            st = (tmp_path / "out" / name).lstat()
+            assert (oct(st.st_mode & 0o7777), st.st_uid) == (oct(0o750), os.getuid()), name
+    finally:
+        os.umask(old)
+        srv.shutdown()
+
+
 def test_upload_aborts_when_the_tree_cannot_be_read(tmp_path: Path, monkeypatch) -> None:
     """A failing tar producer breaks the request off: the server never sees
     the chunked body's end (so no partial tar is taken for a whole)."""

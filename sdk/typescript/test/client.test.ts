@@ -220,6 +220,38 @@ describe("files as tar, with the system's tar", () => {
     }
   });
 
+  // Pins issue 30 item 6: a download kept the guest's modes whatever the
+  // umask, and, as root, setuid bits and the guest's owners.
+  test("download: modes less the umask, never setuid, setgid or sticky, owners not kept", async () => {
+    const src = await mkdtemp(join(tmpdir(), "sdkts-guest-"));
+    const dst = await mkdtemp(join(tmpdir(), "sdkts-local-"));
+    const old = process.umask(0o027);
+    try {
+      await writeFile(join(src, "open"), "x", { mode: 0o777 });
+      await writeFile(join(src, "suid"), "x");
+      await mkdir(join(src, "tmp"));
+      await fs.chmod(join(src, "open"), 0o777);
+      await fs.chmod(join(src, "suid"), 0o4755);
+      await fs.chmod(join(src, "tmp"), 0o1777);
+      const tarBytes = execFileSync("tar", ["-C", src, "--owner=4242", "--group=4242", "-cf", "-", "open", "suid", "tmp"]);
+      handler = (_req, res) => {
+        res.writeHead(200, { "Content-Type": "application/x-tar" });
+        res.end(tarBytes);
+      };
+      await new Sandbox(client(), { id: "sb-files" }).files.download("/d", dst);
+      const uid = process.getuid?.() ?? 0;
+      for (const [name, mode] of [["open", 0o750], ["suid", 0o750], ["tmp", 0o750]] as const) {
+        const st = await fs.lstat(join(dst, name));
+        assert.equal((st.mode & 0o7777).toString(8), mode.toString(8), name);
+        assert.equal(st.uid, uid, name);
+      }
+    } finally {
+      process.umask(old);
+      await rm(src, { recursive: true });
+      await rm(dst, { recursive: true });
+    }
+  });
+
   test("download: a tar that tar refuses is tar_failed, an answer that breaks off is network_error", async () => {
     const dst = await mkdtemp(join(tmpdir(), "sdkts-local-"));
     try {
