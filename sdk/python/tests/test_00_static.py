@@ -426,6 +426,23 @@ def test_websocket_ipv6_host_header() -> None:
     assert f"Host: [::1]:{port}\r\n" in got["req"]
 
 
+def test_calls_are_told_not_kept() -> None:
+    """Pins issue 30 item 6.5: the SDK kept every call of the process in a
+    module-level list (up to 100,000). Calls go to the client's on_request
+    hook, and nothing of them stays in the module."""
+    from strata import _client
+
+    assert not [n for n, v in vars(_client).items() if isinstance(v, (list, set, dict)) and n.upper() == n and n != "RETRY_STATUSES"]
+    seen: list[tuple[str, str]] = []
+    c = strata.Strata("http://127.0.0.1:1", "k", retry_for=0, on_request=lambda m, p: seen.append((m, p)))
+    try:
+        strata.Sandbox.list(client=c)
+        raise AssertionError("nothing listens on port 1")
+    except strata.StrataError as e:
+        assert e.code == "network_error"
+    assert seen and set(seen) == {("GET", "/v1/sandboxes")}
+
+
 def test_download_modes(tmp_path: Path) -> None:
     """Pins issue 30 item 6: a download kept the guest's modes whatever the
     umask, and as root its setuid bits and owners. Files and directories get

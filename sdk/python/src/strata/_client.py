@@ -45,12 +45,6 @@ DEFAULT_TIMEOUT = 120.0
 
 T = TypeVar("T")
 
-# Every (method, path) the SDK sent in this process, for the tests that
-# check each route of the API is reached (see _routes.py).
-CALLS: list[tuple[str, str]] = []
-_calls_lock = threading.Lock()
-
-
 def quote(segment: str) -> str:
     """One path segment, percent-encoded (``/`` included)."""
     return urllib.parse.quote(segment, safe="")
@@ -132,8 +126,11 @@ class Strata:
 
     ``timeout`` bounds each call that answers at once (exec and the waits
     have their own); ``retry_for`` bounds how long a call is retried (see the
-    module's docstring). Pass the client to the SDK's entry points as
-    ``client=…``, or use its shortcuts ``create``, ``connect`` and ``list``.
+    module's docstring). ``on_request(method, path)`` is called before every
+    HTTP request and WebSocket attachment this client sends (its path
+    without the query), for logs and tests; the SDK keeps no list of calls.
+    Pass the client to the SDK's entry points as ``client=…``, or use its
+    shortcuts ``create``, ``connect`` and ``list``.
     """
 
     api_url: str
@@ -151,6 +148,7 @@ class Strata:
         timeout: float = DEFAULT_TIMEOUT,
         retry_for: float = 60.0,
         credentials_file: str | None = None,
+        on_request: Callable[[str, str], None] | None = None,
     ) -> None:
         url = api_url or _config.lookup(_config.ENV_API_URL, credentials_file)
         key = api_key or _config.lookup(_config.ENV_API_KEY, credentials_file)
@@ -164,6 +162,7 @@ class Strata:
         self.sandbox_id = sandbox_id or _config.lookup(_config.ENV_SANDBOX_ID, credentials_file)
         self.timeout = timeout
         self.retry_for = retry_for
+        self._on_request = on_request
         u = urllib.parse.urlsplit(self.api_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise StrataError("not_configured", f"the API address must be http:// or https://, not {self.api_url!r}")
@@ -212,6 +211,11 @@ class Strata:
             if q:
                 target += "?" + urllib.parse.urlencode(q)
         return target
+
+    def notify(self, method: str, path: str) -> None:
+        """Tell the ``on_request`` hook, if any, of a request about to be sent."""
+        if self._on_request is not None:
+            self._on_request(method, path)
 
     def base_headers(self) -> dict[str, str]:
         """The headers of every call: the key and the user agent."""
@@ -272,7 +276,7 @@ class Strata:
         t = self.timeout if timeout is None else timeout
 
         def attempt() -> Response:
-            _record(method, path)
+            self.notify(method, path)
             conn = self.connection(t)
             try:
                 try:
@@ -328,7 +332,7 @@ class Strata:
         t = self.timeout if timeout is None else timeout
 
         def attempt() -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-            _record(method, path)
+            self.notify(method, path)
             conn = self.connection(t)
             try:
                 conn.request(method, target, body=body, headers=h, encode_chunked=chunked)
@@ -365,13 +369,6 @@ class _Retry(Exception):
         self.delay = delay
         self.error = error
         self.never_done = never_done
-
-
-def _record(method: str, path: str) -> None:
-    with _calls_lock:
-        CALLS.append((method, path))
-        if len(CALLS) > 100_000:
-            del CALLS[:50_000]
 
 
 _default: Strata | None = None

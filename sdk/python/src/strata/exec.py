@@ -183,14 +183,12 @@ class Session:
         is closed at once)."""
         client = self.sandbox.client
         path = f"/v1/sandboxes/{quote(self.sandbox.id)}/sessions/{quote(self.id)}/attach"
-        from ._client import _record
-
         url = client.api_url + path + f"?since={self.offset}"
         deadline = time.monotonic() + REATTACH_FOR
         while True:
             if self._closing and not first:
                 return None
-            _record("GET", path)
+            client.notify("GET", path)
             try:
                 ws = WebSocket.connect(url, {"X-Api-Key": client.api_key}, [SUBPROTOCOL], timeout=30.0)
             except StrataError as e:
