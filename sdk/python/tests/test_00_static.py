@@ -426,6 +426,97 @@ def test_websocket_ipv6_host_header() -> None:
     assert f"Host: [::1]:{port}\r\n" in got["req"]
 
 
+# Issue 30 item 6.3: this SDK retried 503 host_capacity where the TypeScript
+# one did not, and they disagreed on PUT, DELETE, 501 and Retry-After. The
+# rule of docs/sdk.md, "Retries", case by case: how many tries a call whose
+# first answer is `first` (then a success) takes. The same table is in the
+# TypeScript SDK's tests.
+RETRY_CASES = [
+    # (name, method, idempotent, first, code, retry_after, budget, tries)
+    ("GET after 503", "GET", False, 503, None, None, 60, 2),
+    ("GET after 500", "GET", False, 500, None, None, 60, 2),
+    ("HEAD after 502", "HEAD", False, 502, None, None, 60, 2),
+    ("GET after 504", "GET", False, 504, None, None, 60, 2),
+    ("GET after a reset", "GET", False, "reset", None, None, 60, 2),
+    ("PUT after 503", "PUT", False, 503, None, None, 60, 2),
+    ("POST with a key after 502", "POST", True, 502, None, None, 60, 2),
+    ("POST with a key after a reset", "POST", True, "reset", None, None, 60, 2),
+    ("POST with a key after 503 host_capacity", "POST", True, 503, "host_capacity", None, 60, 1),
+    ("GET after 507", "GET", False, 507, "insufficient_storage", None, 60, 1),
+    ("GET after 501", "GET", False, 501, None, None, 60, 1),
+    ("GET after 409", "GET", False, 409, "sandbox_not_running", None, 60, 1),
+    ("POST without a key after 503", "POST", False, 503, None, None, 60, 1),
+    ("POST without a key after a reset", "POST", False, "reset", None, None, 60, 1),
+    ("DELETE after 502", "DELETE", False, 502, None, None, 60, 1),
+    ("POST without a key after 429", "POST", False, 429, None, "0", 60, 2),
+    ("DELETE after 429", "DELETE", False, 429, None, "0", 60, 2),
+    ("GET after 503 with Retry-After 0", "GET", False, 503, None, "0", 60, 2),
+    ("GET after 503 with Retry-After past the budget", "GET", False, 503, None, "3600", 60, 1),
+    ("GET after 429 with Retry-After past the budget", "GET", False, 429, None, "3600", 60, 1),
+    ("GET after 503, budget 0", "GET", False, 503, None, None, 0, 1),
+]
+
+
+def test_the_one_retry_rule() -> None:
+    import http.server
+    import socket
+    import threading
+
+    state: dict = {}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(n)
+            state["n"] += 1
+            state["keys"].append(self.headers.get("Idempotency-Key"))
+            _, _, first, code, retry_after = state["case"]
+            if state["n"] > 1:
+                out = b'{"status":"success","data":{}}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+                return
+            if first == "reset":
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                self.connection.close()
+                return
+            if first >= 500:
+                env = {"status": "error", "message": "m", "code": first, "data": {"code": code} if code else None}
+            else:
+                env = {"status": "fail", "data": {"code": code or "rate_limited", "message": "m"}}
+            out = b"" if self.command == "HEAD" else json.dumps(env).encode()
+            self.send_response(first)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            if retry_after is not None:
+                self.send_header("Retry-After", retry_after)
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _answer
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        for name, method, idempotent, first, code, retry_after, budget, tries in RETRY_CASES:
+            state.update(n=0, keys=[], case=(name, method, first, code, retry_after))
+            c = strata.Strata(f"http://127.0.0.1:{srv.server_address[1]}", "k", retry_for=budget)
+            try:
+                c.request(method, "/v1/sandboxes/sb-x", idempotent=idempotent)
+            except strata.StrataError:
+                pass
+            assert state["n"] == tries, name
+            assert len(set(state["keys"])) == 1, f"{name}: the same key on every try"
+    finally:
+        srv.shutdown()
+
+
 def test_calls_are_told_not_kept() -> None:
     """Pins issue 30 item 6.5: the SDK kept every call of the process in a
     module-level list (up to 100,000). Calls go to the client's on_request

@@ -3,14 +3,19 @@
 Requests use ``http.client`` (one connection per call: no third-party HTTP
 library is needed, and the package imports on any Python 3.11).
 
-Retries: GET and HEAD, and the POSTs that carry an ``Idempotency-Key``
-(sandbox create and fork, directory checkpoint create and restore: the routes
-that take one, see docs/api.md) are sent again with the same key after a
-network error (a timeout included), a 500/502/503/504 or a 429, for up to
-``retry_for`` seconds counted from the first failure (so a call that ran
-into its own timeout is still retried at least once), honouring
-``Retry-After``. Any other call is retried only when it certainly did
-nothing: a 429 (refused at the edge) or a refused connection.
+Retries follow the one rule of the three clients (docs/sdk.md, "Retries"):
+GET, HEAD, PUT (a body held whole: a file, the access setting) and the POSTs
+that carry an ``Idempotency-Key`` (sandbox create and fork, directory
+checkpoint create and restore) are sent again, with the same
+key, after a network error (a timeout included) or a 500, 502, 503 (but
+``host_capacity``: the host is full, and a retry would only hide it) or 504.
+Any call whose body can be sent again is, after a 429 (refused at the edge)
+or a refused connection: it certainly did nothing. Nothing else is: a DELETE
+or another POST may have been done. Each wait is the answer's
+``Retry-After``, or 0.25 s doubling to 5 s, drawn between half and one and a
+half times that; a wait that would end more than ``retry_for`` seconds
+after the call's first failure is not waited, and the failure is raised
+(``retry_for=0``: no retries).
 
 Codes of the errors the SDK makes itself (the others are the API's):
 ``network_error`` (no answer came), ``http_<status>`` (an answer that is not
@@ -40,7 +45,7 @@ from ._records import to_record
 __version__ = "0.1.0"
 
 USER_AGENT = f"strata-python/{__version__}"
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_STATUSES = frozenset({500, 502, 503, 504})  # and 429 for any call: see the module docstring
 DEFAULT_TIMEOUT = 120.0
 
 T = TypeVar("T")
@@ -258,7 +263,7 @@ class Strata:
         """Send one JSON call and return its answer (``data`` decoded into
         Records); a failure raises StrataError. ``idempotent`` POSTs get an
         ``Idempotency-Key`` (uuid4, the same on every retry) and are retried
-        as GETs are."""
+        as GETs are (see the module docstring)."""
         h = self.base_headers()
         h["Accept"] = "application/json"
         payload: bytes | None = None
@@ -272,7 +277,7 @@ class Strata:
         if payload is None and method in ("POST", "PUT"):
             h["Content-Length"] = "0"
         target = self.url_path(path, query)
-        retry = idempotent or method in ("GET", "HEAD")
+        retry = idempotent or method in ("GET", "HEAD", "PUT")
         t = self.timeout if timeout is None else timeout
 
         def attempt() -> Response:
@@ -300,7 +305,7 @@ class Strata:
                     data = to_record(env.get("data")) if isinstance(env, dict) else env
                 return Response(resp.status, hdrs, data, hdrs.get("x-request-id"), raw)
             err = error_from(resp.status, hdrs, raw, method, path)
-            if resp.status in RETRY_STATUSES:
+            if resp.status == 429 or _retried(resp.status, err):
                 raise _Retry(_retry_after(hdrs), err, never_done=resp.status == 429)
             raise err
 
@@ -356,11 +361,16 @@ class Strata:
                 # A HEAD's refusal has no body to carry the code: the files
                 # routes' own codes for these two statuses.
                 err.code = "file_not_found" if resp.status == 404 else "not_a_file"
-            if resp.status in RETRY_STATUSES:
+            if resp.status == 429 or _retried(resp.status, err):
                 raise _Retry(_retry_after(hdrs), err, never_done=resp.status == 429 and not chunked)
             raise err
 
         return self._with_retries(attempt, retry and not chunked, f"{method} {path}")
+
+
+def _retried(status: int, err: StrataError) -> bool:
+    """Whether an answer is one a retryable call is sent again after."""
+    return status in RETRY_STATUSES and err.code != "host_capacity"
 
 
 class _Retry(Exception):

@@ -209,7 +209,7 @@ class Files:
 
     def remove(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file or an empty directory (a whole tree with ``recursive``)."""
-        conn, resp = self._sb.client.stream("DELETE", self._path(path), query={"recursive": "true"} if recursive else None, retry=True)
+        conn, resp = self._sb.client.stream("DELETE", self._path(path), query={"recursive": "true"} if recursive else None)
         try:
             resp.read()
         finally:
