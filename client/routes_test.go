@@ -97,7 +97,7 @@ func TestEveryRoute(t *testing.T) {
 		func() { c.RestoreSnapshot(ctx, sb, sn, false) },
 		func() { c.PinSnapshot(ctx, sb, sn, true) },
 		func() { c.PinSnapshot(ctx, sb, sn, false) },
-		func() { c.ForkSnapshot(ctx, sb, sn, ForkRequest{Count: 1}) },
+		func() { c.ForkSnapshot(ctx, sb, sn, ForkRequest{Count: 1}, "") },
 	}
 	for _, call := range calls {
 		call()

@@ -457,6 +457,45 @@ RETRY_CASES = [
 ]
 
 
+def test_fork_with_count_is_idempotent() -> None:
+    """Pins issue 30 item 6.4: the many-forks fork took no Idempotency-Key,
+    so it could not be retried without making its forks twice. It sends one,
+    and its retry the same."""
+    import http.server
+    import threading
+
+    keys: list = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            keys.append(self.headers.get("Idempotency-Key"))
+            if len(keys) == 1:
+                status, env = 502, {"status": "error", "message": "bad gateway", "code": 502}
+            else:
+                rec = {"state": "creating", "memory_mib": 512, "vcpus": 1, "disk_gib": 4, "created_at": "2026-01-01T00:00:00Z"}
+                status, env = 202, {"status": "success", "data": {"sandboxes": [dict(rec, id="sb-f1"), dict(rec, id="sb-f2")]}}
+            out = json.dumps(env).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = strata.Strata(f"http://127.0.0.1:{srv.server_address[1]}", "k")
+        forks = strata.Sandbox.connect("sb-parent", client=client).fork("v1", count=2, wait=False)
+        assert [f.id for f in forks] == ["sb-f1", "sb-f2"]
+        assert len(keys) == 2 and keys[0] and keys[0] == keys[1]
+    finally:
+        srv.shutdown()
+
+
 def test_the_one_retry_rule() -> None:
     import http.server
     import socket

@@ -215,6 +215,23 @@ describe("waits that fail name what was made", () => {
     assert.deepEqual(e.data.failed, [{ code: "host_capacity", message: "full" }]);
   });
 
+  // Issue 30 item 6.4: the many-forks fork took no Idempotency-Key, so it
+  // could not be retried without making its forks twice.
+  test("fork with count sends an Idempotency-Key, and its retry the same one", async () => {
+    const keys: unknown[] = [];
+    handler = (req, res) => {
+      keys.push(req.headers["idempotency-key"]);
+      if (keys.length === 1) return json(res, 502, { status: "error", message: "bad gateway", code: 502 });
+      json(res, 202, { status: "success", data: { sandboxes: [record("sb-f1", "creating"), record("sb-f2", "creating")] } });
+    };
+    const parent = new Sandbox(client(), record("sb-parent", "running") as never);
+    const forks = await parent.fork("v1", { count: 2, wait: false });
+    assert.deepEqual(forks.map((f) => f.id), ["sb-f1", "sb-f2"]);
+    assert.equal(keys.length, 2);
+    assert.match(String(keys[0]), /^[0-9a-f-]{36}$/);
+    assert.equal(keys[0], keys[1]);
+  });
+
   test("connect: a key that may not read the record gets the sandbox by its id", async () => {
     handler = (_req, res) => json(res, 403, { status: "fail", data: { code: "forbidden", message: "access tokens cannot manage sandboxes" } });
     const sb = await Sandbox.connect("sb-inside", { client: client() });

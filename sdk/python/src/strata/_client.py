@@ -5,8 +5,8 @@ library is needed, and the package imports on any Python 3.11).
 
 Retries follow the one rule of the three clients (docs/sdk.md, "Retries"):
 GET, HEAD, PUT (a body held whole: a file, the access setting) and the POSTs
-that carry an ``Idempotency-Key`` (sandbox create and fork, directory
-checkpoint create and restore) are sent again, with the same
+that carry an ``Idempotency-Key`` (sandbox create and fork, the many-forks
+fork, directory checkpoint create and restore) are sent again, with the same
 key, after a network error (a timeout included) or a 500, 502, 503 (but
 ``host_capacity``: the host is full, and a retry would only hide it) or 504.
 Any call whose body can be sent again is, after a 429 (refused at the edge)
