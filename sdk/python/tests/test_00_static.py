@@ -556,6 +556,86 @@ def test_the_one_retry_rule() -> None:
         srv.shutdown()
 
 
+def test_session_ends_with_session_restored() -> None:
+    """Pins issue 30 item 6.2: after a restore, a session's reattach went on
+    in the snapshot's run (its output spliced after ours). Every attachment
+    names the record's generation; a refusal of it ends the output with
+    session_restored, after what the first attachment gave, and nothing
+    else."""
+    import socket
+    import threading
+
+    gen = "0123456789abcdef"
+    targets: list[str] = []
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def answer(conn: socket.socket) -> None:
+        conn.settimeout(10)
+        req = b""
+        while b"\r\n\r\n" not in req:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return
+            req += chunk
+        head = req.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+        method, target = head.split(" ")[:2]
+        if method == "POST":
+            n = int(next((l.split(":", 1)[1] for l in head.split("\r\n") if l.lower().startswith("content-length:")), "0"))
+            body = req.split(b"\r\n\r\n", 1)[1]
+            while len(body) < n:
+                body += conn.recv(4096)
+            rec = {"id": "se-0123456789abcdef", "cmd": ["sh"], "tty": False, "detachable": True, "state": "running",
+                   "attached": 0, "created_at": "2026-01-01T00:00:00Z", "output_bytes": 0, "generation": gen}
+            out = json.dumps({"status": "success", "data": rec}).encode()
+            conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(out), out))
+            return
+        targets.append(target)
+        if len(targets) == 1:
+            _upgrade(conn, head)
+            conn.sendall(b"\x82\x08\x01before\n")
+            reason = b"the sandbox is being restored"
+            conn.sendall(bytes([0x88, 2 + len(reason)]) + (1011).to_bytes(2, "big") + reason)
+            try:
+                while conn.recv(4096):
+                    pass
+            except OSError:
+                pass
+            return
+        out = json.dumps({"status": "fail", "data": {"code": "session_restored", "message": "restored", "generation": "fedcba9876543210"}}).encode()
+        conn.sendall(b"HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(out), out))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    answer(conn)
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        client = strata.Strata(f"http://127.0.0.1:{srv.getsockname()[1]}", "k", retry_for=0)
+        s = strata.Sandbox.connect("sb-x", client=client).exec.start(["sh"], detachable=True)
+        assert s.generation == gen
+        got = []
+        try:
+            for chunk in s:
+                got.append(chunk.data)
+            raise AssertionError("the output should end with session_restored")
+        except strata.StrataError as e:
+            assert e.code == "session_restored", repr(e)
+        assert got == [b"before\n"]
+        assert targets == [f"/v1/sandboxes/sb-x/sessions/se-0123456789abcdef/attach?since={n}&generation={gen}" for n in (0, 7)]
+    finally:
+        srv.close()
+
+
 def test_calls_are_told_not_kept() -> None:
     """Pins issue 30 item 6.5: the SDK kept every call of the process in a
     module-level list (up to 100,000). Calls go to the client's on_request

@@ -5,6 +5,8 @@ import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
+import type { Duplex } from "node:stream";
+import { WebSocketServer } from "ws";
 import { execFileSync } from "node:child_process";
 import * as fs from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -15,10 +17,12 @@ type Handler = (req: IncomingMessage, res: ServerResponse) => void;
 
 let server: Server;
 let handler: Handler = (_req, res) => res.end();
+let upgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void = (_req, socket) => socket.destroy();
 let url = "";
 
 before(async () => {
   server = createServer((req, res) => handler(req, res));
+  server.on("upgrade", (req, socket, head) => upgrade(req, socket as Duplex, head));
   await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
   url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
 });
@@ -178,6 +182,54 @@ describe("retries", () => {
     };
     const e = await caught(client({ retryTimeoutMs: 5000 }).call("POST", "/v1/sandboxes/sb-x/pause"));
     assert.deepEqual([e.code, e.status, n], ["network_error", 0, 1]);
+  });
+});
+
+// Issue 30 item 6.2: after a restore, a session's reattach went on in the
+// snapshot's run, its output spliced after ours. Every attachment names
+// the record's generation; its refusal ends the output with
+// session_restored, after what the first attachment gave.
+describe("sessions", () => {
+  test("a session that is another run after its attachment ended is session_restored, not spliced", async () => {
+    const gen = "0123456789abcdef";
+    const wss = new WebSocketServer({ noServer: true });
+    const targets: string[] = [];
+    handler = (_req, res) =>
+      json(res, 201, {
+        status: "success",
+        data: { id: "se-0123456789abcdef", sandbox: "sb-x", cmd: ["sh"], tty: false, detachable: true, state: "running", attached: 0, created_at: "2026-01-01T00:00:00Z", output_bytes: 0, generation: gen },
+      });
+    upgrade = (req, socket, head) => {
+      targets.push(req.url ?? "");
+      if (targets.length > 1) {
+        const body = JSON.stringify({ status: "fail", data: { code: "session_restored", message: "restored", generation: "fedcba9876543210" } });
+        socket.end(`HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+        return;
+      }
+      wss.handleUpgrade(req, socket, head, (ws) => {
+        ws.send(Buffer.concat([Buffer.from([1]), Buffer.from("before\n")]));
+        ws.close(1011, "the sandbox is being restored");
+      });
+    };
+    try {
+      const s = await new Sandbox(client(), { id: "sb-x" }).exec.start(["sh"], { detachable: true });
+      assert.equal(s.generation, gen);
+      const got: string[] = [];
+      const e = await caught(
+        (async () => {
+          for await (const c of s) got.push(new TextDecoder().decode(c.data));
+        })(),
+      );
+      assert.equal(e.code, "session_restored");
+      assert.deepEqual(got, ["before\n"]);
+      assert.equal((await caught(s.wait())).code, "session_restored");
+      assert.throws(() => s.write("x"), (w: unknown) => w instanceof StrataError && w.code === "attachment_closed");
+      const base = "/v1/sandboxes/sb-x/sessions/se-0123456789abcdef/attach";
+      assert.deepEqual(targets, [`${base}?since=0&generation=${gen}`, `${base}?since=7&generation=${gen}`]);
+    } finally {
+      upgrade = (_req, socket) => socket.destroy();
+      wss.close();
+    }
   });
 });
 
