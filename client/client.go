@@ -177,8 +177,9 @@ func SandboxPath(sandbox string, rest ...string) string {
 	return p
 }
 
-// idempotency is the Idempotency-Key header of create and restore, or
-// none for an empty key.
+// idempotency is the Idempotency-Key header of the calls that take one
+// (checkpoint create and restore, the many-forks fork), or none for an
+// empty key.
 func idempotency(key string) http.Header {
 	if key == "" {
 		return nil

@@ -60,7 +60,7 @@ func TestEveryRoute(t *testing.T) {
 		func() { c.ListSessions(ctx, sb) },
 		func() { c.GetSession(ctx, sb, se) },
 		func() { c.KillSession(ctx, sb, se) },
-		func() { c.Attach(ctx, sb, se, 0) },
+		func() { c.Attach(ctx, sb, se, 0, "") },
 		func() { c.WriteFile(ctx, sb, "/a/b", strings.NewReader("x"), 1, FileOptions{}) },
 		func() { c.WriteTar(ctx, sb, "/a", strings.NewReader(""), false) },
 		func() { c.WriteTar(ctx, sb, "/", strings.NewReader(""), false) },
@@ -97,7 +97,7 @@ func TestEveryRoute(t *testing.T) {
 		func() { c.RestoreSnapshot(ctx, sb, sn, false) },
 		func() { c.PinSnapshot(ctx, sb, sn, true) },
 		func() { c.PinSnapshot(ctx, sb, sn, false) },
-		func() { c.ForkSnapshot(ctx, sb, sn, ForkRequest{Count: 1}) },
+		func() { c.ForkSnapshot(ctx, sb, sn, ForkRequest{Count: 1}, "") },
 	}
 	for _, call := range calls {
 		call()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -46,12 +47,32 @@ func (c *Client) KillSession(ctx context.Context, sandbox, id string) (Session, 
 	return se, raw, err
 }
 
+// Attachment is an open attachment of a session (a WebSocket: read its
+// output frames, write stdin and control) and the guest's generation its
+// handshake named ("" from a guest daemon that predates generations).
+type Attachment struct {
+	*websocket.Conn
+	Generation string
+}
+
 // Attach opens an attachment of a session from output offset since (-1:
-// the oldest the session still holds). A refusal is an *Error.
-func (c *Client) Attach(ctx context.Context, sandbox, id string, since int64) (*websocket.Conn, error) {
+// the oldest the session still holds). A non-empty generation is the one
+// the caller knew (a record's, or an earlier Attachment's): when it is no
+// longer the guest's (the sandbox was restored, forked or paused since,
+// and the session is another run's), the attachment is refused with an
+// *Error of code api.CodeSessionRestored, rather than joining that run's
+// output to what the caller had. A refusal is an *Error.
+func (c *Client) Attach(ctx context.Context, sandbox, id string, since int64, generation string) (*Attachment, error) {
 	path := SandboxPath(sandbox, "sessions", id, "attach")
+	q := url.Values{}
 	if since >= 0 {
-		path += "?since=" + strconv.FormatInt(since, 10)
+		q.Set("since", strconv.FormatInt(since, 10))
+	}
+	if generation != "" {
+		q.Set("generation", generation)
+	}
+	if len(q) > 0 {
+		path += "?" + q.Encode()
 	}
 	base := strings.TrimRight(c.BaseURL, "/")
 	u := "ws" + strings.TrimPrefix(base, "http") + path
@@ -68,5 +89,9 @@ func (c *Client) Attach(ctx context.Context, sandbox, id string, since int64) (*
 		return nil, err
 	}
 	conn.SetReadLimit(api.MaxSessionFrame)
-	return conn, nil
+	gen := resp.Header.Get(api.HeaderSessionGeneration)
+	if !api.ValidGeneration(gen) {
+		gen = ""
+	}
+	return &Attachment{Conn: conn, Generation: gen}, nil
 }

@@ -108,9 +108,11 @@ func (c *Client) PinSnapshot(ctx context.Context, sandbox, id string, pin bool) 
 }
 
 // ForkSnapshot makes req.Count sandboxes from a snapshot in one call; the
-// records come back on their way to running.
-func (c *Client) ForkSnapshot(ctx context.Context, sandbox, id string, req ForkRequest) (Forks, json.RawMessage, error) {
+// records come back on their way to running. A non-empty idempotencyKey
+// is sent as the Idempotency-Key header: a retry with the same key and
+// request gets the forks the first call made instead of new ones.
+func (c *Client) ForkSnapshot(ctx context.Context, sandbox, id string, req ForkRequest, idempotencyKey string) (Forks, json.RawMessage, error) {
 	var f Forks
-	raw, err := c.Call(ctx, http.MethodPost, SandboxPath(sandbox, "snapshots", id, "fork"), req, &f)
+	raw, err := c.Do(ctx, http.MethodPost, SandboxPath(sandbox, "snapshots", id, "fork"), idempotency(idempotencyKey), req, &f)
 	return f, raw, err
 }

@@ -280,7 +280,7 @@ func untar(body io.Reader, dir string, parents bool) (int64, error) {
 		return 0, fileError(dir, err)
 	}
 	defer root.Close()
-	n, err := treetar.Extract(body, root, true)
+	n, err := treetar.Extract(body, root, treetar.KeepAll)
 	var outside *treetar.OutsideError
 	var entry *treetar.EntryError
 	switch {

@@ -182,6 +182,9 @@ type resyncKernel interface {
 //     but the CRNG draws from it only at its next scheduled reseed;
 //   - hostname.set: when hostname is sent.
 //
+// Before them all, the sessions' generation is drawn again (session.go):
+// attachments that name the old one are refused with session_restored.
+//
 // A failed step stops the call with the steps before it done. Each step
 // is safe to repeat, so the host retries the whole call, with its time
 // read again, never a part of it.
@@ -217,6 +220,12 @@ func (s *Server) applyResync(req resyncRequest) (resyncResult, error) {
 	defer s.resyncMu.Unlock()
 	// The seed is the guest's future randomness: no copy outlives the call.
 	defer clear(req.Seed)
+	// The guest's memory was loaded again: its sessions are another run's
+	// from now on (session.go), whatever the steps below do.
+	var generation string
+	if s.sessions != nil {
+		generation = s.sessions.renew()
+	}
 	k := s.kernel
 	start := time.Now()
 	var steps []string
@@ -281,6 +290,6 @@ func (s *Server) applyResync(req resyncRequest) (resyncResult, error) {
 		s.log.Info("resync failed", append(attrs, "err", err)...)
 		return resyncResult{}, err
 	}
-	s.log.Info("resync done", append(attrs, "clock_step_ns", res.ClockStepNS, "reseeded", res.Reseeded, "hostname", res.Hostname)...)
+	s.log.Info("resync done", append(attrs, "clock_step_ns", res.ClockStepNS, "reseeded", res.Reseeded, "hostname", res.Hostname, "generation", generation)...)
 	return res, nil
 }

@@ -48,7 +48,17 @@ import (
 // api.SessionAttachWait. Exited sessions are listed for api.SessionKeep.
 //
 // Sessions live in guestd's memory: a memory snapshot keeps them, a
-// restore or a fork has the snapshot's.
+// restore or a fork has the snapshot's. So the same session, output
+// offsets and all, can run on in several guests, or again from a moment
+// a client already saw past: each is another run of it. The guest's
+// generation (api.ValidGeneration) names the run: drawn at guestd's start
+// and again at each resync, which the host calls after every load of a
+// guest's memory (a restore, a fork, a resume); every record and attach
+// handshake carries it, and an attachment that names another (?generation=)
+// is refused with session_restored rather than given another run's
+// output after its own, its stdin sent to another process. A resync of a
+// guest whose memory was not loaded (the host healing an unresponsive
+// one) draws a new generation too: guestd cannot tell the two apart.
 
 // sessionDrain is how long a session's output is still read after its
 // leader exited, for processes that hold its pipes.
@@ -64,6 +74,43 @@ type sessionSet struct {
 
 	mu   sync.Mutex
 	byID map[string]*session
+	// generation is the run of this guest's memory (see above); "" until
+	// first asked for.
+	generation string
+}
+
+// newGeneration is 16 random hex digits.
+func newGeneration() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// currentLocked is the guest's generation (ss.mu held).
+func (ss *sessionSet) currentLocked() string {
+	if ss.generation == "" {
+		ss.generation = newGeneration()
+	}
+	return ss.generation
+}
+
+// current is the guest's generation.
+func (ss *sessionSet) current() string {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.currentLocked()
+}
+
+// renew draws a new generation: the guest's memory was loaded again (a
+// resync). It returns the new one.
+func (ss *sessionSet) renew() string {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	old := ss.generation
+	for ss.generation == "" || ss.generation == old {
+		ss.generation = newGeneration()
+	}
+	return ss.generation
 }
 
 // session is one program started as a session.
@@ -129,7 +176,7 @@ func (ss *sessionSet) start(r *http.Request) (any, error) {
 	}
 	ss.byID[s.id] = s
 	ss.log.Info("session started", "session", s.id, "program", req.Cmd[0], "tty", req.TTY, "detachable", req.Detachable)
-	return s.record(), nil
+	return s.record(ss.currentLocked()), nil
 }
 
 // startSession starts req's program and the goroutines that read its
@@ -334,11 +381,12 @@ func (s *session) kill() {
 	s.signal(syscall.SIGKILL)
 }
 
-func (s *session) record() api.Session {
+// record is the session's record in the guest's generation.
+func (s *session) record(generation string) api.Session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec := api.Session{ID: s.id, Cmd: s.cmd, TTY: s.tty, Detachable: s.detachable, State: api.SessionRunning,
-		Attached: s.attached, CreatedAt: s.created, OutputBytes: s.out.end()}
+		Attached: s.attached, CreatedAt: s.created, OutputBytes: s.out.end(), Generation: generation}
 	if s.exitCode != nil {
 		code, ended := *s.exitCode, s.ended
 		rec.State, rec.ExitCode, rec.TimedOut, rec.EndedAt = api.SessionExited, &code, s.timedOut, &ended
@@ -386,11 +434,12 @@ func (ss *sessionSet) list(r *http.Request) (any, error) {
 	for _, s := range ss.byID {
 		all = append(all, s)
 	}
+	gen := ss.currentLocked()
 	ss.mu.Unlock()
 	slices.SortFunc(all, func(a, b *session) int { return a.created.Compare(b.created) })
 	out := make([]api.Session, 0, len(all))
 	for _, s := range all {
-		out = append(out, s.record())
+		out = append(out, s.record(gen))
 	}
 	return map[string]any{"sessions": out}, nil
 }
@@ -419,7 +468,7 @@ func (ss *sessionSet) get(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.record(), nil
+	return s.record(ss.current()), nil
 }
 
 // end handles DELETE /v1/sessions/{sid}: SIGTERM to its process group,
@@ -444,15 +493,19 @@ func (ss *sessionSet) end(r *http.Request) (any, error) {
 		}()
 		ss.log.Info("session ending", "session", s.id)
 	}
-	return s.record(), nil
+	return s.record(ss.current()), nil
 }
 
 // attach handles GET /v1/sessions/{sid}/attach: a WebSocket that gets
 // the session's output from ?since= (default: the oldest byte the buffer
-// holds) and sends it stdin and control messages.
+// holds) and sends it stdin and control messages. With ?generation=, one
+// that is not the guest's current generation is session_restored (see
+// above); the handshake's answer names the current one
+// (api.HeaderSessionGeneration).
 func (ss *sessionSet) attach(w http.ResponseWriter, r *http.Request) {
 	s, err := ss.lookup(r)
 	var since int64 = -1
+	gen := ss.current()
 	if err == nil {
 		if v := r.URL.Query().Get("since"); v != "" {
 			if since, err = strconv.ParseInt(v, 10, 64); err != nil || since < 0 {
@@ -460,10 +513,19 @@ func (ss *sessionSet) attach(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	if v, ok := r.URL.Query()["generation"]; err == nil && ok {
+		switch {
+		case len(v) != 1 || !api.ValidGeneration(v[0]):
+			err = jsend.InvalidField("generation", "generation must be a session record's generation: 16 lowercase hex digits, once")
+		case v[0] != gen:
+			err = api.ErrSessionRestored.With("session_id", s.id).With("generation", gen)
+		}
+	}
 	if err != nil {
 		jsend.Error(w, ss.log, "", err)
 		return
 	}
+	w.Header().Set(api.HeaderSessionGeneration, gen)
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 	if err != nil {
 		return // Accept answered the client
@@ -586,7 +648,7 @@ func (s *session) writeAttachment(ctx context.Context, c *websocket.Conn, since 
 		}
 		off = next
 		if closed && len(chunks) == 0 && dropped == 0 {
-			rec := s.record()
+			rec := s.record("")
 			if writeControl(ctx, c, api.SessionControl{Type: "exit", ExitCode: rec.ExitCode}) == nil {
 				c.Close(websocket.StatusNormalClosure, "exited")
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"strata/internal/api"
+	"strata/internal/fault"
 )
 
 // sessionStack is a guestd without a store behind a real HTTP server
@@ -544,5 +545,88 @@ func TestSessionsListedBound(t *testing.T) {
 		if kept := ss.byID[fmt.Sprintf("exited-%03d", i)] != nil; kept != (i >= gone) {
 			t.Fatalf("exited session %d kept: %v", i, kept)
 		}
+	}
+}
+
+// TestSessionGeneration pins issue 30 item 6.2: after a VM restore, a
+// session's reattach with ?since= went on in the snapshot's run with no
+// mark (another run's output spliced after the client's, its stdin sent
+// to another process). Each record and attach handshake names the guest's
+// generation; a resync (what the host calls after every load of the
+// guest's memory) draws a new one, and an attachment naming the old one
+// is 409 session_restored.
+func TestSessionGeneration(t *testing.T) {
+	s := vmServer(t, &bytes.Buffer{}, &fakeKernel{now: 1, name: "sb"})
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(func() {
+		s.sessions.mu.Lock()
+		for _, se := range s.sessions.byID {
+			se.kill()
+		}
+		s.sessions.mu.Unlock()
+		srv.Close()
+	})
+	st := &sessionStack{t: t, url: srv.URL, srv: s}
+	se := st.start(map[string]any{"cmd": []string{"sh", "-c", "echo a; exec sleep 60"}, "detachable": true})
+	first := se.Generation
+	if !api.ValidGeneration(first) || st.get(se.ID).Generation != first {
+		t.Fatalf("generation of the record %q, then %q", first, st.get(se.ID).Generation)
+	}
+	// attach dials with query and returns the handshake's status, its
+	// generation header and its fail's code and generation field.
+	attach := func(query string) (int, string, map[string]any) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, resp, err := websocket.Dial(ctx, strings.Replace(srv.URL, "http", "ws", 1)+"/v1/sessions/"+se.ID+"/attach"+query, nil)
+		if err == nil {
+			c.Close(websocket.StatusNormalClosure, "")
+			return resp.StatusCode, resp.Header.Get(api.HeaderSessionGeneration), nil
+		}
+		if resp == nil {
+			t.Fatalf("attach%s: %v", query, err)
+		}
+		var env struct{ Data map[string]any }
+		b, _ := io.ReadAll(resp.Body)
+		json.Unmarshal(b, &env)
+		return resp.StatusCode, "", env.Data
+	}
+	if code, gen, _ := attach("?since=0&generation=" + first); code != http.StatusSwitchingProtocols || gen != first {
+		t.Fatalf("attach with the current generation: %d, %q", code, gen)
+	}
+	seed, _ := seedOf(32)
+	if code, fail := st.call("POST", "/v1/resync", fmt.Sprintf(`{"time_unix_nano":2,"seed":%q}`, seed), nil); code != 200 {
+		t.Fatalf("resync: %d %v", code, fail)
+	}
+	second := st.get(se.ID).Generation
+	if !api.ValidGeneration(second) || second == first {
+		t.Fatalf("generation after a resync %q, before %q", second, first)
+	}
+	for _, tc := range []struct {
+		name, query string
+		status      int
+		code, gen   string
+	}{
+		{"the old generation", "?since=2&generation=" + first, http.StatusConflict, api.CodeSessionRestored, second},
+		{"the new generation", "?since=2&generation=" + second, http.StatusSwitchingProtocols, "", second},
+		{"no generation", "?since=2", http.StatusSwitchingProtocols, "", second},
+		{"a generation of another shape", "?generation=" + strings.ToUpper(second), http.StatusBadRequest, "invalid_field", ""},
+		{"two generations", "?generation=" + second + "&generation=" + second, http.StatusBadRequest, "invalid_field", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, gen, fail := attach(tc.query)
+			if code != tc.status {
+				t.Fatalf("status %d, want %d: %v", code, tc.status, fail)
+			}
+			if tc.code != "" && (fail["code"] != tc.code || tc.gen != "" && fail["generation"] != tc.gen) {
+				t.Fatalf("fail %v, want %s naming %s", fail, tc.code, tc.gen)
+			}
+			if tc.code == "" && gen != tc.gen {
+				t.Fatalf("handshake's generation %q, want %q", gen, tc.gen)
+			}
+		})
+	}
+	if got := api.GuestFailCodes[api.CodeSessionRestored]; got != fault.Conflict {
+		t.Errorf("session_restored is not relayed as a 409 by hostproxy: %v", got)
 	}
 }

@@ -231,6 +231,7 @@ func sandboxCases() []sandboxCase {
 		{name: "snapshot_fork_token", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots/v1/fork", key: keyA, body: `{"count":2}`}, token: true, status: 403, code: "forbidden"},
 		{name: "snapshot_create_bad_comment", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots", key: keyA, body: `{"comment":"` + strings.Repeat("c", 257) + `"}`}, status: 400, code: "invalid_field"},
 		{name: "snapshot_create_bad_retention", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots", key: keyA, body: `{"retention":{"mode":"delete_oldest","max_count":0}}`}, status: 400, code: "invalid_field"},
+		{name: "snapshot_fork_bad_key", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots/v1/fork", key: keyA, body: `{"count":2}`, more: http.Header{"Idempotency-Key": {"k1", "k2"}}}, status: 400, code: "invalid_field", field: "Idempotency-Key"},
 		{name: "snapshot_fork_bad_count", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots/v1/fork", key: keyA, body: `{"count":101}`}, status: 400, code: "invalid_field", field: "count"},
 		{name: "snapshot_fork_configured", req: request{method: "POST", path: sandboxes + "/sb-a1/snapshots/v1/fork", key: keyA, body: `{"count":2}`}, status: 409, code: "sandbox_not_a_vm"},
 		{name: "snapshot_unknown_sandbox", req: lifecycle("GET", "/sb-nope/snapshots"), status: 404, code: "sandbox_not_found"},

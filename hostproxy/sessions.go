@@ -311,8 +311,10 @@ func (s *Server) sessionCall(method string, one bool) func(c echo.Context) (any,
 }
 
 // attachSession is GET …/sessions/{sid}/attach: the guest's attachment
-// is opened first (its refusal is the answer, as JSend), then the
-// client's WebSocket is accepted and the two are joined.
+// is opened first (its refusal is the answer, as JSend: a session_restored
+// of a ?generation= that is not the guest's current one among them), then
+// the client's WebSocket is accepted, its handshake naming the guest's
+// generation, and the two are joined.
 func (s *Server) attachSession(c echo.Context) error {
 	sb, err := s.sessionRoute(c)
 	if err != nil {
@@ -325,13 +327,16 @@ func (s *Server) attachSession(c echo.Context) error {
 	r := c.Request()
 	q := url.Values{}
 	for k, v := range r.URL.Query() {
-		if k != "since" || len(v) != 1 {
-			return jsend.InvalidField(k, "the only query parameter is since, once")
+		if k != "since" && k != "generation" || len(v) != 1 {
+			return jsend.InvalidField(k, "the query parameters are since and generation, each once")
 		}
-		if n, err := strconv.ParseInt(v[0], 10, 64); err != nil || n < 0 {
+		if n, err := strconv.ParseInt(v[0], 10, 64); k == "since" && (err != nil || n < 0) {
 			return jsend.InvalidField("since", "since must be a byte offset of the output, 0 or more")
 		}
-		q.Set("since", v[0])
+		if k == "generation" && !api.ValidGeneration(v[0]) {
+			return jsend.InvalidField("generation", "generation must be a session record's generation: 16 lowercase hex digits")
+		}
+		q.Set(k, v[0])
 	}
 	// The client's handshake is checked before the guest is dialled: a
 	// bad one must not count as an attachment that came and went (a
@@ -357,11 +362,14 @@ func (s *Server) attachSession(c echo.Context) error {
 	if len(q) > 0 {
 		path += "?" + q.Encode()
 	}
-	guest, err := s.guests.AttachSession(ctx, sb.Guest, path)
+	guest, generation, err := s.guests.AttachSession(ctx, sb.Guest, path)
 	if err != nil {
 		return err
 	}
 	defer guest.CloseNow()
+	if generation != "" {
+		c.Response().Header().Set(api.HeaderSessionGeneration, generation)
+	}
 	client, err := websocket.Accept(c.Response(), r, &websocket.AcceptOptions{Subprotocols: []string{SessionProtocol}, InsecureSkipVerify: true})
 	if err != nil {
 		return nil // Accept answered the client
@@ -462,12 +470,14 @@ func closeReason(err error) string {
 }
 
 // AttachSession opens a WebSocket to guestd's path (a session's attach)
-// through the guest's exec client. A refusal (guestd's JSend fail, such
-// as session_not_found) is returned as the error it carries.
-func (g *GuestClient) AttachSession(ctx context.Context, guest, path string) (*websocket.Conn, error) {
+// through the guest's exec client, and returns it with the generation
+// its handshake names ("" when none of a generation's shape: a guestd
+// that predates them, or a guest's nonsense). A refusal (guestd's JSend
+// fail, such as session_not_found) is returned as the error it carries.
+func (g *GuestClient) AttachSession(ctx context.Context, guest, path string) (*websocket.Conn, string, error) {
 	c, err := g.client(guest, poolExec)
 	if err != nil {
-		return nil, fmt.Errorf("guest %s: %w", guest, err)
+		return nil, "", fmt.Errorf("guest %s: %w", guest, err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, g.requestTimeout)
 	defer cancel()
@@ -479,12 +489,16 @@ func (g *GuestClient) AttachSession(ctx context.Context, guest, path string) (*w
 	if err != nil {
 		if resp != nil && resp.StatusCode >= 400 && resp.StatusCode < 500 {
 			body, _ := io.ReadAll(io.LimitReader(resp.Body, jsend.MaxFailBody+1))
-			return nil, guestFail(guest, resp.StatusCode, body)
+			return nil, "", guestFail(guest, resp.StatusCode, body)
 		}
-		return nil, g.transportError(ctx, guest, err)
+		return nil, "", g.transportError(ctx, guest, err)
 	}
 	conn.SetReadLimit(api.MaxSessionFrame)
-	return conn, nil
+	generation := resp.Header.Get(api.HeaderSessionGeneration)
+	if !api.ValidGeneration(generation) {
+		generation = ""
+	}
+	return conn, generation, nil
 }
 
 // headerHas tells whether header name lists token (comma-separated, any

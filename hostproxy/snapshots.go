@@ -2,6 +2,7 @@ package hostproxy
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 
@@ -191,18 +192,34 @@ const forksAtOnce = 4
 
 // forkSnapshot is POST …/snapshots/{snapshot}/fork: count forks, each
 // made or refused on its own (admitted on its own, forksAtOnce at a
-// time). When none is made, the first refusal is the answer.
+// time). When none is made, the first refusal is the answer. With an
+// Idempotency-Key, each fork claims it as it is recorded (idempotency.go):
+// a retry answers the forks the first request made, as they are now, and
+// makes none of them again.
 func (s *Server) forkSnapshot(c echo.Context) error {
 	p := principalOf(c)
+	r := c.Request()
+	key, err := api.IdempotencyKey(r.Header.Values(api.HeaderIdempotencyKey))
+	if err != nil {
+		return err
+	}
 	var req api.ForkRequest
 	sb, sn, err := s.snapshotRoute(c, parsed(api.ParseFork, &req))
 	if err != nil {
 		return err
 	}
 	access := recordAccess(req.Access)
+	var request string
+	now := s.now()
+	if key != "" {
+		request = requestHash(forkRequest{Sandbox: sb.ID, Snapshot: sn.ID, Count: req.Count, NamePrefix: req.NamePrefix, Access: access})
+		if err := s.reg.checkForkKey(r.Context(), p.Account, key, request, now); err != nil {
+			return err
+		}
+	}
 	// Made a few at a time: each fork's own steps (its disk's top, its
 	// record, admission) overlap, and its boot runs in the background.
-	recs, errs := make([]Sandbox, req.Count), make([]error, req.Count)
+	views, errs := make([]api.Sandbox, req.Count), make([]error, req.Count)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, forksAtOnce)
 	for i := range req.Count {
@@ -210,11 +227,26 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 		if req.NamePrefix != nil {
 			name = api.ForkName(*req.NamePrefix, i+1)
 		}
+		ctx := r.Context()
+		var claim *createClaimReq
+		if key != "" {
+			claim = &createClaimReq{account: p.Account, key: forkClaimKey(key, i+1), request: request, now: now}
+			ctx = withCreateClaim(ctx, claim)
+		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			recs[i], errs[i] = s.fork(c.Request().Context(), p, sb.ID, sn.ID, name, access)
+			rec, err := s.fork(ctx, p, sb.ID, sn.ID, name, access)
+			if errors.Is(err, errClaimed) {
+				views[i], errs[i] = s.claimedFork(r.Context(), claim.prior)
+				return
+			}
+			if err == nil {
+				s.handedOver(rec)
+				views[i] = sandboxView(rec)
+			}
+			errs[i] = err
 		}()
 	}
 	wg.Wait()
@@ -234,8 +266,7 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 			failed = append(failed, map[string]any{"code": fe.Code, "message": fe.Message})
 			continue
 		}
-		s.handedOver(recs[i])
-		made = append(made, sandboxView(recs[i]))
+		made = append(made, views[i])
 	}
 	if len(made) == 0 {
 		return first
@@ -245,6 +276,20 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 		data["failed"] = failed
 	}
 	return accepted(c, data)
+}
+
+// claimedFork is the answer for a fork an earlier request with the same
+// Idempotency-Key made: its record as it is now, or {"id","state":
+// "destroyed"} when it was deleted since.
+func (s *Server) claimedFork(ctx context.Context, id string) (api.Sandbox, error) {
+	sb, err := s.reg.Sandbox(ctx, id)
+	switch {
+	case fault.CodeOf(err) == "sandbox_not_found":
+		return api.Sandbox{ID: id, State: string(sandbox.Destroyed)}, nil
+	case err != nil:
+		return api.Sandbox{}, err
+	}
+	return sandboxView(sb), nil
 }
 
 // fork makes one fork of a snapshot for account p, with access (a

@@ -44,9 +44,12 @@ func TestClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := c.Attach(ctx, "sb-local", se.ID, 0)
+	conn, err := c.Attach(ctx, "sb-local", se.ID, 0, se.Generation)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if conn.Generation == "" || conn.Generation != se.Generation {
+		t.Fatalf("the attachment's generation %q, the record's %q", conn.Generation, se.Generation)
 	}
 	conn.Write(ctx, websocket.MessageBinary, append([]byte{client.StreamStdin}, "ping\n"...))
 	conn.Write(ctx, websocket.MessageText, []byte(`{"type":"eof"}`))

@@ -129,7 +129,8 @@ type FakeGuest struct {
 	credentials api.Credentials
 	head        map[string]string // path -> checkpoint the live directory continues from
 	faults      map[faultKey]Fault
-	routes      map[string]Fault // by "METHOD /path" (SetRoute)
+	routes      map[string]Fault        // by "METHOD /path" (SetRoute)
+	handlers    map[string]http.Handler // by "METHOD /path" (SetHandler)
 	delay       time.Duration
 	seq         uint64
 	requests    int
@@ -205,6 +206,18 @@ func (g *FakeGuest) SetRoute(method, path string, f Fault) {
 	g.routes[method+" "+path] = f
 }
 
+// SetHandler makes h serve every request of method on path (the path
+// alone, no query): a route the double does not have that a test needs
+// served whole, such as a session's attachment (a WebSocket).
+func (g *FakeGuest) SetHandler(method, path string, h http.Handler) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.handlers == nil {
+		g.handlers = map[string]http.Handler{}
+	}
+	g.handlers[method+" "+path] = h
+}
+
 // ClearFaults removes every fault.
 func (g *FakeGuest) ClearFaults() {
 	g.mu.Lock()
@@ -270,6 +283,7 @@ func (g *FakeGuest) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.lastHeader = r.Header.Clone()
 	delay := g.delay
 	route, routed := g.routes[r.Method+" "+r.URL.Path]
+	handler := g.handlers[r.Method+" "+r.URL.Path]
 	g.mu.Unlock()
 	if delay > 0 {
 		select {
@@ -277,6 +291,10 @@ func (g *FakeGuest) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		}
+	}
+	if handler != nil {
+		handler.ServeHTTP(w, r)
+		return
 	}
 	if routed {
 		writeFault(w, route)

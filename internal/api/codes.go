@@ -55,6 +55,7 @@ var GuestFailCodes = map[string]fault.Kind{
 	CodeExecFailed:        fault.Unprocessable,
 	CodeSessionNotFound:   fault.NotFound,
 	CodeSessionLimit:      fault.Conflict,
+	CodeSessionRestored:   fault.Conflict,
 	CodeFileNotFound:      fault.NotFound,
 	CodeNotAFile:          fault.Conflict,
 	"directory_not_empty": fault.Conflict,

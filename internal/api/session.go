@@ -77,16 +77,48 @@ const (
 
 // CodeSessionLimit is the code of a session refused because its sandbox
 // has MaxSessions live ones (409); CodeSessionNotFound of an unknown
-// session id (404).
+// session id (404); CodeSessionRestored of an attachment whose
+// ?generation= is not the guest's current one (409): the sandbox was
+// restored, forked or paused since, and the session is now another run's.
 const (
 	CodeSessionLimit    = "session_limit"
 	CodeSessionNotFound = "session_not_found"
+	CodeSessionRestored = "session_restored"
 )
 
 var (
 	ErrSessionLimit    = fault.New(fault.Conflict, CodeSessionLimit, "the sandbox has as many live sessions as it may; end one first").With("limit", MaxSessions)
 	ErrSessionNotFound = fault.New(fault.NotFound, CodeSessionNotFound, "no session of this sandbox has this id")
+	ErrSessionRestored = fault.New(fault.Conflict, CodeSessionRestored, "the sandbox was restored, forked or paused since this generation: the session's output and stdin are another run's now; attach without generation to follow that run")
 )
+
+// Generations: a guest's sessions live in its memory, which a restore, a
+// fork or a resume loads again from a snapshot, so that a session's output
+// offsets and its stdin can belong to another run of it. guestd draws a
+// new generation at its start and at each resync (what the host calls
+// after every such load), and every session record and attach handshake
+// carries the current one (Session.Generation, HeaderSessionGeneration):
+// a client that passes the generation it knew (?generation=) is refused
+// with ErrSessionRestored when it is not the current one, instead of
+// having another run's output spliced after what it had.
+
+// HeaderSessionGeneration is the header of an attachment's 101 answer
+// that names the guest's current generation.
+const HeaderSessionGeneration = "X-Session-Generation"
+
+// ValidGeneration tells whether g has a generation's shape: 16 lowercase
+// hex digits.
+func ValidGeneration(g string) bool {
+	if len(g) != 16 {
+		return false
+	}
+	for _, c := range g {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // SessionRequest is the body of POST …/sessions: a program started as
 // exec starts one (cmd, cwd, env, timeout_s with exec's rules; no stdin,
@@ -123,6 +155,10 @@ type Session struct {
 	// attach with ?since= an offset below it to get them again, as far
 	// as the buffer still holds them.
 	OutputBytes int64 `json:"output_bytes"`
+	// Generation is the guest's current generation (ValidGeneration):
+	// its offsets are of this run of the session. Empty from a guestd
+	// that predates generations.
+	Generation string `json:"generation,omitempty"`
 }
 
 // SessionControl is a text frame of an attachment. From the client:
@@ -277,6 +313,7 @@ type sessionRecordWire struct {
 	CreatedAt   *time.Time `json:"created_at"`
 	EndedAt     *time.Time `json:"ended_at"`
 	OutputBytes *int64     `json:"output_bytes"`
+	Generation  *string    `json:"generation"`
 }
 
 // ParseSessionRecord decodes a session's record as guestd answers it, for
@@ -313,11 +350,16 @@ func ParseSessionRecord(b []byte) (Session, error) {
 		return Session{}, errors.New("session record: an exit code, end or timeout that does not go with its state")
 	case *w.Attached < 0 || *w.OutputBytes < 0:
 		return Session{}, errors.New("session record: a negative count")
+	case w.Generation != nil && !ValidGeneration(*w.Generation):
+		return Session{}, fmt.Errorf("session record: generation %.40q", *w.Generation)
 	}
 	rec := Session{
 		ID: *w.ID, Cmd: *w.Cmd, TTY: *w.TTY, Detachable: *w.Detachable, State: *w.State,
 		ExitCode: w.ExitCode, Attached: *w.Attached, CreatedAt: *w.CreatedAt, EndedAt: w.EndedAt,
 		OutputBytes: *w.OutputBytes,
+	}
+	if w.Generation != nil {
+		rec.Generation = *w.Generation
 	}
 	if w.TimedOut != nil {
 		rec.TimedOut = *w.TimedOut

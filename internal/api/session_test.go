@@ -70,3 +70,17 @@ func TestValidSessionID(t *testing.T) {
 		}
 	}
 }
+
+// FuzzValidGeneration checks the generation's shape on any string: 16
+// lowercase hex digits, what guestd draws (8 random bytes, hex).
+func FuzzValidGeneration(f *testing.F) {
+	for _, s := range []string{"0123456789abcdef", "0123456789ABCDEF", "", "0123", "0123456789abcdef0", "ffffffffffffffff"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, g string) {
+		want := len(g) == 16 && strings.Trim(g, "0123456789abcdef") == ""
+		if ValidGeneration(g) != want {
+			t.Fatalf("ValidGeneration(%q) = %v", g, !want)
+		}
+	})
+}

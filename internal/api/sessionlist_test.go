@@ -49,6 +49,9 @@ func TestParseSessionRecord(t *testing.T) {
 		{"negative output", record(func(m map[string]any) { m["output_bytes"] = -1 }), false},
 		{"over MaxSessionRecord", record(func(m map[string]any) { m["cmd"] = []string{"sh" + strings.Repeat(" ", MaxSessionRecord)} }), false},
 		{"a list", `[` + record(nil) + `]`, false},
+		{"a generation", record(func(m map[string]any) { m["generation"] = "0123456789abcdef" }), true},
+		{"a generation of another shape", record(func(m map[string]any) { m["generation"] = "0123456789ABCDEF" }), false},
+		{"an empty generation", record(func(m map[string]any) { m["generation"] = "" }), false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -8,7 +8,9 @@
 // no entry, and no symlink an earlier entry made, takes a write outside
 // it; an entry named outside it (with "..", or a hard link out) is an
 // *OutsideError before anything of it is written, and an absolute name is
-// taken as relative to the directory, as tar does. Directories get
+// taken as relative to the directory, as tar does. The caller says which
+// mode bits are kept (KeepAll in the guest, LocalModes with the user's
+// umask on the user's machine); owners are never set. Directories get
 // their times last, deepest first. Bytes are copied through one buffer:
 // neither side holds a file whole.
 //
@@ -105,11 +107,21 @@ func (e *EntryError) Unwrap() error { return e.Err }
 // ErrNotTar is a body that is not a tar stream.
 var ErrNotTar = errors.New("not a tar stream")
 
+// KeepAll keeps every mode bit of a tar's entries: the permissions and
+// the setuid, setgid and sticky bits (guestd: the guest is the sandbox's
+// own, and a tar into it keeps what it says).
+const KeepAll = fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky
+
+// LocalModes keeps what unpacking on a user's machine keeps, as tar does
+// for a user who is not root: the permissions less umask, never setuid,
+// setgid or sticky (a tar from a sandbox must not plant a setuid file,
+// or a file its owner's umask would not have made, on the host).
+func LocalModes(umask fs.FileMode) fs.FileMode { return fs.ModePerm &^ umask }
+
 // Extract unpacks the tar r into root's directory and returns the bytes
-// of the regular files written. Setuid, setgid and sticky bits are kept
-// only with special: a tar from a sandbox unpacked on the host must not
-// plant setuid files there.
-func Extract(r io.Reader, root *os.Root, special bool) (int64, error) {
+// of the regular files written. Of each entry's mode only the bits of
+// keep are set (KeepAll, LocalModes); owners are never set.
+func Extract(r io.Reader, root *os.Root, keep fs.FileMode) (int64, error) {
 	tr := tar.NewReader(r)
 	buf := make([]byte, bufSize)
 	var total int64
@@ -139,12 +151,7 @@ func Extract(r io.Reader, root *os.Root, special bool) (int64, error) {
 				return fail(err)
 			}
 		}
-		perm := fs.FileMode(h.Mode & 0o777)
-		for bit, m := range map[int64]fs.FileMode{0o4000: fs.ModeSetuid, 0o2000: fs.ModeSetgid, 0o1000: fs.ModeSticky} {
-			if special && h.Mode&bit != 0 {
-				perm |= m
-			}
-		}
+		perm := tarMode(h.Mode) & keep
 		switch h.Typeflag {
 		case tar.TypeDir:
 			if err := root.MkdirAll(name, 0o755); err != nil {
@@ -198,6 +205,18 @@ func Extract(r io.Reader, root *os.Root, special bool) (int64, error) {
 		root.Chtimes(d.name, d.t, d.t)
 	}
 	return total, nil
+}
+
+// tarMode is a tar header's mode bits as an fs.FileMode: the permissions
+// and the setuid, setgid and sticky bits (the type is the header's flag).
+func tarMode(mode int64) fs.FileMode {
+	m := fs.FileMode(mode & 0o777)
+	for bit, fm := range map[int64]fs.FileMode{0o4000: fs.ModeSetuid, 0o2000: fs.ModeSetgid, 0o1000: fs.ModeSticky} {
+		if mode&bit != 0 {
+			m |= fm
+		}
+	}
+	return m
 }
 
 // local is name relative to the directory, and whether it stays in it.

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -44,7 +45,7 @@ func TestRoundTrip(t *testing.T) {
 	dst := t.TempDir()
 	root, _ := os.OpenRoot(dst)
 	defer root.Close()
-	n, err := Extract(&buf, root, true)
+	n, err := Extract(&buf, root, KeepAll)
 	if err != nil || n != 4 {
 		t.Fatalf("Extract: %d, %v", n, err)
 	}
@@ -75,7 +76,7 @@ func TestOutside(t *testing.T) {
 		dir := filepath.Join(base, "d-"+filepath.Base(name))
 		os.Mkdir(dir, 0o755)
 		root, _ := os.OpenRoot(dir)
-		_, err := Extract(bytes.NewReader(tarOf(t, hs...)), root, false)
+		_, err := Extract(bytes.NewReader(tarOf(t, hs...)), root, LocalModes(0))
 		root.Close()
 		var out *OutsideError
 		var entry *EntryError
@@ -88,7 +89,7 @@ func TestOutside(t *testing.T) {
 	}
 	root, _ := os.OpenRoot(base)
 	defer root.Close()
-	if _, err := Extract(bytes.NewReader([]byte("not a tar at all, not at all")), root, false); !errors.Is(err, ErrNotTar) {
+	if _, err := Extract(bytes.NewReader([]byte("not a tar at all, not at all")), root, LocalModes(0)); !errors.Is(err, ErrNotTar) {
 		t.Errorf("garbage: %v", err)
 	}
 }
@@ -111,7 +112,7 @@ func FuzzExtract(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer root.Close()
-		_, err = Extract(bytes.NewReader(data), root, false)
+		_, err = Extract(bytes.NewReader(data), root, LocalModes(0o022))
 		var out *OutsideError
 		var entry *EntryError
 		if err != nil && !errors.Is(err, ErrNotTar) && !errors.As(err, &out) && !errors.As(err, &entry) {
@@ -124,17 +125,43 @@ func FuzzExtract(f *testing.F) {
 	})
 }
 
-// TestSpecialBits: setuid and setgid bits are kept only when asked.
-func TestSpecialBits(t *testing.T) {
-	for _, special := range []bool{false, true} {
-		dir := t.TempDir()
-		root, _ := os.OpenRoot(dir)
-		_, err := Extract(bytes.NewReader(tarOf(t, tar.Header{Name: "s", Typeflag: tar.TypeReg, Mode: 0o4755})), root, special)
-		root.Close()
-		fi, _ := os.Stat(filepath.Join(dir, "s"))
-		if err != nil || fi == nil || (fi.Mode()&os.ModeSetuid != 0) != special || fi.Mode().Perm() != 0o755 {
-			t.Errorf("special %v: %v, %v", special, fi, err)
-		}
+// TestModesKept pins issue 30 item 6's cp of a guest's files (a file the
+// guest made 0777 landed 0777 on the host, and a setuid bit could land
+// too): with LocalModes the caller's umask clears bits and setuid,
+// setgid and sticky are never set, on files and directories alike;
+// KeepAll (guestd) keeps every bit.
+func TestModesKept(t *testing.T) {
+	cases := []struct {
+		name string
+		keep fs.FileMode
+		typ  byte
+		mode int64
+		want fs.FileMode
+	}{
+		{"a file, every bit kept", KeepAll, tar.TypeReg, 0o4755, 0o755 | fs.ModeSetuid},
+		{"a setgid directory, every bit kept", KeepAll, tar.TypeDir, 0o2775, 0o775 | fs.ModeSetgid},
+		{"a 0777 file under umask 022", LocalModes(0o022), tar.TypeReg, 0o777, 0o755},
+		{"a 0777 file under umask 027", LocalModes(0o027), tar.TypeReg, 0o777, 0o750},
+		{"a setuid file under umask 022", LocalModes(0o022), tar.TypeReg, 0o4755, 0o755},
+		{"a setgid file under umask 0", LocalModes(0), tar.TypeReg, 0o2777, 0o777},
+		{"a 0777 directory under umask 077", LocalModes(0o077), tar.TypeDir, 0o777, 0o700},
+		{"a sticky directory under umask 022", LocalModes(0o022), tar.TypeDir, 0o1777, 0o755},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			root, _ := os.OpenRoot(dir)
+			defer root.Close()
+			want := tc.want
+			if tc.typ == tar.TypeDir {
+				want |= fs.ModeDir
+			}
+			_, err := Extract(bytes.NewReader(tarOf(t, tar.Header{Name: "e", Typeflag: tc.typ, Mode: tc.mode})), root, tc.keep)
+			fi, _ := os.Lstat(filepath.Join(dir, "e"))
+			if err != nil || fi == nil || fi.Mode() != want {
+				t.Fatalf("mode %v, want %v (%v)", fi.Mode(), want, err)
+			}
+		})
 	}
 }
 

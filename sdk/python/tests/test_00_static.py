@@ -426,6 +426,278 @@ def test_websocket_ipv6_host_header() -> None:
     assert f"Host: [::1]:{port}\r\n" in got["req"]
 
 
+# Issue 30 item 6.3: this SDK retried 503 host_capacity where the TypeScript
+# one did not, and they disagreed on PUT, DELETE, 501 and Retry-After. The
+# rule of docs/sdk.md, "Retries", case by case: how many tries a call whose
+# first answer is `first` (then a success) takes. The same table is in the
+# TypeScript SDK's tests.
+RETRY_CASES = [
+    # (name, method, idempotent, first, code, retry_after, budget, tries)
+    ("GET after 503", "GET", False, 503, None, None, 60, 2),
+    ("GET after 500", "GET", False, 500, None, None, 60, 2),
+    ("HEAD after 502", "HEAD", False, 502, None, None, 60, 2),
+    ("GET after 504", "GET", False, 504, None, None, 60, 2),
+    ("GET after a reset", "GET", False, "reset", None, None, 60, 2),
+    ("PUT after 503", "PUT", False, 503, None, None, 60, 2),
+    ("POST with a key after 502", "POST", True, 502, None, None, 60, 2),
+    ("POST with a key after a reset", "POST", True, "reset", None, None, 60, 2),
+    ("POST with a key after 503 host_capacity", "POST", True, 503, "host_capacity", None, 60, 1),
+    ("GET after 507", "GET", False, 507, "insufficient_storage", None, 60, 1),
+    ("GET after 501", "GET", False, 501, None, None, 60, 1),
+    ("GET after 409", "GET", False, 409, "sandbox_not_running", None, 60, 1),
+    ("POST without a key after 503", "POST", False, 503, None, None, 60, 1),
+    ("POST without a key after a reset", "POST", False, "reset", None, None, 60, 1),
+    ("DELETE after 502", "DELETE", False, 502, None, None, 60, 1),
+    ("POST without a key after 429", "POST", False, 429, None, "0", 60, 2),
+    ("DELETE after 429", "DELETE", False, 429, None, "0", 60, 2),
+    ("GET after 503 with Retry-After 0", "GET", False, 503, None, "0", 60, 2),
+    ("GET after 503 with Retry-After past the budget", "GET", False, 503, None, "3600", 60, 1),
+    ("GET after 429 with Retry-After past the budget", "GET", False, 429, None, "3600", 60, 1),
+    ("GET after 503, budget 0", "GET", False, 503, None, None, 0, 1),
+]
+
+
+def test_fork_with_count_is_idempotent() -> None:
+    """Pins issue 30 item 6.4: the many-forks fork took no Idempotency-Key,
+    so it could not be retried without making its forks twice. It sends one,
+    and its retry the same."""
+    import http.server
+    import threading
+
+    keys: list = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            keys.append(self.headers.get("Idempotency-Key"))
+            if len(keys) == 1:
+                status, env = 502, {"status": "error", "message": "bad gateway", "code": 502}
+            else:
+                rec = {"state": "creating", "memory_mib": 512, "vcpus": 1, "disk_gib": 4, "created_at": "2026-01-01T00:00:00Z"}
+                status, env = 202, {"status": "success", "data": {"sandboxes": [dict(rec, id="sb-f1"), dict(rec, id="sb-f2")]}}
+            out = json.dumps(env).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = strata.Strata(f"http://127.0.0.1:{srv.server_address[1]}", "k")
+        forks = strata.Sandbox.connect("sb-parent", client=client).fork("v1", count=2, wait=False)
+        assert [f.id for f in forks] == ["sb-f1", "sb-f2"]
+        assert len(keys) == 2 and keys[0] and keys[0] == keys[1]
+    finally:
+        srv.shutdown()
+
+
+def test_the_one_retry_rule() -> None:
+    import http.server
+    import socket
+    import threading
+
+    state: dict = {}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(n)
+            state["n"] += 1
+            state["keys"].append(self.headers.get("Idempotency-Key"))
+            _, _, first, code, retry_after = state["case"]
+            if state["n"] > 1:
+                out = b'{"status":"success","data":{}}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+                return
+            if first == "reset":
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                self.connection.close()
+                return
+            if first >= 500:
+                env = {"status": "error", "message": "m", "code": first, "data": {"code": code} if code else None}
+            else:
+                env = {"status": "fail", "data": {"code": code or "rate_limited", "message": "m"}}
+            out = b"" if self.command == "HEAD" else json.dumps(env).encode()
+            self.send_response(first)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            if retry_after is not None:
+                self.send_header("Retry-After", retry_after)
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _answer
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        for name, method, idempotent, first, code, retry_after, budget, tries in RETRY_CASES:
+            state.update(n=0, keys=[], case=(name, method, first, code, retry_after))
+            c = strata.Strata(f"http://127.0.0.1:{srv.server_address[1]}", "k", retry_for=budget)
+            try:
+                c.request(method, "/v1/sandboxes/sb-x", idempotent=idempotent)
+            except strata.StrataError:
+                pass
+            assert state["n"] == tries, name
+            assert len(set(state["keys"])) == 1, f"{name}: the same key on every try"
+    finally:
+        srv.shutdown()
+
+
+def test_session_ends_with_session_restored() -> None:
+    """Pins issue 30 item 6.2: after a restore, a session's reattach went on
+    in the snapshot's run (its output spliced after ours). Every attachment
+    names the record's generation; a refusal of it ends the output with
+    session_restored, after what the first attachment gave, and nothing
+    else."""
+    import socket
+    import threading
+
+    gen = "0123456789abcdef"
+    targets: list[str] = []
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def answer(conn: socket.socket) -> None:
+        conn.settimeout(10)
+        req = b""
+        while b"\r\n\r\n" not in req:
+            chunk = conn.recv(4096)
+            if not chunk:
+                return
+            req += chunk
+        head = req.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+        method, target = head.split(" ")[:2]
+        if method == "POST":
+            n = int(next((l.split(":", 1)[1] for l in head.split("\r\n") if l.lower().startswith("content-length:")), "0"))
+            body = req.split(b"\r\n\r\n", 1)[1]
+            while len(body) < n:
+                body += conn.recv(4096)
+            rec = {"id": "se-0123456789abcdef", "cmd": ["sh"], "tty": False, "detachable": True, "state": "running",
+                   "attached": 0, "created_at": "2026-01-01T00:00:00Z", "output_bytes": 0, "generation": gen}
+            out = json.dumps({"status": "success", "data": rec}).encode()
+            conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(out), out))
+            return
+        targets.append(target)
+        if len(targets) == 1:
+            _upgrade(conn, head)
+            conn.sendall(b"\x82\x08\x01before\n")
+            reason = b"the sandbox is being restored"
+            conn.sendall(bytes([0x88, 2 + len(reason)]) + (1011).to_bytes(2, "big") + reason)
+            try:
+                while conn.recv(4096):
+                    pass
+            except OSError:
+                pass
+            return
+        out = json.dumps({"status": "fail", "data": {"code": "session_restored", "message": "restored", "generation": "fedcba9876543210"}}).encode()
+        conn.sendall(b"HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(out), out))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    answer(conn)
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        client = strata.Strata(f"http://127.0.0.1:{srv.getsockname()[1]}", "k", retry_for=0)
+        s = strata.Sandbox.connect("sb-x", client=client).exec.start(["sh"], detachable=True)
+        assert s.generation == gen
+        got = []
+        try:
+            for chunk in s:
+                got.append(chunk.data)
+            raise AssertionError("the output should end with session_restored")
+        except strata.StrataError as e:
+            assert e.code == "session_restored", repr(e)
+        assert got == [b"before\n"]
+        assert targets == [f"/v1/sandboxes/sb-x/sessions/se-0123456789abcdef/attach?since={n}&generation={gen}" for n in (0, 7)]
+    finally:
+        srv.close()
+
+
+def test_calls_are_told_not_kept() -> None:
+    """Pins issue 30 item 6.5: the SDK kept every call of the process in a
+    module-level list (up to 100,000). Calls go to the client's on_request
+    hook, and nothing of them stays in the module."""
+    from strata import _client
+
+    assert not [n for n, v in vars(_client).items() if isinstance(v, (list, set, dict)) and n.upper() == n and n != "RETRY_STATUSES"]
+    seen: list[tuple[str, str]] = []
+    c = strata.Strata("http://127.0.0.1:1", "k", retry_for=0, on_request=lambda m, p: seen.append((m, p)))
+    try:
+        strata.Sandbox.list(client=c)
+        raise AssertionError("nothing listens on port 1")
+    except strata.StrataError as e:
+        assert e.code == "network_error"
+    assert seen and set(seen) == {("GET", "/v1/sandboxes")}
+
+
+def test_download_modes(tmp_path: Path) -> None:
+    """Pins issue 30 item 6: a download kept the guest's modes whatever the
+    umask, and as root its setuid bits and owners. Files and directories get
+    the tar's permissions less the umask, never setuid, setgid or sticky, and
+    this process's user."""
+    import http.server
+    import tarfile
+    import threading
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name, kind, mode in (("open", tarfile.REGTYPE, 0o777), ("suid", tarfile.REGTYPE, 0o4755), ("tmp", tarfile.DIRTYPE, 0o1777)):
+            ti = tarfile.TarInfo(name)
+            ti.type, ti.mode, ti.uid, ti.gid, ti.size = kind, mode, 4242, 4242, 1 if kind == tarfile.REGTYPE else 0
+            tf.addfile(ti, io.BytesIO(b"x") if kind == tarfile.REGTYPE else None)
+    body = buf.getvalue()
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-tar")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    old = os.umask(0o027)
+    try:
+        client = strata.Strata(f"http://127.0.0.1:{srv.server_address[1]}", "k", retry_for=0)
+        from strata.files import _umask
+
+        assert _umask() == 0o027
+        strata.Sandbox.connect("sb-x", client=client).files.download("/d", tmp_path / "out")
+        for name in ("open", "suid", "tmp"):
+            st = (tmp_path / "out" / name).lstat()
+            assert (oct(st.st_mode & 0o7777), st.st_uid) == (oct(0o750), os.getuid()), name
+    finally:
+        os.umask(old)
+        srv.shutdown()
+
+
 def test_upload_aborts_when_the_tree_cannot_be_read(tmp_path: Path, monkeypatch) -> None:
     """A failing tar producer breaks the request off: the server never sees
     the chunked body's end (so no partial tar is taken for a whole)."""

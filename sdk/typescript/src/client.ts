@@ -20,7 +20,7 @@ export interface StrataOptions {
   sandboxId?: string;
   /** The credentials file read for what the environment lacks. Default: `CREATEOS_CREDENTIALS`, else `/run/strata/credentials.env`. */
   credentialsFile?: string;
-  /** How long a retryable call is retried (network errors, 429, 5xx on GETs and idempotent POSTs), in ms. Default 60000. */
+  /** How long a call is retried, in ms, counted from its first failure (0: never); which calls are, and when: docs/sdk.md, "Retries". Default 60000. */
   retryTimeoutMs?: number;
   /** How long `create`, `fork`, `start`, `resume` and `pause` wait for the sandbox's state, in ms. Default 300000. */
   waitTimeoutMs?: number;
@@ -38,7 +38,7 @@ export interface CallOptions {
   body?: Uint8Array | ReadableStream<Uint8Array> | string;
   /** Extra request headers. */
   headers?: Record<string, string>;
-  /** Send an `Idempotency-Key` (a new UUID, the same on every retry), which makes the call retryable. */
+  /** Send an `Idempotency-Key` (a new UUID, the same on every retry), which makes a POST retryable. */
   idempotent?: boolean;
   /** Return the `Response` as is, for streamed bodies (the SDK checks only its status). */
   raw?: boolean;
@@ -80,6 +80,18 @@ export function readCredentials(path: string): Record<string, string> {
 }
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** The statuses after which a retryable call is sent again (but 503 `host_capacity`): docs/sdk.md, "Retries". */
+const RETRY_STATUSES = new Set([500, 502, 503, 504]);
+
+/** Retry-After in ms (seconds or an HTTP date); undefined when absent or neither. */
+function retryAfter(h: Headers): number | undefined {
+  const v = h.get("Retry-After")?.trim();
+  if (!v) return undefined;
+  if (/^\d+(\.\d+)?$/.test(v)) return Number(v) * 1000;
+  const t = Date.parse(v);
+  return Number.isNaN(t) ? undefined : Math.max(0, t - Date.now());
+}
 
 /** Node's fetch wraps socket errors; this finds ECONNREFUSED anywhere in the chain. */
 function refused(err: unknown): boolean {
@@ -182,11 +194,14 @@ export class Strata {
   }
 
   /**
-   * Calls one route and returns its JSend `data`. GETs and HEADs, and POSTs
-   * sent with an `Idempotency-Key`, are retried (with the same key) on a
-   * network error, a 5xx (but `host_capacity` and 507) and a 429 (after its
-   * `Retry-After`) for up to `retryTimeoutMs`; any other call only on a 429
-   * or a refused connection, which mean it was not done.
+   * Calls one route and returns its JSend `data`, retried as docs/sdk.md,
+   * "Retries", says (the rule all three clients follow): GET, HEAD, PUT and
+   * POSTs sent with an `Idempotency-Key` (the same key on every try) after a
+   * network error, a 500, 502, 503 (but `host_capacity`) or 504; any call
+   * (but a streamed body) after a 429 or a refused connection, which mean
+   * it was not done; each wait the answer's `Retry-After`, or 0.25 s
+   * doubling to 5 s with jitter, while it ends within `retryTimeoutMs` of
+   * the first failure.
    *
    * @typeParam T - the type of `data`
    * @param method - the HTTP method
@@ -213,14 +228,21 @@ export class Strata {
     }
     if (options.idempotent) headers["Idempotency-Key"] = randomUUID();
     const streamed = typeof ReadableStream !== "undefined" && body instanceof ReadableStream;
-    const retryable = !streamed && (method === "GET" || method === "HEAD" || !!options.idempotent);
-    const deadline = Date.now() + this.retryTimeoutMs;
-    // A retryable call is tried again at least once after a network error
-    // or a 5xx, even when its first attempt took the whole budget (a fetch
-    // that timed out): what the budget bounds is the waiting between tries.
-    const mayRetry = (attempt: number, backoff: number) => attempt === 0 || Date.now() + backoff < deadline;
-    for (let attempt = 0; ; attempt++) {
-      const backoff = Math.min(250 * 2 ** attempt, 5000);
+    const retryable = !streamed && (method === "GET" || method === "HEAD" || method === "PUT" || !!options.idempotent);
+    // The budget counts from the first failure: a first try may take the
+    // call's whole timeout (longer than the budget), and is still retried.
+    let deadline: number | undefined;
+    let backoff = 250;
+    /** The wait before the next try, or undefined when it would end past the budget. */
+    const retryIn = (after: number | undefined): number | undefined => {
+      const now = Date.now();
+      deadline ??= now + this.retryTimeoutMs;
+      const delay = after ?? backoff * (0.5 + Math.random());
+      if (now + delay > deadline) return undefined;
+      backoff = Math.min(backoff * 2, 5000);
+      return delay;
+    };
+    for (;;) {
       let response: Response;
       this.onRequest?.(method, url.slice(this.apiUrl.length));
       try {
@@ -228,25 +250,27 @@ export class Strata {
         if (streamed) init.duplex = "half";
         response = await fetch(url, init);
       } catch (err) {
-        if (!streamed && ((retryable && mayRetry(attempt, backoff)) || (refused(err) && Date.now() + backoff < deadline))) {
-          await sleep(backoff);
+        const delay = !streamed && (retryable || refused(err)) ? retryIn(undefined) : undefined;
+        if (delay !== undefined) {
+          await sleep(delay);
           continue;
         }
         throw new StrataError("network_error", `${method} ${path}: ${(err as Error).message}${refused(err) ? " (connection refused)" : ""}`, 0, {}, undefined, { cause: err });
       }
       if (response.status === 429 && !streamed) {
-        const after = Number(response.headers.get("Retry-After")) || 1;
-        if (Date.now() + after * 1000 < deadline) {
+        const delay = retryIn(retryAfter(response.headers));
+        if (delay !== undefined) {
           await response.body?.cancel();
-          await sleep(after * 1000);
+          await sleep(delay);
           continue;
         }
       }
-      if (response.status >= 500 && retryable && response.status !== 507) {
+      if (retryable && RETRY_STATUSES.has(response.status)) {
         const text = await response.text();
         const err = errorOf(method, path, response, text);
-        if (err.code !== "host_capacity" && mayRetry(attempt, backoff)) {
-          await sleep(backoff);
+        const delay = err.code === "host_capacity" ? undefined : retryIn(retryAfter(response.headers));
+        if (delay !== undefined) {
+          await sleep(delay);
           continue;
         }
         throw err;

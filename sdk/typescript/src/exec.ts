@@ -120,14 +120,17 @@ export class Exec {
   }
 
   /**
-   * Attaches to a session already running (or exited in the last 10 minutes).
+   * Attaches to a session already running (or exited in the last 10 minutes),
+   * in the run its record names (`GET …/sessions/{sid}` first).
    *
    * @param sessionId - `se-…`
    * @param options - `since`: the output offset to start from (default 0)
    * @returns the session, attached
    */
   async attach(sessionId: string, options: AttachOptions = {}): Promise<Session> {
-    const s = new Session(this.client, this.sandboxId, sessionId, options.since ?? 0);
+    // The record names the generation the attachments will name (see Session).
+    const record = await this.get(sessionId);
+    const s = new Session(this.client, this.sandboxId, sessionId, options.since ?? 0, record);
     await s.attached();
     return s;
   }
@@ -174,9 +177,9 @@ const MAX_QUEUE = 256;
 /** …or bytes of them, whichever comes first. */
 const MAX_QUEUE_BYTES = 4 << 20;
 
-/** Whether a session that failed with e may be attached again later (its sandbox paused or stopped, a broken connection…). */
+/** Whether a session that failed with e may be attached again later (its sandbox paused or stopped, a broken connection…): not once it is another run (`session_restored`). */
 function resumable(e: unknown): boolean {
-  return !(e instanceof StrataError && (e.status === 401 || e.status === 403 || e.status === 404));
+  return !(e instanceof StrataError && (e.status === 401 || e.status === 403 || e.status === 404 || e.code === "session_restored"));
 }
 
 /**
@@ -192,10 +195,19 @@ function resumable(e: unknown): boolean {
  * When the sandbox is paused or stopped (or stays busy longer), the
  * session fails: {@link Session.wait} and the output reject, with
  * `sandbox_not_running` for instance. Stdin written then is kept, and
- * {@link Session.reattach} (once the sandbox runs again, after
- * `sb.resume()`) continues the session from its offset, sending that
- * stdin first. Once the session has exited or was detached, writing to it
+ * {@link Session.reattach} (once the sandbox answers again: after a
+ * snapshot that took longer, or a network outage) continues the session
+ * from its offset, sending that stdin first. Once the session has exited or was detached, writing to it
  * throws `attachment_closed`.
+ *
+ * Every attachment names the generation of the session's record
+ * (`?generation=`, docs/api.md "Generations"). A restore, a fork or a
+ * resume after a pause loads the guest's memory again, and the session is
+ * then another run, whose output after our offset is not what would have
+ * followed ours: the attachment is refused, and the session ends with
+ * `session_restored` (the output and {@link Session.wait} reject with it,
+ * and so does {@link Session.reattach}) instead of splicing that run's
+ * output after ours. `exec.attach(id, { since })` follows the new run.
  *
  * One consumer reads the output: iterate it, or call one of
  * {@link Session.text}, {@link Session.stdout}, {@link Session.output}.
@@ -218,8 +230,10 @@ export class Session implements AsyncIterable<OutputChunk> {
   readonly id: string;
   /** The sandbox it runs in. */
   readonly sandboxId: string;
-  /** Its record as `exec.start` answered (undefined for `exec.attach`). */
+  /** Its record as `exec.start` or `exec.attach` read it. */
   readonly record: SessionRecord | undefined;
+  /** The guest's generation the attachments name (the record's; undefined from a server that predates generations: nothing is checked then). */
+  readonly generation: string | undefined;
   /** How many times it attached again: by itself after an operation on the sandbox ended its attachment, or by {@link Session.reattach}. */
   reattachments = 0;
   /** Bytes of output the server no longer held when asked for them (`dropped` messages). */
@@ -261,6 +275,7 @@ export class Session implements AsyncIterable<OutputChunk> {
     this.sandboxId = sandboxId;
     this.since = since;
     this.record = record;
+    this.generation = record?.generation;
     this.begin();
   }
 
@@ -398,15 +413,16 @@ export class Session implements AsyncIterable<OutputChunk> {
 
   /**
    * Attaches again, from the output offset reached, after the session
-   * failed (its sandbox was paused or stopped, or stayed busy longer than
-   * 55 s; or after {@link Session.detach}): once the sandbox runs again,
-   * e.g. after `sb.resume()`. The stdin written since the failure (and
-   * during the gap before it) is sent first. Then iterate the output,
-   * and {@link Session.wait}, again. Does nothing while attached.
+   * failed (its sandbox stayed busy longer than 55 s, or was paused; or
+   * after {@link Session.detach}), in the same run of the session. The
+   * stdin written since the failure (and during the gap before it) is
+   * sent first. Then iterate the output, and {@link Session.wait}, again.
+   * Does nothing while attached. After a pause and `sb.resume()`, or a
+   * restore, the session is another run: `session_restored`.
    *
    * @throws {@link StrataError} `attachment_closed` when the session has exited; the attachment's
    *   error when it cannot be opened (`sandbox_not_running` while still paused; the session stays
-   *   failed, and reattach may be tried again)
+   *   failed, and reattach may be tried again; `session_restored` once the session is another run)
    */
   async reattach(): Promise<void> {
     if (!this.ended) return this.first;
@@ -567,6 +583,18 @@ export class Session implements AsyncIterable<OutputChunk> {
     }
   }
 
+  /** The error a session ends with when it is another run now (e: the refusal). */
+  private restored(e: StrataError): StrataError {
+    return new StrataError(
+      "session_restored",
+      `session ${this.id}: the sandbox was restored, forked or paused since this session's attachment began, and the session is another run now, whose output from byte ${this.since} is not what came here; follow that run with exec.attach("${this.id}")`,
+      e.status || 409,
+      e.data,
+      e.requestId,
+      { cause: e },
+    );
+  }
+
   /**
    * One attachment: resolves with its close once it ends; undefined when
    * the run was over (detached) by the time it opened (it is closed at once).
@@ -605,16 +633,21 @@ export class Session implements AsyncIterable<OutputChunk> {
     };
     const path = sandboxPath(this.sandboxId, "sessions", this.id, "attach");
     const open = async () => {
-      const q = `?since=${this.since}`;
+      const q = `?since=${this.since}` + (this.generation ? `&generation=${encodeURIComponent(this.generation)}` : "");
       this.client.notify("GET", path + q);
       try {
         return await openWs(this.client.apiUrl.replace(/^http/, "ws") + path + q, this.client.apiKey, handlers);
       } catch (e) {
         // The platform's WebSocket does not tell why an upgrade was
-        // refused: the session's record does (404, 409 sandbox_not_running…).
+        // refused: the session's record does (404, 409 sandbox_not_running…),
+        // and a generation it no longer has is a restored session.
         if (e instanceof StrataError && e.status === 0 && (globalThis as { WebSocket?: unknown }).WebSocket) {
-          await this.client.call("GET", sandboxPath(this.sandboxId, "sessions", this.id));
+          const { data } = await this.client.call<{ generation?: string }>("GET", sandboxPath(this.sandboxId, "sessions", this.id));
+          if (this.generation && data.generation && data.generation !== this.generation) {
+            throw this.restored(new StrataError("session_restored", "restored", 409, { generation: data.generation }));
+          }
         }
+        if (e instanceof StrataError && e.code === "session_restored") throw this.restored(e);
         throw e;
       }
     };
@@ -629,7 +662,7 @@ export class Session implements AsyncIterable<OutputChunk> {
           conn = await open();
           break;
         } catch (e) {
-          let busy = !(e instanceof StrataError) || e.status === 0 || e.status >= 500 || (e.status === 409 && e.code !== "sandbox_not_running");
+          let busy = !(e instanceof StrataError) || e.status === 0 || e.status >= 500 || (e.status === 409 && e.code !== "sandbox_not_running" && e.code !== "session_restored");
           if (e instanceof StrataError && e.code === "sandbox_not_running") {
             const state = e.data.state;
             busy = state !== "paused" && state !== "stopped" && state !== "error";

@@ -318,7 +318,11 @@ export class Files {
 
   /**
    * Copies a directory's tree out of the sandbox into a local directory
-   * (made when missing), as a tar unpacked by the system's `tar`.
+   * (made when missing), as a tar unpacked by the system's `tar`. Modes are
+   * the sandbox's less this process's umask, never setuid, setgid or
+   * sticky, and files are this process's user's (`--no-same-permissions
+   * --no-same-owner`, as tar does for a user who is not root; the same as
+   * `createos sandbox cp` and the Python SDK).
    *
    * @param dir - the directory in the sandbox
    * @param localDir - the directory here
@@ -338,7 +342,9 @@ export class Files {
       await cancel();
       throw new StrataError("invalid_argument", `cannot make the local directory ${localDir}: ${(e as Error).message}`, 0, { path: localDir }, undefined, { cause: e });
     }
-    const tar = runTar(["-C", localDir, "-xf", "-"], ["pipe", "ignore", "pipe"]);
+    // Root's tar would keep the tar's owners and every mode bit (setuid
+    // included) and ignore the umask: a sandbox must not plant those here.
+    const tar = runTar(["-C", localDir, "--no-same-owner", "--no-same-permissions", "-xf", "-"], ["pipe", "ignore", "pipe"]);
     try {
       await started(tar);
     } catch (e) {

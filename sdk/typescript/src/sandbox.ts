@@ -231,7 +231,8 @@ export class Sandbox {
   /**
    * Forks this sandbox from one of its VM snapshots: one fork (a Sandbox),
    * or with `count` that many in one call (an array, with `failed` for the
-   * refusals). Each returns once running unless `wait: false`.
+   * refusals). Each returns once running unless `wait: false`. Sent with an
+   * `Idempotency-Key`, retried with it: a retry never makes a fork twice.
    *
    * @param snapshot - `v1`, … or its name
    * @param options - name (with count: the names' prefix), count, access, wait
@@ -253,6 +254,7 @@ export class Sandbox {
     if (options.count === undefined) return Sandbox.forkOne(this.client, this.id, snapshot, options);
     const { data } = await this.client.call<{ sandboxes: unknown[]; failed?: ForkRefusal[] }>("POST", sandboxPath(this.id, "snapshots", snapshot, "fork"), {
       json: { count: options.count, name_prefix: options.name, access: options.access },
+      idempotent: true,
     });
     const set = camel<SandboxRecord[]>(data.sandboxes).map((r) => new Sandbox(this.client, r)) as ForkSet;
     set.failed = data.failed ?? [];

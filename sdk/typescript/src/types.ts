@@ -269,6 +269,12 @@ export interface SessionRecord {
   endedAt?: string;
   /** Bytes of output so far. */
   outputBytes: number;
+  /**
+   * The guest's generation: the run of the sandbox's memory this record's
+   * offsets are of (a restore, a fork or a resume draws a new one; see
+   * {@link Session}). Absent from a server that predates generations.
+   */
+  generation?: string;
 }
 
 /** One entry of a directory listing of the files routes. */

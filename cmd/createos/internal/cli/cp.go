@@ -44,6 +44,8 @@ written SANDBOX:/absolute/path, the other is a local path, or - for
 standard input or output. A file keeps its mode and modification time; a
 directory goes as a tar stream (modes, times and symlinks kept) and lands,
 as with cp -r, inside DST when DST is an existing directory, else as DST.
+Out of a sandbox, modes lose what your umask clears, and never carry
+setuid, setgid or sticky.
 Nothing is held whole in memory on either side: files of any size, up to
 the space on the receiving side.
 
@@ -131,7 +133,9 @@ func (a *app) upload(ctx context.Context, c *Client, src, sandbox, dst string, p
 	return nil
 }
 
-// download copies guest path src to local dst (- for stdout).
+// download copies guest path src to local dst (- for stdout). Modes are
+// the sandbox's less this process's umask, never setuid, setgid or
+// sticky (treetar.LocalModes): what cp and tar give a user.
 func (a *app) download(ctx context.Context, c *Client, sandbox, src, dst string) error {
 	kind, err := c.Stat(ctx, sandbox, src)
 	if err != nil {
@@ -156,12 +160,14 @@ func (a *app) download(ctx context.Context, c *Client, sandbox, src, dst string)
 	if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
 		dst = filepath.Join(dst, path.Base(src))
 	}
+	keep := treetar.LocalModes(umask())
 	if kind == "dir" {
-		return readLocalTar(resp.Body, dst)
+		return readLocalTar(resp.Body, dst, keep)
 	}
 	mode, _ := api.ParseFileMode(resp.Header.Get(api.HeaderFileMode), 0o644)
+	perm := fs.FileMode(mode&0o777) & keep
 	tmp := dst + ".createos-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, fs.FileMode(mode&0o777))
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
 	if err != nil {
 		return err
 	}
@@ -170,7 +176,7 @@ func (a *app) download(ctx context.Context, c *Client, sandbox, src, dst string)
 		err = cerr
 	}
 	if err == nil {
-		err = os.Chmod(tmp, fs.FileMode(mode&0o777))
+		err = os.Chmod(tmp, perm)
 	}
 	if t, perr := api.ParseFileMtime(resp.Header.Get(api.HeaderFileMtime)); err == nil && perr == nil && !t.IsZero() {
 		err = os.Chtimes(tmp, t, t)
@@ -194,8 +200,9 @@ func writeLocalTar(w io.Writer, dir string) error {
 }
 
 // readLocalTar unpacks a tar from a sandbox into dir (made), through an
-// os.Root of it: no entry lands outside it.
-func readLocalTar(r io.Reader, dir string) error {
+// os.Root of it: no entry lands outside it; of each entry's mode only
+// keep's bits are set.
+func readLocalTar(r io.Reader, dir string, keep fs.FileMode) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -204,6 +211,6 @@ func readLocalTar(r io.Reader, dir string) error {
 		return err
 	}
 	defer root.Close()
-	_, err = treetar.Extract(r, root, false)
+	_, err = treetar.Extract(r, root, keep)
 	return err
 }

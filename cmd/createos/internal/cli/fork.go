@@ -76,7 +76,7 @@ func (a *app) forkMany(ctx context.Context, from *api.SandboxFrom, req ForkReque
 	if err != nil {
 		return err
 	}
-	forks, raw, err := c.ForkSnapshot(ctx, from.Sandbox, from.Snapshot, req)
+	forks, raw, err := c.ForkSnapshot(ctx, from.Sandbox, from.Snapshot, req, "")
 	if err != nil {
 		return wrap(err)
 	}

@@ -58,6 +58,11 @@ type fakeAPI struct {
 	exec      func(req api.ExecRequest) (api.ExecResult, error)
 	// sessions run exec at their start; an attachment gets its result.
 	sessions map[string]api.ExecResult
+	// restored are the sessions of a command "restored": their first
+	// attachment gets "before\n" and is ended by an operation (1011), and
+	// the sandbox is restored meanwhile: its generation is another, and an
+	// attachment naming the old one is session_restored.
+	restored map[string]int // attachments opened
 
 	snaps        map[string]*fakeSnapshots // by sandbox id
 	snapLimit    map[bool]int              // by memory: 10 memory, 100 disk-only
@@ -67,7 +72,7 @@ type fakeAPI struct {
 
 func startFakeAPI(t *testing.T) *fakeAPI {
 	f := &fakeAPI{t: t, sandboxes: map[string]*api.Sandbox{}, pending: map[string]*pending{}, polls: 2, pollAfter: "0",
-		snaps: map[string]*fakeSnapshots{}, sessions: map[string]api.ExecResult{}, snapLimit: map[bool]int{true: 10, false: 100}, snapStatus: "ready"}
+		snaps: map[string]*fakeSnapshots{}, sessions: map[string]api.ExecResult{}, restored: map[string]int{}, snapLimit: map[bool]int{true: 10, false: 100}, snapStatus: "ready"}
 	srv := httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(srv.Close)
 	f.url = srv.URL
@@ -141,6 +146,13 @@ func (f *fakeAPI) serve(w http.ResponseWriter, r *http.Request) {
 
 var errNoSandbox = fault.New(fault.NotFound, "sandbox_not_found", "no such sandbox")
 
+// The fake's generations: its sandboxes', and a "restored" session's
+// after its first attachment.
+const (
+	fakeGeneration         = "00000000000000a1"
+	fakeGenerationRestored = "00000000000000b2"
+)
+
 // session is POST …/sessions (the command run by f.exec at once) and GET
 // …/sessions/{sid}/attach (a WebSocket with the command's stdout, stderr
 // and exit), with f.mu held until the attachment is accepted.
@@ -165,15 +177,28 @@ func (f *fakeAPI) session(w http.ResponseWriter, r *http.Request, body []byte) {
 		}
 		id := fmt.Sprintf("se-%016x", len(f.sessions)+1)
 		f.sessions[id] = res
+		if req.Cmd[0] == "restored" {
+			f.restored[id] = 0
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
-		json.NewEncoder(w).Encode(map[string]any{"status": "success", "data": api.Session{ID: id, Sandbox: sb.ID, Cmd: req.Cmd, TTY: req.TTY, State: api.SessionRunning}})
+		json.NewEncoder(w).Encode(map[string]any{"status": "success", "data": api.Session{ID: id, Sandbox: sb.ID, Cmd: req.Cmd, TTY: req.TTY, State: api.SessionRunning, Generation: fakeGeneration}})
 	case len(parts) == 4 && parts[3] == "attach":
 		res, ok := f.sessions[parts[2]]
 		if !ok {
 			jsend.Error(w, nil, "", api.ErrSessionNotFound)
 			return
 		}
+		n, restored := f.restored[parts[2]]
+		current := fakeGeneration
+		if restored && n > 0 {
+			current = fakeGenerationRestored
+		}
+		if g := r.URL.Query().Get("generation"); g != "" && g != current {
+			jsend.Error(w, nil, "", api.ErrSessionRestored.With("generation", current))
+			return
+		}
+		w.Header().Set(api.HeaderSessionGeneration, current)
 		c, err := websocket.Accept(w, r, nil)
 		if err != nil {
 			return
@@ -181,6 +206,16 @@ func (f *fakeAPI) session(w http.ResponseWriter, r *http.Request, body []byte) {
 		f.mu.Unlock()
 		defer f.mu.Lock()
 		ctx := r.Context()
+		if restored {
+			f.mu.Lock()
+			f.restored[parts[2]]++
+			f.mu.Unlock()
+			if n == 0 {
+				c.Write(ctx, websocket.MessageBinary, append([]byte{api.StreamStdout}, "before\n"...))
+				c.Close(websocket.StatusInternalError, "the sandbox is being restored")
+				return
+			}
+		}
 		for _, out := range []struct {
 			stream byte
 			data   string
@@ -589,7 +624,7 @@ func TestSandboxExec(t *testing.T) {
 			if body := f.lastBody("POST /v1/sandboxes/sb-a1/sessions"); body != `{"cmd":["true"],"timeout_s":60}` {
 				t.Errorf("sent %s", body)
 			}
-			if log := f.log(); log[len(log)-1] != "GET /v1/sandboxes/sb-a1/sessions/se-"+fmt.Sprintf("%016x", len(f.sessions))+"/attach?since=0" {
+			if log := f.log(); log[len(log)-1] != "GET /v1/sandboxes/sb-a1/sessions/se-"+fmt.Sprintf("%016x", len(f.sessions))+"/attach?generation="+fakeGeneration+"&since=0" {
 				t.Errorf("then %s", log[len(log)-1])
 			}
 		}},
@@ -616,6 +651,19 @@ func TestSandboxExec(t *testing.T) {
 		{name: "truncated, in one call", args: []string{"sb-a1", "--stdin-file", stdin, "--", "big"}, stdout: "x", stderr: "createos: the output was cut at 1048576 bytes per stream (truncated)\n"},
 		{name: "exec_failed", args: []string{"sb-a1", "--", "nope"}, code: 1,
 			stderr: "createos: exec_failed: program nope is not found in PATH (/usr/bin)\n  program: nope\n"},
+		// Issue 30 item 6.2: after an operation ended the attachment, the
+		// sandbox was restored; the reattach names the generation the
+		// session started in, is refused, and nothing of the restored
+		// run is printed after "before".
+		{name: "restored while detached", args: []string{"sb-a1", "--", "restored"}, code: 1, stdout: "before\n",
+			stderr: "createos: session_restored: the sandbox was restored, forked or paused while the attachment was ended: session se-0000000000000009 is another run's now, whose output from byte 7 is not what followed here; attach to that run with: createos sandbox session attach sb-a1 se-0000000000000009\n",
+			check: func(t *testing.T) {
+				log := f.log()
+				want := "GET /v1/sandboxes/sb-a1/sessions/se-0000000000000009/attach?generation=" + fakeGeneration + "&since="
+				if !strings.HasPrefix(log[len(log)-2], want+"0") || !strings.HasPrefix(log[len(log)-1], want+"7") {
+					t.Errorf("the attachments: %q, %q; want %s0 then %s7", log[len(log)-2], log[len(log)-1], want, want)
+				}
+			}},
 		{name: "not running", args: []string{"sb-off", "--", "true"}, code: 1,
 			stderr: "createos: sandbox_not_running: the sandbox is not running\n  state: stopped\n"},
 		{name: "invalid body", args: []string{"sb-a1", "--cwd", "relative", "--", "true"}, code: 1,
@@ -782,5 +830,24 @@ func TestSandboxAccess(t *testing.T) {
 	}
 	if got := f.log(); len(got) != before {
 		t.Errorf("refused settings were sent: %q", got[before:])
+	}
+}
+
+// TestSessionAttachLearnsTheGeneration: session attach, which has no
+// record, takes the generation its first attachment's handshake names,
+// and sends it on the next (issue 30 item 6.2).
+func TestSessionAttachLearnsTheGeneration(t *testing.T) {
+	f := startFakeAPI(t)
+	f.add(api.Sandbox{ID: "sb-a1", State: "running"})
+	f.exec = func(req api.ExecRequest) (api.ExecResult, error) { return api.ExecResult{}, nil }
+	id := strings.TrimSpace(okFake(t, f, "sandbox", "exec", "sb-a1", "--detach", "--", "restored"))
+	out, errOut, code := runFake(t, f, "sandbox", "session", "attach", "sb-a1", id)
+	if code != 1 || out != "before\n" || !strings.HasPrefix(errOut, "createos: session_restored: ") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	log := f.log()
+	first, again := log[len(log)-2], log[len(log)-1]
+	if first != "GET /v1/sandboxes/sb-a1/sessions/"+id+"/attach?since=0" || again != "GET /v1/sandboxes/sb-a1/sessions/"+id+"/attach?generation="+fakeGeneration+"&since=7" {
+		t.Errorf("the attachments: %q, then %q", first, again)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"strata/client"
 	"strata/internal/api"
 )
 
@@ -36,13 +37,17 @@ var stdin io.Reader = os.Stdin
 // ends attachments with close code 1011, and guestd holds the session
 // api.SessionAttachWait for an attachment to come again: follow attaches
 // again from the offset it had reached, so that a command outlives a
-// snapshot taken meanwhile, even from inside it.
-func (a *app) follow(ctx context.Context, c *Client, sandbox, id string, since int64, in io.Reader, ttyFd int, quietDrop bool) (int, error) {
+// snapshot taken meanwhile, even from inside it. It attaches with the
+// generation it knew (generation, else its first attachment's): when the
+// sandbox was restored, forked or paused meanwhile, the session is
+// another run's, and follow ends with session_restored rather than print
+// that run's output after this one's.
+func (a *app) follow(ctx context.Context, c *Client, sandbox, id string, since int64, generation string, in io.Reader, ttyFd int, quietDrop bool) (int, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
 		mu   sync.Mutex
-		conn *websocket.Conn // the current attachment
+		conn *client.Attachment // the current attachment
 	)
 	send := func(m api.SessionControl) error {
 		mu.Lock()
@@ -101,9 +106,12 @@ func (a *app) follow(ctx context.Context, c *Client, sandbox, id string, since i
 	var carry []byte // a chunk the last attachment could not send
 	eofSent := false
 	for attempt := 0; ; attempt++ {
-		cur, err := a.attachAgain(ctx, c, sandbox, id, since, attempt > 0)
+		cur, err := a.attachAgain(ctx, c, sandbox, id, since, generation, attempt > 0)
 		if err != nil {
 			return 0, err
+		}
+		if generation == "" {
+			generation = cur.Generation
 		}
 		mu.Lock()
 		conn = cur
@@ -153,12 +161,14 @@ func (a *app) follow(ctx context.Context, c *Client, sandbox, id string, since i
 	}
 }
 
-// attachAgain opens an attachment from since; again (after an operation
-// ended the last one) it retries while the sandbox is busy or not back
-// yet, for as long as guestd holds the session.
-func (a *app) attachAgain(ctx context.Context, c *Client, sandbox, id string, since int64, again bool) (*websocket.Conn, error) {
+// attachAgain opens an attachment from since in generation (none: the
+// current one); again (after an operation ended the last one) it retries
+// while the sandbox is busy or not back yet, for as long as guestd holds
+// the session. A generation that is no longer the guest's is
+// session_restored, at once.
+func (a *app) attachAgain(ctx context.Context, c *Client, sandbox, id string, since int64, generation string, again bool) (*client.Attachment, error) {
 	if !again {
-		conn, err := c.Attach(ctx, sandbox, id, since)
+		conn, err := c.Attach(ctx, sandbox, id, since, generation)
 		if err != nil {
 			return nil, wrap(err)
 		}
@@ -166,11 +176,14 @@ func (a *app) attachAgain(ctx context.Context, c *Client, sandbox, id string, si
 	}
 	deadline := time.Now().Add(api.SessionAttachWait - 5*time.Second)
 	for {
-		conn, err := c.Attach(ctx, sandbox, id, since)
+		conn, err := c.Attach(ctx, sandbox, id, since, generation)
 		if err == nil {
 			return conn, nil
 		}
 		var apiErr *APIError
+		if errors.As(err, &apiErr) && apiErr.Code == api.CodeSessionRestored {
+			return nil, &callError{fmt.Errorf("%s: the sandbox was restored, forked or paused while the attachment was ended: session %s is another run's now, whose output from byte %d is not what followed here; attach to that run with: createos sandbox session attach %s %s", api.CodeSessionRestored, id, since, sandbox, id)}
+		}
 		busy := !errors.As(err, &apiErr) || apiErr.Status == 409 && apiErr.Code != "sandbox_not_running" || apiErr.Status >= 500
 		if apiErr != nil && apiErr.Code == "sandbox_not_running" {
 			// A snapshot's restore or a resume on its way: running
@@ -197,7 +210,7 @@ func (a *app) attachAgain(ctx context.Context, c *Client, sandbox, id string, si
 // until the session's exit (exited, with its code), an operation's end of
 // the attachment (neither exited nor an error: attach again), or an
 // error.
-func (a *app) copyAttachment(ctx context.Context, conn *websocket.Conn, since *int64, quietDrop bool) (code int, exited bool, err error) {
+func (a *app) copyAttachment(ctx context.Context, conn *client.Attachment, since *int64, quietDrop bool) (code int, exited bool, err error) {
 	for {
 		typ, b, err := conn.Read(ctx)
 		if err != nil {
@@ -292,7 +305,7 @@ func (a *app) runSession(ctx context.Context, c *Client, sandbox string, req api
 	if interactive {
 		in = stdin
 	}
-	code, err := a.follow(ctx, c, sandbox, se.ID, 0, in, ttyFd, false)
+	code, err := a.follow(ctx, c, sandbox, se.ID, 0, se.Generation, in, ttyFd, false)
 	if err != nil {
 		return err
 	}
@@ -363,7 +376,7 @@ come later.`,
 				// where it was); what is no longer held is not a loss.
 				from, quiet = 0, true
 			}
-			code, err := a.follow(cmd.Context(), c, args[0], args[1], from, in, -1, quiet)
+			code, err := a.follow(cmd.Context(), c, args[0], args[1], from, "", in, -1, quiet)
 			if err != nil {
 				return err
 			}

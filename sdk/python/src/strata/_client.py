@@ -3,14 +3,19 @@
 Requests use ``http.client`` (one connection per call: no third-party HTTP
 library is needed, and the package imports on any Python 3.11).
 
-Retries: GET and HEAD, and the POSTs that carry an ``Idempotency-Key``
-(sandbox create and fork, directory checkpoint create and restore: the routes
-that take one, see docs/api.md) are sent again with the same key after a
-network error (a timeout included), a 500/502/503/504 or a 429, for up to
-``retry_for`` seconds counted from the first failure (so a call that ran
-into its own timeout is still retried at least once), honouring
-``Retry-After``. Any other call is retried only when it certainly did
-nothing: a 429 (refused at the edge) or a refused connection.
+Retries follow the one rule of the three clients (docs/sdk.md, "Retries"):
+GET, HEAD, PUT (a body held whole: a file, the access setting) and the POSTs
+that carry an ``Idempotency-Key`` (sandbox create and fork, the many-forks
+fork, directory checkpoint create and restore) are sent again, with the same
+key, after a network error (a timeout included) or a 500, 502, 503 (but
+``host_capacity``: the host is full, and a retry would only hide it) or 504.
+Any call whose body can be sent again is, after a 429 (refused at the edge)
+or a refused connection: it certainly did nothing. Nothing else is: a DELETE
+or another POST may have been done. Each wait is the answer's
+``Retry-After``, or 0.25 s doubling to 5 s, drawn between half and one and a
+half times that; a wait that would end more than ``retry_for`` seconds
+after the call's first failure is not waited, and the failure is raised
+(``retry_for=0``: no retries).
 
 Codes of the errors the SDK makes itself (the others are the API's):
 ``network_error`` (no answer came), ``http_<status>`` (an answer that is not
@@ -40,16 +45,10 @@ from ._records import to_record
 __version__ = "0.1.0"
 
 USER_AGENT = f"strata-python/{__version__}"
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_STATUSES = frozenset({500, 502, 503, 504})  # and 429 for any call: see the module docstring
 DEFAULT_TIMEOUT = 120.0
 
 T = TypeVar("T")
-
-# Every (method, path) the SDK sent in this process, for the tests that
-# check each route of the API is reached (see _routes.py).
-CALLS: list[tuple[str, str]] = []
-_calls_lock = threading.Lock()
-
 
 def quote(segment: str) -> str:
     """One path segment, percent-encoded (``/`` included)."""
@@ -132,8 +131,11 @@ class Strata:
 
     ``timeout`` bounds each call that answers at once (exec and the waits
     have their own); ``retry_for`` bounds how long a call is retried (see the
-    module's docstring). Pass the client to the SDK's entry points as
-    ``client=…``, or use its shortcuts ``create``, ``connect`` and ``list``.
+    module's docstring). ``on_request(method, path)`` is called before every
+    HTTP request and WebSocket attachment this client sends (its path
+    without the query), for logs and tests; the SDK keeps no list of calls.
+    Pass the client to the SDK's entry points as ``client=…``, or use its
+    shortcuts ``create``, ``connect`` and ``list``.
     """
 
     api_url: str
@@ -151,6 +153,7 @@ class Strata:
         timeout: float = DEFAULT_TIMEOUT,
         retry_for: float = 60.0,
         credentials_file: str | None = None,
+        on_request: Callable[[str, str], None] | None = None,
     ) -> None:
         url = api_url or _config.lookup(_config.ENV_API_URL, credentials_file)
         key = api_key or _config.lookup(_config.ENV_API_KEY, credentials_file)
@@ -164,6 +167,7 @@ class Strata:
         self.sandbox_id = sandbox_id or _config.lookup(_config.ENV_SANDBOX_ID, credentials_file)
         self.timeout = timeout
         self.retry_for = retry_for
+        self._on_request = on_request
         u = urllib.parse.urlsplit(self.api_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise StrataError("not_configured", f"the API address must be http:// or https://, not {self.api_url!r}")
@@ -213,6 +217,11 @@ class Strata:
                 target += "?" + urllib.parse.urlencode(q)
         return target
 
+    def notify(self, method: str, path: str) -> None:
+        """Tell the ``on_request`` hook, if any, of a request about to be sent."""
+        if self._on_request is not None:
+            self._on_request(method, path)
+
     def base_headers(self) -> dict[str, str]:
         """The headers of every call: the key and the user agent."""
         return {"X-Api-Key": self.api_key, "User-Agent": USER_AGENT}
@@ -254,7 +263,7 @@ class Strata:
         """Send one JSON call and return its answer (``data`` decoded into
         Records); a failure raises StrataError. ``idempotent`` POSTs get an
         ``Idempotency-Key`` (uuid4, the same on every retry) and are retried
-        as GETs are."""
+        as GETs are (see the module docstring)."""
         h = self.base_headers()
         h["Accept"] = "application/json"
         payload: bytes | None = None
@@ -268,11 +277,11 @@ class Strata:
         if payload is None and method in ("POST", "PUT"):
             h["Content-Length"] = "0"
         target = self.url_path(path, query)
-        retry = idempotent or method in ("GET", "HEAD")
+        retry = idempotent or method in ("GET", "HEAD", "PUT")
         t = self.timeout if timeout is None else timeout
 
         def attempt() -> Response:
-            _record(method, path)
+            self.notify(method, path)
             conn = self.connection(t)
             try:
                 try:
@@ -296,7 +305,7 @@ class Strata:
                     data = to_record(env.get("data")) if isinstance(env, dict) else env
                 return Response(resp.status, hdrs, data, hdrs.get("x-request-id"), raw)
             err = error_from(resp.status, hdrs, raw, method, path)
-            if resp.status in RETRY_STATUSES:
+            if resp.status == 429 or _retried(resp.status, err):
                 raise _Retry(_retry_after(hdrs), err, never_done=resp.status == 429)
             raise err
 
@@ -328,7 +337,7 @@ class Strata:
         t = self.timeout if timeout is None else timeout
 
         def attempt() -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-            _record(method, path)
+            self.notify(method, path)
             conn = self.connection(t)
             try:
                 conn.request(method, target, body=body, headers=h, encode_chunked=chunked)
@@ -352,11 +361,16 @@ class Strata:
                 # A HEAD's refusal has no body to carry the code: the files
                 # routes' own codes for these two statuses.
                 err.code = "file_not_found" if resp.status == 404 else "not_a_file"
-            if resp.status in RETRY_STATUSES:
+            if resp.status == 429 or _retried(resp.status, err):
                 raise _Retry(_retry_after(hdrs), err, never_done=resp.status == 429 and not chunked)
             raise err
 
         return self._with_retries(attempt, retry and not chunked, f"{method} {path}")
+
+
+def _retried(status: int, err: StrataError) -> bool:
+    """Whether an answer is one a retryable call is sent again after."""
+    return status in RETRY_STATUSES and err.code != "host_capacity"
 
 
 class _Retry(Exception):
@@ -365,13 +379,6 @@ class _Retry(Exception):
         self.delay = delay
         self.error = error
         self.never_done = never_done
-
-
-def _record(method: str, path: str) -> None:
-    with _calls_lock:
-        CALLS.append((method, path))
-        if len(CALLS) > 100_000:
-            del CALLS[:50_000]
 
 
 _default: Strata | None = None

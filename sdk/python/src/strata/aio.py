@@ -94,6 +94,11 @@ class AsyncSession:
         return self._sync.offset
 
     @property
+    def generation(self) -> str | None:
+        """The guest's generation the attachments name (see ``Session``)."""
+        return self._sync.generation
+
+    @property
     def info(self) -> Record:
         """The session's record as last read."""
         return self._sync.info

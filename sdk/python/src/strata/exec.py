@@ -14,6 +14,13 @@ while the answer is 409 or 503 or the network fails (not when the sandbox is
 ``?since=`` the output offset reached (stdout and stderr bytes received,
 plus the ``bytes`` of any ``dropped`` message), so no output is lost or
 repeated; stdin written during the gap is sent once attached again.
+
+Every attachment names the generation of the session's record
+(``?generation=``, docs/api.md "Generations"): when the sandbox was
+restored, forked or paused in between, the session is another run of the
+snapshot's, and the attachment is refused; the Session then ends with
+StrataError ``session_restored`` rather than give that run's output after
+its own (``sb.exec.attach(id, since=…)`` follows the new run).
 """
 
 from __future__ import annotations
@@ -154,6 +161,9 @@ class Session:
         self.dropped_bytes: int = 0
         self.exit_code: int | None = None
         self.reattached: int = 0
+        # The run of the guest's memory the offsets are of (None from a
+        # server that predates generations: nothing is checked then).
+        self.generation: str | None = record.get("generation") or None
         self._lock = threading.Lock()
         self._ws: WebSocket | None = None
         self._pending: list[tuple[int, bytes]] = []  # messages written while detached
@@ -183,17 +193,25 @@ class Session:
         is closed at once)."""
         client = self.sandbox.client
         path = f"/v1/sandboxes/{quote(self.sandbox.id)}/sessions/{quote(self.id)}/attach"
-        from ._client import _record
-
-        url = client.api_url + path + f"?since={self.offset}"
         deadline = time.monotonic() + REATTACH_FOR
         while True:
             if self._closing and not first:
                 return None
-            _record("GET", path)
+            url = client.api_url + path + f"?since={self.offset}"
+            if self.generation:
+                url += f"&generation={quote(self.generation)}"
+            client.notify("GET", path)
             try:
                 ws = WebSocket.connect(url, {"X-Api-Key": client.api_key}, [SUBPROTOCOL], timeout=30.0)
             except StrataError as e:
+                if e.code == "session_restored":
+                    raise StrataError(
+                        e.code,
+                        f"session {self.id}: the sandbox was restored, forked or paused since this session's "
+                        f"attachment began, and the session is another run now, whose output from byte "
+                        f"{self.offset} is not what came here; follow that run with sb.exec.attach({self.id!r})",
+                        e.status, e.data, e.request_id,
+                    ) from None
                 if first:
                     raise
                 if self._closing:
@@ -273,7 +291,9 @@ class Session:
         """Attach again from the offset reached, after the session's
         attachment failed for good (the sandbox was paused or stopped, or
         did not come back within 55 s): e.g. after ``sb.resume()``. Stdin
-        written meanwhile is sent first. Does nothing while attached."""
+        written meanwhile is sent first. Does nothing while attached. A
+        pause, restore or fork in between makes the session another run:
+        StrataError ``session_restored`` (see the module docstring)."""
         if not self._done.is_set():
             return
         if self.exit_code is not None:

@@ -9,6 +9,7 @@ in memory.
 
 from __future__ import annotations
 
+import copy
 import http.client
 import io
 import os
@@ -208,7 +209,7 @@ class Files:
 
     def remove(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file or an empty directory (a whole tree with ``recursive``)."""
-        conn, resp = self._sb.client.stream("DELETE", self._path(path), query={"recursive": "true"} if recursive else None, retry=True)
+        conn, resp = self._sb.client.stream("DELETE", self._path(path), query={"recursive": "true"} if recursive else None)
         try:
             resp.read()
         finally:
@@ -267,7 +268,11 @@ class Files:
     def download(self, dir: str, local_dir: str | os.PathLike[str]) -> list[str]:
         """Copy the sandbox directory ``dir``'s tree into ``local_dir``
         (made), from a tar read as it streams. Entries that would land
-        outside ``local_dir`` are refused. Returns the names extracted."""
+        outside ``local_dir`` are refused. Modes are the sandbox's less this
+        process's umask, never setuid, setgid or sticky, and files are this
+        process's user's (as tar does for a user who is not root; the same
+        as ``createos sandbox cp`` and the TypeScript SDK). Returns the
+        names extracted."""
         dest = Path(local_dir)
         dest.mkdir(parents=True, exist_ok=True)
         conn, resp = self._sb.client.stream("GET", self._path(dir), headers={"Accept": "application/x-tar"}, retry=True, timeout=TRANSFER_TIMEOUT)
@@ -282,6 +287,7 @@ class Files:
             )
         names: list[str] = []
         root = dest.resolve()
+        keep = _local_modes(_umask())
         try:
             with tarfile.open(fileobj=resp, mode="r|") as tf:
                 for member in tf:
@@ -293,15 +299,50 @@ class Files:
                         if root not in link.parents:
                             raise StrataError("download_failed", f"tar hard link {member.name!r} leads outside {dest}", 0, {"path": member.name})
                     if hasattr(tarfile, "tar_filter"):
-                        tf.extract(member, root, filter="tar")
+                        tf.extract(member, root, filter=lambda m, path: _local_member(tarfile.tar_filter(m, path), keep, m.mode))
                     else:  # Python 3.11 before 3.11.4: checked above
-                        tf.extract(member, root)
+                        tf.extract(_local_member(member, keep), root)
                     names.append(member.name)
         except (tarfile.TarError, http.client.HTTPException, OSError, ValueError) as e:
             raise StrataError("download_failed", f"reading the tar of {dir}: {e!r}") from None
         finally:
             conn.close()
         return names
+
+
+def _umask() -> int:
+    """This process's umask, read where Linux shows it (/proc/self/status)
+    without changing it; elsewhere set and put back at once (os.umask has no
+    read-only form)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split(":", 1)[1].strip(), 8) & 0o777
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old & 0o777
+
+
+def _local_modes(umask: int) -> int:
+    """The mode bits a download keeps: the permissions less umask, never
+    setuid, setgid or sticky (a tar from a sandbox must not plant them here)."""
+    return 0o777 & ~umask
+
+
+def _local_member(member: tarfile.TarInfo, keep: int, mode: int | None = None) -> tarfile.TarInfo:
+    """member as it is written here: the bits of keep of its mode (of
+    ``mode`` when given: the tar's, where a filter changed the member's), and
+    this process's user as its owner (extracting as root would otherwise give
+    files the guest's users)."""
+    m = copy.copy(member)
+    mode = m.mode if mode is None else mode
+    if mode is not None:
+        m.mode = mode & keep
+    m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""
+    return m
 
 
 class _Chunks:

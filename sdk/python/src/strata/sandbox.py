@@ -303,8 +303,8 @@ class Sandbox:
         sandbox, running once returned. Without ``count``: one Sandbox
         (named ``name``; ``POST /v1/sandboxes`` with ``from``, idempotent).
         With ``count``: a ForkList of up to ``count`` (1–100), named
-        ``<name>-1`` … when ``name`` is given (``POST …/fork``); the forks
-        are waited for together. When one of them does not come to
+        ``<name>-1`` … when ``name`` is given (``POST …/fork``, idempotent:
+        a retry never makes a fork twice); the forks are waited for together. When one of them does not come to
         ``running`` (or the single fork does not), StrataError: its
         ``data`` has ``ids``, every fork made (``id`` for a single fork),
         so the caller can kill them. ``access``: each fork's access setting
@@ -321,7 +321,7 @@ class Sandbox:
             req["name_prefix"] = name
         if access is not None:
             req["access"] = access
-        resp = self.client.request("POST", self._path("snapshots", snapshot, "fork"), body=req, timeout=timeout)
+        resp = self.client.request("POST", self._path("snapshots", snapshot, "fork"), body=req, idempotent=True, timeout=timeout)
         forks = ForkList([Sandbox(r["id"], client=self.client, info=r) for r in resp.data.get("sandboxes") or []], list(resp.data.get("failed") or []))
         if wait and forks:
             _wait_forks(forks, timeout)
