@@ -58,7 +58,7 @@ type Attachment struct {
 // Attach opens an attachment of a session from output offset since (-1:
 // the oldest the session still holds). A non-empty generation is the one
 // the caller knew (a record's, or an earlier Attachment's): when it is no
-// longer the guest's (the sandbox was restored, forked or paused since,
+// longer the guest's (the sandbox was restored or forked since,
 // and the session is another run's), the attachment is refused with an
 // *Error of code api.CodeSessionRestored, rather than joining that run's
 // output to what the caller had. A refusal is an *Error.

@@ -34,6 +34,11 @@ type resyncRequest struct {
 	Seed []byte
 	// Hostname is the guest's new hostname; "" keeps the one it has.
 	Hostname string
+	// Continues is set when the guest's memory is its own run going on
+	// (a resume of its pause, a guestd that answers again): its sessions
+	// keep their generation. Otherwise (a restore, a fork) they are
+	// another run's.
+	Continues bool
 }
 
 // resyncWire is the body as sent: pointers tell a field left out (or
@@ -42,6 +47,7 @@ type resyncWire struct {
 	TimeUnixNano *int64  `json:"time_unix_nano"`
 	Seed         *string `json:"seed"`
 	Hostname     *string `json:"hostname"`
+	Continues    *bool   `json:"continues"`
 }
 
 // resyncResult is the data of a resync's 200 answer.
@@ -66,7 +72,9 @@ type resyncResult struct {
 //     bytes: no line breaks, no stray bits) of minResyncSeed to
 //     maxResyncSeed bytes;
 //   - hostname is optional: one RFC 1123 label, 1 to 63 ASCII letters,
-//     digits and hyphens, neither first nor last a hyphen.
+//     digits and hyphens, neither first nor last a hyphen;
+//   - continues is optional (false): true when the guest's memory goes on
+//     with its own run, and its sessions' generation stays.
 //
 // A null field is a field left out. Each broken rule is invalid_field
 // naming the field.
@@ -107,6 +115,7 @@ func parseResync(body []byte) (resyncRequest, error) {
 		}
 		req.Hostname = *w.Hostname
 	}
+	req.Continues = w.Continues != nil && *w.Continues
 	return req, nil
 }
 
@@ -182,8 +191,10 @@ type resyncKernel interface {
 //     but the CRNG draws from it only at its next scheduled reseed;
 //   - hostname.set: when hostname is sent.
 //
-// Before them all, the sessions' generation is drawn again (session.go):
-// attachments that name the old one are refused with session_restored.
+// Before them all, the sessions' generation is drawn again (session.go),
+// unless the call says the guest continues its own run (a resume of its
+// pause, a heal): attachments that name the old one are refused with
+// session_restored.
 //
 // A failed step stops the call with the steps before it done. Each step
 // is safe to repeat, so the host retries the whole call, with its time
@@ -223,7 +234,7 @@ func (s *Server) applyResync(req resyncRequest) (resyncResult, error) {
 	// The guest's memory was loaded again: its sessions are another run's
 	// from now on (session.go), whatever the steps below do.
 	var generation string
-	if s.sessions != nil {
+	if s.sessions != nil && !req.Continues {
 		generation = s.sessions.renew()
 	}
 	k := s.kernel

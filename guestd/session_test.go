@@ -629,4 +629,16 @@ func TestSessionGeneration(t *testing.T) {
 	if got := api.GuestFailCodes[api.CodeSessionRestored]; got != fault.Conflict {
 		t.Errorf("session_restored is not relayed as a 409 by hostproxy: %v", got)
 	}
+	// A resync of a guest that continues its own run (a resume of its
+	// pause, a heal) keeps the generation: a client attaches again where
+	// it was.
+	if code, fail := st.call("POST", "/v1/resync", fmt.Sprintf(`{"time_unix_nano":3,"seed":%q,"continues":true}`, seed), nil); code != 200 {
+		t.Fatalf("resync that continues: %d %v", code, fail)
+	}
+	if got := st.get(se.ID).Generation; got != second {
+		t.Fatalf("generation after a resync that continues %q, want %q", got, second)
+	}
+	if code, gen, fail := attach("?since=2&generation=" + second); code != http.StatusSwitchingProtocols || gen != second {
+		t.Fatalf("attach after a resume: %d %q %v", code, gen, fail)
+	}
 }

@@ -274,7 +274,10 @@ func (b *bootRun) wait(ctx context.Context) error {
 	mc := b.mc
 	probe, what := func(ctx context.Context) error { return guestHealth(ctx, mc) }, "health"
 	if b.cfg.Incoming {
-		probe, what = func(ctx context.Context) error { return b.m.resync(ctx, mc, b.r) }, "resync"
+		// A resume of the sandbox's own pause continues its run; a
+		// restore or a fork is another moment's.
+		continues := b.via == Resuming
+		probe, what = func(ctx context.Context) error { return b.m.resync(ctx, mc, b.r, continues) }, "resync"
 		b.sendCredentials()
 	}
 	if err := b.m.waitGuest(ctx, mc, what, probe); err != nil {
@@ -613,10 +616,16 @@ func (m *Manager) dropSaved(id string) {
 // resync tells guestd that its memory is another moment's: it sets the
 // guest's clock, reseeds its RNG (a fork's siblings share its state) and
 // takes the sandbox's hostname.
-func (m *Manager) resync(ctx context.Context, mc *machine, r Record) error {
+func (m *Manager) resync(ctx context.Context, mc *machine, r Record, continues bool) error {
 	seed := make([]byte, 64)
 	rand.Read(seed)
 	req := map[string]any{"time_unix_nano": time.Now().UnixNano(), "seed": seed}
+	if continues {
+		// Its own run goes on (a resume of its pause, a heal): its
+		// sessions keep their generation, and a client attached before
+		// attaches again where it was.
+		req["continues"] = true
+	}
 	if h := hostname(r); hostLabel(h) {
 		req["hostname"] = h // a fork takes its own name
 	}

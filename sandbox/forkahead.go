@@ -97,7 +97,7 @@ func (m *Manager) takeFork(ctx context.Context, p, r Record) (Record, error) {
 	named.Name = r.Name
 	err = mc.vm.Resume(ctx)
 	if err == nil {
-		err = m.resync(ctx, mc, named)
+		err = m.resync(ctx, mc, named, false)
 	}
 	if err != nil {
 		// It may run now: the filling stops it again, or drops it.

@@ -92,7 +92,7 @@ func (m *Manager) take(ctx context.Context, p, r Record) (Record, error) {
 	// again.
 	named := p
 	named.Name = r.Name
-	if err := m.resync(ctx, mc, named); err != nil {
+	if err := m.resync(ctx, mc, named, false); err != nil {
 		if ctx.Err() != nil {
 			return Record{}, ctx.Err()
 		}

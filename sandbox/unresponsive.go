@@ -109,7 +109,7 @@ func (m *Manager) healOnce(mc *machine) {
 	if err != nil || (r.State != Running && r.State != Unresponsive) || m.machineOf(mc.id) != mc {
 		return
 	}
-	if err := m.resync(ctx, mc, r); err != nil {
+	if err := m.resync(ctx, mc, r, true); err != nil {
 		m.log.Warn("guest answering again, but not resynced", "sandbox", mc.id, "err", err)
 		return
 	}

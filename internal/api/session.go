@@ -79,7 +79,7 @@ const (
 // has MaxSessions live ones (409); CodeSessionNotFound of an unknown
 // session id (404); CodeSessionRestored of an attachment whose
 // ?generation= is not the guest's current one (409): the sandbox was
-// restored, forked or paused since, and the session is now another run's.
+// restored or forked since, and the session is now another run's.
 const (
 	CodeSessionLimit    = "session_limit"
 	CodeSessionNotFound = "session_not_found"
@@ -89,7 +89,7 @@ const (
 var (
 	ErrSessionLimit    = fault.New(fault.Conflict, CodeSessionLimit, "the sandbox has as many live sessions as it may; end one first").With("limit", MaxSessions)
 	ErrSessionNotFound = fault.New(fault.NotFound, CodeSessionNotFound, "no session of this sandbox has this id")
-	ErrSessionRestored = fault.New(fault.Conflict, CodeSessionRestored, "the sandbox was restored, forked or paused since this generation: the session's output and stdin are another run's now; attach without generation to follow that run")
+	ErrSessionRestored = fault.New(fault.Conflict, CodeSessionRestored, "the sandbox was restored or forked since this generation: the session's output and stdin are another run's now; attach without generation to follow that run")
 )
 
 // Generations: a guest's sessions live in its memory, which a restore, a

@@ -587,7 +587,7 @@ export class Session implements AsyncIterable<OutputChunk> {
   private restored(e: StrataError): StrataError {
     return new StrataError(
       "session_restored",
-      `session ${this.id}: the sandbox was restored, forked or paused since this session's attachment began, and the session is another run now, whose output from byte ${this.since} is not what came here; follow that run with exec.attach("${this.id}")`,
+      `session ${this.id}: the sandbox was restored or forked since this session's attachment began, and the session is another run now, whose output from byte ${this.since} is not what came here; follow that run with exec.attach("${this.id}")`,
       e.status || 409,
       e.data,
       e.requestId,

@@ -656,7 +656,7 @@ func TestSandboxExec(t *testing.T) {
 		// session started in, is refused, and nothing of the restored
 		// run is printed after "before".
 		{name: "restored while detached", args: []string{"sb-a1", "--", "restored"}, code: 1, stdout: "before\n",
-			stderr: "createos: session_restored: the sandbox was restored, forked or paused while the attachment was ended: session se-0000000000000009 is another run's now, whose output from byte 7 is not what followed here; attach to that run with: createos sandbox session attach sb-a1 se-0000000000000009\n",
+			stderr: "createos: session_restored: the sandbox was restored or forked while the attachment was ended: session se-0000000000000009 is another run's now, whose output from byte 7 is not what followed here; attach to that run with: createos sandbox session attach sb-a1 se-0000000000000009\n",
 			check: func(t *testing.T) {
 				log := f.log()
 				want := "GET /v1/sandboxes/sb-a1/sessions/se-0000000000000009/attach?generation=" + fakeGeneration + "&since="

@@ -39,7 +39,7 @@ var stdin io.Reader = os.Stdin
 // again from the offset it had reached, so that a command outlives a
 // snapshot taken meanwhile, even from inside it. It attaches with the
 // generation it knew (generation, else its first attachment's): when the
-// sandbox was restored, forked or paused meanwhile, the session is
+// sandbox was restored or forked meanwhile, the session is
 // another run's, and follow ends with session_restored rather than print
 // that run's output after this one's.
 func (a *app) follow(ctx context.Context, c *Client, sandbox, id string, since int64, generation string, in io.Reader, ttyFd int, quietDrop bool) (int, error) {
@@ -182,7 +182,7 @@ func (a *app) attachAgain(ctx context.Context, c *Client, sandbox, id string, si
 		}
 		var apiErr *APIError
 		if errors.As(err, &apiErr) && apiErr.Code == api.CodeSessionRestored {
-			return nil, &callError{fmt.Errorf("%s: the sandbox was restored, forked or paused while the attachment was ended: session %s is another run's now, whose output from byte %d is not what followed here; attach to that run with: createos sandbox session attach %s %s", api.CodeSessionRestored, id, since, sandbox, id)}
+			return nil, &callError{fmt.Errorf("%s: the sandbox was restored or forked while the attachment was ended: session %s is another run's now, whose output from byte %d is not what followed here; attach to that run with: createos sandbox session attach %s %s", api.CodeSessionRestored, id, since, sandbox, id)}
 		}
 		busy := !errors.As(err, &apiErr) || apiErr.Status == 409 && apiErr.Code != "sandbox_not_running" || apiErr.Status >= 500
 		if apiErr != nil && apiErr.Code == "sandbox_not_running" {

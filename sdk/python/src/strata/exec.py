@@ -17,7 +17,7 @@ repeated; stdin written during the gap is sent once attached again.
 
 Every attachment names the generation of the session's record
 (``?generation=``, docs/api.md "Generations"): when the sandbox was
-restored, forked or paused in between, the session is another run of the
+restored or forked in between, the session is another run of the
 snapshot's, and the attachment is refused; the Session then ends with
 StrataError ``session_restored`` rather than give that run's output after
 its own (``sb.exec.attach(id, since=…)`` follows the new run).
@@ -207,7 +207,7 @@ class Session:
                 if e.code == "session_restored":
                     raise StrataError(
                         e.code,
-                        f"session {self.id}: the sandbox was restored, forked or paused since this session's "
+                        f"session {self.id}: the sandbox was restored or forked since this session's "
                         f"attachment began, and the session is another run now, whose output from byte "
                         f"{self.offset} is not what came here; follow that run with sb.exec.attach({self.id!r})",
                         e.status, e.data, e.request_id,
