@@ -167,12 +167,12 @@ func (m *Manager) holdDisk(ctx context.Context, id string, diskGiB int, top stri
 	for other := range m.live {
 		withQEMU[other] = true
 	}
-	for other := range m.reserved {
+	for other := range m.leases.amounts(leaseMemory) {
 		withQEMU[other] = true
 	}
 	var others int64
 	held := map[string]bool{}
-	for other, bytes := range m.diskHeld {
+	for other, bytes := range m.leases.amounts(leaseDisk) {
 		held[other] = true
 		if other != id {
 			others += bytes
@@ -197,9 +197,7 @@ func (m *Manager) holdDisk(ctx context.Context, id string, diskGiB int, top stri
 	if err := admitDisks(others, want, free, m.cfg.StoreReserveBytes, m.cfg.DiskOvercommit); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	m.diskHeld[id] = want
-	m.mu.Unlock()
+	m.leases.set(leaseDisk, id, want)
 	return nil
 }
 
@@ -291,14 +289,16 @@ func (m *Manager) reserve(ctx context.Context, id string, memoryMiB int) error {
 	if err != nil {
 		return err
 	}
+	// Under m.mu, which every reservation takes: the check and the
+	// lease are one step.
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	l := memoryLoad{Total: total, Available: avail, Reserve: m.cfg.ReserveMiB, Overcommit: m.cfg.Overcommit}
 	counted := map[string]bool{id: true}
-	for other, mib := range m.reserved {
+	for other, mib := range m.leases.amounts(leaseMemory) {
 		if other != id {
-			l.Booting += mib
-			l.Committed += mib + QEMUOverheadMiB
+			l.Booting += int(mib)
+			l.Committed += int(mib) + QEMUOverheadMiB
 			counted[other] = true
 		}
 	}
@@ -307,13 +307,13 @@ func (m *Manager) reserve(ctx context.Context, id string, memoryMiB int) error {
 			l.Committed += mc.memoryMiB + QEMUOverheadMiB
 		}
 	}
-	for _, mib := range m.saving {
-		l.Committed += mib + QEMUOverheadMiB
+	for _, mib := range m.leases.amounts(leaseLaterSave) {
+		l.Committed += int(mib) + QEMUOverheadMiB
 	}
 	if ok, room := admitMemory(l, memoryMiB); !ok {
 		return ErrHostCapacity.With("memory_mib", memoryMiB).With("available_mib", room).With("committed_mib", l.Committed)
 	}
-	m.reserved[id] = memoryMiB
+	m.leases.set(leaseMemory, id, int64(memoryMiB))
 	return nil
 }
 
@@ -329,7 +329,7 @@ func (m *Manager) admitLaterSave(ctx context.Context, id string, memoryMiB int) 
 	m.mu.Lock()
 	m.savingSeq++
 	key := fmt.Sprintf("%s#%d", id, m.savingSeq)
-	m.saving[key] = mc.memoryMiB
+	m.leases.set(leaseLaterSave, key, int64(mc.memoryMiB))
 	m.mu.Unlock()
 	if err := m.reserve(ctx, id, memoryMiB); err != nil {
 		m.endLaterSave(key)
@@ -338,17 +338,11 @@ func (m *Manager) admitLaterSave(ctx context.Context, id string, memoryMiB int) 
 	return key, nil
 }
 
-func (m *Manager) endLaterSave(key string) {
-	m.mu.Lock()
-	delete(m.saving, key)
-	m.mu.Unlock()
-}
+func (m *Manager) endLaterSave(key string) { m.leases.end(leaseLaterSave, key) }
 
 // unreserve ends what admission holds for id's boot: its memory
 // (reserve) and its disk (holdDisk).
 func (m *Manager) unreserve(id string) {
-	m.mu.Lock()
-	delete(m.reserved, id)
-	delete(m.diskHeld, id)
-	m.mu.Unlock()
+	m.leases.end(leaseMemory, id)
+	m.leases.end(leaseDisk, id)
 }

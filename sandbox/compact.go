@@ -745,20 +745,14 @@ func rebaseSpec(file string, below []string) (string, error) {
 
 // working marks a work file of the store as in use (collect leaves it).
 func (m *Manager) working(path string, on bool) {
-	m.workMu.Lock()
-	defer m.workMu.Unlock()
 	if on {
-		m.work[path] = true
+		m.leases.set(leaseWork, path, 0)
 	} else {
-		delete(m.work, path)
+		m.leases.end(leaseWork, path)
 	}
 }
 
-func (m *Manager) isWorking(path string) bool {
-	m.workMu.Lock()
-	defer m.workMu.Unlock()
-	return m.work[path]
-}
+func (m *Manager) isWorking(path string) bool { return m.leases.has(leaseWork, path) }
 
 // copyFile copies a store layer into a new file (copy_file_range: shared
 // blocks where the filesystem can).

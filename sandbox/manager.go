@@ -36,17 +36,17 @@ type Manager struct {
 	ids     IDRange
 	dirLock *os.File
 
+	// leases are what work under way holds of the host (leases.go):
+	// admission's memory and disks, store files made and not yet named,
+	// snapshots being restored, compactions' work files.
+	leases leases
+	// diskMu makes disk admissions one at a time (holdDisk).
+	diskMu sync.Mutex
+
 	mu   sync.Mutex
 	live map[string]*machine
-	// reserved is the memory of the boots under way, by sandbox;
-	// diskHeld the growth their disks were admitted with (holdDisk,
-	// which diskMu serializes).
-	reserved map[string]int
-	diskHeld map[string]int64
-	diskMu   sync.Mutex
-	// saving is the memory of the machines a restore left to write
-	// their automatic snapshot (laterSave), by admitLaterSave's key.
-	saving     map[string]int
+	// savingSeq numbers the leases of restores' old machines
+	// (admitLaterSave); laterSaves waits for their writes.
 	savingSeq  int
 	laterSaves sync.WaitGroup
 	// written are the background writes of automatic snapshots under
@@ -69,12 +69,6 @@ type Manager struct {
 	// warmed are the RAM files read into the page cache (warmRAM), or
 	// being read, by path, until they are gone from the store.
 	warmed map[string]struct{}
-	// claimed are store files an operation made and has not yet named
-	// in a record (claimFile), by name, with the number of claims.
-	claimed map[string]int
-	// inUse are the snapshots a restore is loading ("sandbox/snapshot"):
-	// a delete of one answers snapshot_in_use.
-	inUse map[string]int
 	// closed is set by Close: background work (goAfter) no longer starts.
 	closed bool
 	// busy marks the sandboxes a lifecycle operation is under way on,
@@ -88,10 +82,8 @@ type Manager struct {
 	stop    context.CancelFunc
 
 	// compacts are the compactions of disk chains under way or due
-	// (compact.go), by sandbox; work the store's work files they make.
+	// (compact.go), by sandbox.
 	compacts map[string]*compactRun
-	workMu   sync.Mutex
-	work     map[string]bool
 
 	// poolTake serializes takes of pooled sandboxes; poolFill runs the
 	// pool's filling (pool.go).
@@ -227,7 +219,7 @@ func New(cfg Config) (*Manager, error) {
 	cfg.UIDBase = ids.Base
 	cfg.Log.Info("sandbox ids", "dir", cfg.Dir, "range", ids.String(), "claims", cfg.IDClaims)
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, reserved: map[string]int{}, diskHeld: map[string]int64{}, saving: map[string]int{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, aheadLatest: map[string]string{}, aheadSlot: make(chan struct{}, 1), stoppedAhead: map[string]bool{}, pauseTemplates: map[string]*pauseTemplate{}, warmed: map[string]struct{}{}, claimed: map[string]int{}, inUse: map[string]int{}, compacts: map[string]*compactRun{}, work: map[string]bool{}, ctx: ctx, stop: stop}, nil
+	return &Manager{cfg: cfg, log: cfg.Log, ids: ids, dirLock: lock, live: map[string]*machine{}, written: map[string]chan struct{}{}, running: map[string]*running{}, busy: map[string]uint64{}, gids: map[uint32]bool{}, templateUIDs: map[uint32]int{}, aheadLatest: map[string]string{}, aheadSlot: make(chan struct{}, 1), stoppedAhead: map[string]bool{}, pauseTemplates: map[string]*pauseTemplate{}, warmed: map[string]struct{}{}, compacts: map[string]*compactRun{}, ctx: ctx, stop: stop}, nil
 }
 
 // Close stops watching the machines and drops their channels. QEMUs keep

@@ -218,6 +218,9 @@ func (m *Manager) settle(ctx context.Context, r Record, vm vmm.Machine, cfg vmm.
 			if err != nil {
 				return err
 			}
+			// The boot was admitted before the crash: its memory is
+			// leased again, not admitted again (the boot ends the lease).
+			m.leases.set(leaseMemory, id, int64(r.MemoryMiB))
 			m.background(id, done, func(ctx context.Context) { m.boot(ctx, id, r.State) })
 			return nil
 		case Paused:

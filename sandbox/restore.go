@@ -322,23 +322,11 @@ func (m *Manager) AutoSaved() { m.laterSaves.Wait() }
 // holdSnapshot marks a snapshot in use by a restore until the func it
 // returns is called: DeleteSnapshot refuses it meanwhile.
 func (m *Manager) holdSnapshot(id, snapID string) (release func()) {
-	key := id + "/" + snapID
-	m.mu.Lock()
-	m.inUse[key]++
-	m.mu.Unlock()
-	return func() {
-		m.mu.Lock()
-		if m.inUse[key]--; m.inUse[key] <= 0 {
-			delete(m.inUse, key)
-		}
-		m.mu.Unlock()
-	}
+	return m.leases.take(leaseInUse, id+"/"+snapID)
 }
 
 func (m *Manager) snapshotInUse(id, snapID string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.inUse[id+"/"+snapID] > 0
+	return m.leases.has(leaseInUse, id+"/"+snapID)
 }
 
 // replaced tells whether s is a restore's automatic snapshot of memory

@@ -204,16 +204,7 @@ func references(records []Record) map[string]bool {
 // the file under storeMu's read lock, claims it, and may then let the
 // lock go.
 func (m *Manager) claimFile(name string) (release func()) {
-	m.mu.Lock()
-	m.claimed[name]++
-	m.mu.Unlock()
-	return func() {
-		m.mu.Lock()
-		if m.claimed[name]--; m.claimed[name] <= 0 {
-			delete(m.claimed, name)
-		}
-		m.mu.Unlock()
-	}
+	return m.leases.take(leaseFile, name)
 }
 
 // collect deletes the store files no record names nor an operation
@@ -229,11 +220,9 @@ func (m *Manager) collect(ctx context.Context) error {
 		m.forksAheadLater() // their snapshot is gone: dropped
 	}
 	refs := references(records)
-	m.mu.Lock()
-	for name := range m.claimed {
+	for _, name := range m.leases.keys(leaseFile) {
 		refs[name] = true
 	}
-	m.mu.Unlock()
 	entries, err := os.ReadDir(m.storeDir())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
