@@ -177,6 +177,7 @@ type fakeMachine struct {
 	loaded    atomic.Value // string: the machine whose state Load read
 	loadedTop atomic.Value // string: the disk top that state was saved over
 	saves     atomic.Int32 // Save calls begun
+	lowered   atomic.Int32 // Background calls
 	streams   atomic.Int32 // StreamDisk calls begun
 	streamed  atomic.Int32 // StreamDisk calls completed
 	rebases   atomic.Int32 // RebaseDisk calls completed
@@ -601,6 +602,12 @@ func (m *fakeMachine) Top0() string {
 	m.topMu.Lock()
 	defer m.topMu.Unlock()
 	return m.top
+}
+
+// Background counts the calls: a fake QEMU has no threads to lower.
+func (m *fakeMachine) Background() error {
+	m.lowered.Add(1)
+	return nil
 }
 
 func (m *fakeMachine) Quit(ctx context.Context) error {

@@ -64,7 +64,7 @@ func (m *Manager) pauseTemplateLater(id string) {
 	}
 	if !m.goAfter(func() {
 		defer end()
-		if err := m.makePauseTemplate(ctx, id); err != nil && ctx.Err() == nil {
+		if err := m.makePauseTemplate(background(ctx), id); err != nil && ctx.Err() == nil {
 			m.log.Info("pause template not made; the resume loads the whole state", "sandbox", id, "err", err)
 		}
 	}) {

@@ -238,6 +238,10 @@ func (m *Manager) saveLater(id string, later *laterSave) {
 		// restart of the host service right after a restore would
 		// otherwise cost the restore's undo (SnapshotTimeout bounds it).
 		<-later.booted
+		// Nobody waits for this write: the restored sandbox goes first.
+		if err := mc.vm.Background(); err != nil {
+			m.log.Debug("the old machine not lowered", "sandbox", id, "err", err)
+		}
 		later.run(context.WithoutCancel(m.ctx))
 		mc.vm.Kill()
 		<-mc.vm.Done()

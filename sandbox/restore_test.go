@@ -563,6 +563,10 @@ func TestRestoreSavesAutoInBackground(t *testing.T) {
 			if auto.Status != sandbox.SnapshotReady || auto.State == "" || !old.exited() {
 				t.Fatalf("after the write: auto-1 %+v, old machine exited %v; want ready with its state, ended", auto, old.exited())
 			}
+			// Nobody waits for that write: its QEMU was lowered.
+			if old.lowered.Load() != 1 {
+				t.Fatalf("the old machine was lowered %d times, want once", old.lowered.Load())
+			}
 			if _, err := os.Stat(h.statePath(auto.State)); err != nil {
 				t.Fatalf("auto-1's state: %v", err)
 			}

@@ -85,7 +85,7 @@ func (m *Manager) templateLater(id string, snap Snapshot) {
 	m.aheadLatest[id] = snap.ID
 	m.mu.Unlock()
 	m.goAfter(func() {
-		ctx := m.ctx
+		ctx := background(m.ctx)
 		// One template QEMU made ahead at a time on the host, for the
 		// latest memory snapshot of each sandbox: a burst of snapshots
 		// costs one load, and the snapshots it skips get theirs at
@@ -369,6 +369,12 @@ func (m *Manager) fillTemplate(ctx context.Context, r Record, snap Snapshot, tpl
 		<-vm.Done()
 		vm.Close()
 	}()
+	if inBackground(ctx) {
+		// Made ahead: a restore or a fork begun meanwhile goes first.
+		if err := vm.Background(); err != nil {
+			m.log.Debug("template QEMU not lowered", "sandbox", r.ID, "err", err)
+		}
+	}
 	started := time.Now()
 	full, err := os.Open(m.statePath(snap.State))
 	if err != nil {
@@ -481,4 +487,17 @@ func (m *Manager) templateBytes(snap Snapshot) int64 {
 		}
 	}
 	return need + int64(snap.MemoryMiB)<<20
+}
+
+// backgroundKey marks a context whose work is the host's own (a template
+// made ahead, a pause's template): its QEMU is lowered (vmm.Background).
+type backgroundKey struct{}
+
+func background(ctx context.Context) context.Context {
+	return context.WithValue(ctx, backgroundKey{}, true)
+}
+
+func inBackground(ctx context.Context) bool {
+	b, _ := ctx.Value(backgroundKey{}).(bool)
+	return b
 }

@@ -66,6 +66,9 @@ type Machine interface {
 	RebaseDisk(ctx context.Context, above string, onto Layer, backing string, drop []string) error
 	// Quit ends QEMU through its monitor and waits for its exit.
 	Quit(ctx context.Context) error
+	// Background lowers QEMU's priority: its work is the host's own,
+	// which nobody waits for (Background, background.go).
+	Background() error
 }
 
 // Driver starts and adopts machines.
