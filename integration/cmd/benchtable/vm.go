@@ -57,6 +57,18 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 	if *vmPoolOnly {
 		return b.poolRows(bin)
 	}
+	if *vmIdleOnly {
+		var ids []string
+		for i := range *vmIdle {
+			fmt.Fprintf(os.Stderr, "booting sandbox %d of %d…\n", i+1, *vmIdle)
+			id, _, _, err := b.createWith(`{"memory_mib":256}`)
+			if err != nil {
+				return nil, err
+			}
+			ids = append(ids, id)
+		}
+		return b.idleRows(bin, ids)
+	}
 
 	// Boots one at a time, each measured from create to running (guestd
 	// answered through the channel) and to the first exec answered.
@@ -160,6 +172,11 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 	time.Sleep(5 * time.Second)
 	rss, pss := b.qemuMemory()
 	rows = append(rows, row{fmt.Sprintf("host memory per idle sandbox (%d running)", len(ids)), human(pss / int64(len(ids))), "", fmt.Sprintf("PSS of the QEMU processes; RSS %s each", human(rss/int64(len(ids)))), "", ""})
+	idle, err := b.idleRows(bin, ids)
+	if err != nil {
+		return nil, err
+	}
+	rows = append(rows, idle...)
 	fmt.Fprintf(os.Stderr, "booting one more beside %d idle sandboxes…\n", len(ids))
 	_, extra, _, err := b.create()
 	if err != nil {
