@@ -125,6 +125,9 @@ func storeFiles(t *testing.T, s *vmStack) int {
 // written before it. (Regression: every snapshot, pause and resume added
 // a layer for good; at about a thousand, boots failed.)
 func TestVMChainBound(t *testing.T) {
+	// Beside the idle test, which mostly waits (its own sandboxes'
+	// CPU is what it measures): the suite's time, not this test's.
+	t.Parallel()
 	s := startVMStack(t, "60s")
 	id := s.create(s.key, `{"name":"chain","memory_mib":256}`)
 	snaps := "/v1/sandboxes/" + id + "/snapshots"
