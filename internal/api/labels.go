@@ -83,7 +83,8 @@ func ValidEnvName(s string) bool {
 
 // ValidateSandboxEnv checks a sandbox's env as field says (a create's
 // "env"): at most MaxSandboxEnv entries; each name ValidEnvName; each
-// value at most MaxEnvValue bytes without NUL, and name and value
+// value at most MaxEnvValue bytes of UTF-8 without NUL (JSON carries
+// text, and the kernel cannot pass a NUL), and name and value
 // together at most MaxExecEnvEntry bytes, exec's rule, so that every
 // entry can go to every exec. A broken rule is invalid_field naming
 // field, with "name" the entry's when one is at fault.
@@ -96,8 +97,8 @@ func ValidateSandboxEnv(field string, env map[string]string) error {
 		switch {
 		case !ValidEnvName(k):
 			return jsend.InvalidField(field, fmt.Sprintf("%s name %q: want a letter or '_', then letters, digits and '_'", field, truncate(k, 64))).With("name", truncate(k, 64))
-		case strings.IndexByte(v, 0) >= 0:
-			return jsend.InvalidField(field, fmt.Sprintf("the value of %s %s contains a NUL byte", field, k)).With("name", k)
+		case strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v):
+			return jsend.InvalidField(field, fmt.Sprintf("the value of %s %s is not text: it holds a NUL byte, or is not UTF-8", field, k)).With("name", k)
 		case len(v) > MaxEnvValue:
 			return jsend.InvalidField(field, fmt.Sprintf("the value of %s %s is over 4 KiB", field, k)).With("name", k).With("limit", MaxEnvValue)
 		case len(k)+len(v) > MaxExecEnvEntry:

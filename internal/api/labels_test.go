@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -64,6 +65,7 @@ func TestValidateSandboxEnv(t *testing.T) {
 		{"entry over 4 KiB", map[string]string{"AB": strings.Repeat("v", 4095)}, false},
 		{"value of 4 KiB", map[string]string{"A": strings.Repeat("v", 4096)}, false},
 		{"newline in a value", map[string]string{"A": "x\ny"}, true},
+		{"value not UTF-8", map[string]string{"A": "\xff"}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -87,7 +89,7 @@ func FuzzValidateSandboxEnv(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, k, v string) {
 		err := ValidateSandboxEnv("env", map[string]string{k: v})
-		want := envNameRule.MatchString(k) && !strings.Contains(v, "\x00") && len(v) <= 4096 && len(k)+len(v) <= 4096
+		want := envNameRule.MatchString(k) && !strings.Contains(v, "\x00") && utf8.ValidString(v) && len(v) <= 4096 && len(k)+len(v) <= 4096
 		if (err == nil) != want {
 			t.Fatalf("ValidateSandboxEnv(%q=%q) = %v", k, v, err)
 		}
@@ -441,6 +443,79 @@ func FuzzParseLabelsBody(f *testing.F) {
 		round, err := ParseLabelsBody(again)
 		if err != nil || !equalMaps(round, labels) {
 			t.Fatalf("round trip of %s: %v, %v", again, round, err)
+		}
+	})
+}
+
+// TestWithSandboxEnv: the sandbox's env goes under the call's, the rest of
+// the body stays as it was sent, and a sandbox without env changes
+// nothing.
+func TestWithSandboxEnv(t *testing.T) {
+	body := []byte(`{"cmd":["sh","-c","echo <$A>"],"env":{"A":"call"},"stdin":"<&>","timeout_s":5}`)
+	same, err := WithSandboxEnv(body, nil, map[string]string{"A": "call"})
+	if err != nil || string(same) != string(body) {
+		t.Fatalf("without a sandbox env: %s, %v", same, err)
+	}
+	got, err := WithSandboxEnv(body, map[string]string{"A": "base", "B": "<b>"}, map[string]string{"A": "call"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := ParseExec(got)
+	if err != nil {
+		t.Fatalf("%s: %v", got, err)
+	}
+	if !equalMaps(req.Env, map[string]string{"A": "call", "B": "<b>"}) || req.Stdin != "<&>" || req.TimeoutS != 5 || req.Cmd[2] != "echo <$A>" {
+		t.Fatalf("merged into %+v", req)
+	}
+	if strings.Contains(string(got), `\u003c`) {
+		t.Fatalf("HTML escapes in %s", got)
+	}
+	many := map[string]string{}
+	for i := range 64 {
+		many["B"+strings.Repeat("x", i)] = "b"
+	}
+	if _, err := WithSandboxEnv(body, many, map[string]string{"A": "call"}); err == nil {
+		t.Fatal("65 entries merged")
+	} else {
+		invalidField(t, err, "env")
+	}
+}
+
+// FuzzWithSandboxEnv: for any exec body ParseExec accepts, and a sandbox
+// env of one entry, the merged body parses to the same request with the
+// merged env (or the merge is refused as too many entries).
+func FuzzWithSandboxEnv(f *testing.F) {
+	f.Add([]byte(`{"cmd":["true"]}`), "A", "1")
+	f.Add([]byte(`{"cmd":["sh","-c","x"],"env":{"A":"2"},"stdin":"\u003c","cwd":"/tmp"}`), "A", "1")
+	f.Add([]byte(`{"cmd":["true"],"env":null}`), "B", "")
+	f.Fuzz(func(t *testing.T, body []byte, k, v string) {
+		call, err := ParseExec(body)
+		if err != nil {
+			return
+		}
+		base := map[string]string{k: v}
+		if ValidateSandboxEnv("env", base) != nil {
+			return
+		}
+		got, err := WithSandboxEnv(body, base, call.Env)
+		if err != nil {
+			invalidField(t, err, "env")
+			return
+		}
+		if len(got) > MaxExecBody {
+			t.Fatalf("merged body of %d bytes", len(got))
+		}
+		merged, err := ParseExec(got)
+		if err != nil {
+			t.Fatalf("merged body %s refused: %v", got, err)
+		}
+		want, _ := MergeEnv(base, call.Env)
+		if !equalMaps(merged.Env, want) {
+			t.Fatalf("env %v, want %v", merged.Env, want)
+		}
+		merged.Env, call.Env = nil, nil
+		if !reflect.DeepEqual(merged, call) {
+			t.Fatalf("merge changed %+v into %+v", call, merged)
 		}
 	})
 }
