@@ -392,7 +392,7 @@ class AsyncSandbox:
         return cls(await asyncio.to_thread(functools.partial(Sandbox.create, **kwargs)))
 
     @classmethod
-    async def create_from_checkpoint(cls, snapshot_id: str, **kwargs: Any) -> "AsyncSandbox":
+    async def create_from_checkpoint(cls, snapshot_id: "str | dict[str, Any]", **kwargs: Any) -> "AsyncSandbox":
         """Fork a VM snapshot (see ``Sandbox.create_from_checkpoint``)."""
         return cls(await asyncio.to_thread(functools.partial(Sandbox.create_from_checkpoint, snapshot_id, **kwargs)))
 
@@ -402,14 +402,15 @@ class AsyncSandbox:
         return cls(Sandbox.connect(id, client=client))
 
     @classmethod
-    async def list(cls, *, client: Strata | None = None) -> list["AsyncSandbox"]:
-        """Every sandbox of the account."""
-        return [cls(s) for s in await asyncio.to_thread(functools.partial(Sandbox.list, client=client))]
+    async def list(cls, *, labels: dict[str, str] | None = None, client: Strata | None = None) -> list["AsyncSandbox"]:
+        """Every sandbox of the account; with ``labels``, those that have every one of them."""
+        return [cls(s) for s in await asyncio.to_thread(functools.partial(Sandbox.list, labels=labels, client=client))]
 
     refresh = _threaded(Sandbox.refresh)
     wait_until = _threaded(Sandbox.wait_until)
     kill = _threaded(Sandbox.kill)
     set_access = _threaded(Sandbox.set_access)
+    set_labels = _threaded(Sandbox.set_labels)
     pause = _threaded(Sandbox.pause)
     resume = _threaded(Sandbox.resume)
     stop = _threaded(Sandbox.stop)
