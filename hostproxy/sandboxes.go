@@ -271,7 +271,10 @@ func (s *Server) createSandbox(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	body, err := jsend.ReadBody(r, jsend.MaxBody, jsend.ErrBodyTooLarge)
+	// Up to api.MaxCreateBody, not jsend.MaxBody: the largest env. A
+	// create is never served through a channel (authz.go), so no guest
+	// can make hostproxy hold such bodies in numbers.
+	body, err := jsend.ReadBody(r, api.MaxCreateBody, api.ErrCreateBodyTooLarge)
 	if err != nil {
 		return err
 	}
