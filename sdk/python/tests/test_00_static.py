@@ -936,6 +936,8 @@ def test_seed_shaped_checkpoints_env_and_labels(tmp_path: Path, monkeypatch) -> 
     try:
         client = strata.Strata(f"http://127.0.0.1:{srv.server_address[1]}", "k", retry_for=0)
         sb = strata.Sandbox.connect("sb-x", client=client)
+        assert strata.Sandbox.connect("scratch", client=client).id == "sb-x"  # a name is read once: .id is the id
+        assert strata.AsyncSandbox.connect("scratch", client=client).id == "scratch"  # no call
         cp = sb.create_checkpoint("autosave", kind="disk_only", retention_policy={"mode": "delete_oldest", "maxCount": 100})
         assert dict(cp) == {"id": ref, "sandboxId": "sb-x", "name": "autosave", "status": "ready", "sizeBytes": 42,
                             "createdAt": "2026-01-01T00:00:00Z", "snapshotId": "v1", "kind": "disk_only", "comment": ""}
@@ -973,6 +975,7 @@ def test_seed_shaped_checkpoints_env_and_labels(tmp_path: Path, monkeypatch) -> 
 
     got = [s for s in seen if not re.match(r"GET /v1/sandboxes/sb-[a-z]+(\?\S*)? ", s)]  # the waits
     assert got == [
+        "GET /v1/sandboxes/scratch ",
         'POST /v1/sandboxes/sb-x/snapshots {"memory":false,"name":"autosave","retention":{"mode":"delete_oldest","max_count":100}}',
         'POST /v1/sandboxes/sb-x/snapshots {"comment":"before upgrade"}',
         "GET /v1/sandboxes/sb-x/snapshots ",

@@ -25,7 +25,7 @@ import os
 import threading
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, ParamSpec, TypeVar, BinaryIO
 
-from ._client import Strata
+from ._client import Strata, resolve
 from ._errors import StrataError
 from ._records import Record
 from .checkpoints import Checkpoints, Retention
@@ -398,8 +398,15 @@ class AsyncSandbox:
 
     @classmethod
     def connect(cls, id: str | None = None, *, client: Strata | None = None) -> "AsyncSandbox":
-        """The sandbox ``id`` (or the configured one); makes no call."""
-        return cls(Sandbox.connect(id, client=client))
+        """The sandbox ``id`` or name (or the configured one); makes no
+        call, so a name stays ``.id`` as given (every route takes it;
+        ``await refresh()`` reads the record). ``Sandbox.connect`` reads a
+        name's record."""
+        c = resolve(client)
+        sid = id or c.sandbox_id
+        if not sid:
+            raise StrataError("invalid_argument", "no sandbox id: pass one, or set CREATEOS_SANDBOX_ID")
+        return cls(Sandbox(sid, client=c))
 
     @classmethod
     async def list(cls, *, labels: dict[str, str] | None = None, client: Strata | None = None) -> list["AsyncSandbox"]:

@@ -180,15 +180,28 @@ class Sandbox:
 
     @classmethod
     def connect(cls, id: str | None = None, *, client: Strata | None = None) -> "Sandbox":
-        """The sandbox ``id``; without one, the configured sandbox
-        (``CREATEOS_SANDBOX_ID``, from the credentials file inside a
-        sandbox: that sandbox). Makes no call (inside a sandbox its key
-        may not read sandbox records)."""
+        """The sandbox ``id`` (its id, or its name); without one, the
+        configured sandbox (``CREATEOS_SANDBOX_ID``, from the credentials
+        file inside a sandbox: that sandbox). An id makes no call (inside a
+        sandbox its key may not read sandbox records); a name is read once
+        (``GET``), so that ``.id`` is the sandbox's id, unless the key may
+        not read the record (``403``: it is kept as given, and works as
+        well: every route takes a name). A name of no sandbox is
+        ``sandbox_not_found``."""
         c = resolve(client)
         sid = id or c.sandbox_id
         if not sid:
             raise StrataError("invalid_argument", "no sandbox id: pass one, or set CREATEOS_SANDBOX_ID")
-        return cls(sid, client=c)
+        sb = cls(sid, client=c)
+        if not sid.startswith("sb-"):  # names never start with sb- (ids the API makes always do)
+            try:
+                rec = c.request("GET", sb._path()).data
+            except StrataError as e:
+                if e.status != 403:
+                    raise
+            else:
+                sb = cls(str(rec["id"]), client=c, info=rec)
+        return sb
 
     @classmethod
     def list(cls, *, labels: dict[str, str] | None = None, client: Strata | None = None) -> list["Sandbox"]:
