@@ -11,7 +11,10 @@ import (
 	"strata/sandbox"
 )
 
-var errNameTaken = fault.New(fault.Conflict, "name_taken", "another sandbox of this account has this name")
+var (
+	errNameTaken = fault.New(fault.Conflict, "name_taken", "another sandbox of this account has this name")
+	errNameIsID  = fault.New(fault.Conflict, "name_taken", "a sandbox has this name as its id: a name must not mean two sandboxes")
+)
 
 // The registry keeps the microVM sandboxes' records for package sandbox.
 var _ sandbox.Records = (*Registry)(nil)
@@ -43,8 +46,9 @@ func (r *Registry) Update(ctx context.Context, id string, fn func(*Sandbox) erro
 // Take applies fn to a pooled sandbox's record, which gives it to an
 // account, checking in the same transaction what Insert checks: the name
 // unique among the account's sandboxes, and the create's claim of its
-// Idempotency-Key. The record gets the access setting the create or fork
-// gives (withTakeAccess), which fn, package sandbox's, does not copy.
+// Idempotency-Key. The record gets the access setting, env and labels the
+// create or fork gives (withTaken), which fn, package sandbox's, does not
+// copy.
 func (r *Registry) Take(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error) {
 	return r.update(ctx, id, fn, true)
 }
@@ -102,7 +106,7 @@ func insertChecks(ctx context.Context, tx *bolt.Tx, b *bolt.Bucket, sb Sandbox) 
 		return nil
 	}
 	if sb.Name != sb.ID && b.Get([]byte(sb.Name)) != nil {
-		return errNameTaken.With("name", sb.Name)
+		return errNameIsID.With("name", sb.Name)
 	}
 	if v := tx.Bucket(bucketNames).Get([]byte(key)); v != nil && string(v) != sb.ID {
 		return errNameTaken.With("name", sb.Name)
