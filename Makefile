@@ -122,8 +122,12 @@ sdk-deps:
 	@cd sdk/typescript && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --cache $(NPM_CACHE) --no-audit --no-fund --silent >&2; }
 	@/usr/bin/python3 -m pytest --version >/dev/null 2>&1 || { apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends python3-pytest >&2; }
 
+# sdk/typescript/dist is in the repository (a new project installs the SDK
+# with one command, docs/sdk.md): it must be the build of src, byte for
+# byte, with no file more or less.
 lint-sdk: sdk-deps
 	cd sdk/typescript && npm run --silent build && npm run --silent docs
+	@git diff --quiet -- sdk/typescript/dist && [ -z "$$(git status --porcelain -- sdk/typescript/dist)" ] || { git status --short -- sdk/typescript/dist; echo "sdk/typescript/dist is not the build of sdk/typescript/src: run 'npm run build' there and commit dist"; exit 1; }
 	@out=$$(mktemp -d) && cd sdk/python && ./docs.sh $$out >/dev/null; rc=$$?; rm -rf $$out; exit $$rc
 
 test: deps vet lint-openapi lint-sdk

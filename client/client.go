@@ -71,8 +71,40 @@ func (e *Error) Error() string {
 	return e.Code + ": " + e.Message
 }
 
+// CallOption changes one call of the client's methods.
+type CallOption func(*callConfig)
+
+type callConfig struct {
+	raw *json.RawMessage
+}
+
+// Raw keeps the data of a call's answer, as the server sent it, in *dst:
+// for a caller that prints the answer whole (createos -o json) or reads
+// a field this package's types do not have. A call that fails leaves
+// *dst alone: its *Error has the answer in Body.
+func Raw(dst *json.RawMessage) CallOption {
+	return func(c *callConfig) { c.raw = dst }
+}
+
+// call is Do for the methods: out decoded, the raw data where opts ask.
+func (c *Client) call(ctx context.Context, method, path string, header http.Header, body, out any, opts []CallOption) error {
+	raw, err := c.Do(ctx, method, path, header, body, out)
+	if err != nil {
+		return err
+	}
+	var cfg callConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.raw != nil {
+		*cfg.raw = raw
+	}
+	return nil
+}
+
 // Call sends one request; on success it decodes data into out (when not
-// nil) and returns the raw data too.
+// nil) and returns the raw data too: the level below the methods, for a
+// route they do not cover.
 func (c *Client) Call(ctx context.Context, method, path string, body any, out any) (json.RawMessage, error) {
 	return c.Do(ctx, method, path, nil, body, out)
 }
@@ -190,43 +222,43 @@ func idempotency(key string) http.Header {
 // CreateCheckpoint captures dir; name and retention are sent only when set. A non-empty
 // idempotencyKey is sent as the Idempotency-Key header: a retry with the
 // same key gets the first answer instead of a second checkpoint.
-func (c *Client) CreateCheckpoint(ctx context.Context, sandbox, dir string, name *string, retention *api.Retention, idempotencyKey string) (Checkpoint, json.RawMessage, error) {
+func (c *Client) CreateCheckpoint(ctx context.Context, sandbox, dir string, name *string, retention *api.Retention, idempotencyKey string, opts ...CallOption) (Checkpoint, error) {
 	body := struct {
 		Path      string         `json:"path"`
 		Name      *string        `json:"name,omitempty"`
 		Retention *api.Retention `json:"retention,omitempty"`
 	}{dir, name, retention}
 	var cp Checkpoint
-	raw, err := c.Do(ctx, http.MethodPost, SandboxPath(sandbox, "checkpoints"), idempotency(idempotencyKey), body, &cp)
-	return cp, raw, err
+	err := c.call(ctx, http.MethodPost, SandboxPath(sandbox, "checkpoints"), idempotency(idempotencyKey), body, &cp, opts)
+	return cp, err
 }
 
 // ListCheckpoints returns every checkpoint of the sandbox, oldest first.
-func (c *Client) ListCheckpoints(ctx context.Context, sandbox string) ([]Checkpoint, json.RawMessage, error) {
+func (c *Client) ListCheckpoints(ctx context.Context, sandbox string, opts ...CallOption) ([]Checkpoint, error) {
 	var list []Checkpoint
-	raw, err := c.Call(ctx, http.MethodGet, SandboxPath(sandbox, "checkpoints"), nil, &list)
-	return list, raw, err
+	err := c.call(ctx, http.MethodGet, SandboxPath(sandbox, "checkpoints"), nil, nil, &list, opts)
+	return list, err
 }
 
 // ListDirectories returns each managed directory and the checkpoint its
 // live content continues from (an extension; older servers answer 404).
-func (c *Client) ListDirectories(ctx context.Context, sandbox string) ([]api.Directory, error) {
+func (c *Client) ListDirectories(ctx context.Context, sandbox string, opts ...CallOption) ([]api.Directory, error) {
 	var list []api.Directory
-	_, err := c.Call(ctx, http.MethodGet, SandboxPath(sandbox, "directories"), nil, &list)
+	err := c.call(ctx, http.MethodGet, SandboxPath(sandbox, "directories"), nil, nil, &list, opts)
 	return list, err
 }
 
 // RestoreCheckpoint restores a checkpoint at its path; a non-empty
 // idempotencyKey is sent as the Idempotency-Key header.
-func (c *Client) RestoreCheckpoint(ctx context.Context, sandbox, id, idempotencyKey string) (Restored, json.RawMessage, error) {
+func (c *Client) RestoreCheckpoint(ctx context.Context, sandbox, id, idempotencyKey string, opts ...CallOption) (Restored, error) {
 	var r Restored
-	raw, err := c.Do(ctx, http.MethodPost, SandboxPath(sandbox, "checkpoints", id, "restore"), idempotency(idempotencyKey), nil, &r)
-	return r, raw, err
+	err := c.call(ctx, http.MethodPost, SandboxPath(sandbox, "checkpoints", id, "restore"), idempotency(idempotencyKey), nil, &r, opts)
+	return r, err
 }
 
 // DeleteCheckpoint removes a checkpoint record.
-func (c *Client) DeleteCheckpoint(ctx context.Context, sandbox, id string) (json.RawMessage, error) {
-	return c.Call(ctx, http.MethodDelete, SandboxPath(sandbox, "checkpoints", id), nil, nil)
+func (c *Client) DeleteCheckpoint(ctx context.Context, sandbox, id string, opts ...CallOption) error {
+	return c.call(ctx, http.MethodDelete, SandboxPath(sandbox, "checkpoints", id), nil, nil, nil, opts)
 }
 
 // tokenOps are the access-token operations: method and path suffix.
@@ -239,30 +271,30 @@ var tokenOps = map[string]struct{ method, suffix string }{
 
 // IssueToken issues the sandbox's access token with scopes (none: the
 // API's default, checkpoints and snapshots).
-func (c *Client) IssueToken(ctx context.Context, sandbox string, scopes []api.Scope) (Token, json.RawMessage, error) {
+func (c *Client) IssueToken(ctx context.Context, sandbox string, scopes []api.Scope, opts ...CallOption) (Token, error) {
 	var body any
 	if len(scopes) > 0 {
 		body = map[string][]api.Scope{"scopes": scopes}
 	}
 	var t Token
-	raw, err := c.Call(ctx, http.MethodPost, SandboxPath(sandbox, "access-token"), body, &t)
-	return t, raw, err
+	err := c.call(ctx, http.MethodPost, SandboxPath(sandbox, "access-token"), nil, body, &t, opts)
+	return t, err
 }
 
 // TokenCall runs one access-token operation: issue (with the default
 // scopes; IssueToken names others), show, rotate, revoke.
-func (c *Client) TokenCall(ctx context.Context, op, sandbox string) (Token, json.RawMessage, error) {
+func (c *Client) TokenCall(ctx context.Context, op, sandbox string, opts ...CallOption) (Token, error) {
 	o, ok := tokenOps[op]
 	if !ok {
-		return Token{}, nil, fmt.Errorf("unknown token operation %q", op)
+		return Token{}, fmt.Errorf("unknown token operation %q", op)
 	}
 	path := SandboxPath(sandbox, "access-token")
 	if o.suffix != "" {
 		path += "/" + o.suffix
 	}
 	var t Token
-	raw, err := c.Call(ctx, o.method, path, nil, &t)
-	return t, raw, err
+	err := c.call(ctx, o.method, path, nil, nil, &t, opts)
+	return t, err
 }
 
 // transport is HTTP's transport (http.DefaultTransport when none), for

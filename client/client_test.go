@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -103,5 +105,55 @@ func TestKeyAndBodies(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("requests\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestRawAndShapes: a call returns its value and an error, and Raw(&raw)
+// keeps the data as sent (with a field the type lacks); a failed call
+// leaves raw alone and carries the answer on the *Error. A list sends its
+// labels as label=k=v, sorted; Fork sends from (without the sandbox for
+// a ref) and the name; SetLabels sends {} for none.
+func TestRawAndShapes(t *testing.T) {
+	var requests []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		requests = append(requests, r.Method+" "+r.URL.RequestURI()+" "+string(b))
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(r.URL.Path, "gone") {
+			w.WriteHeader(404)
+			w.Write([]byte(`{"status":"fail","data":{"code":"sandbox_not_found","message":"no such sandbox"}}`))
+			return
+		}
+		w.Write([]byte(`{"status":"success","data":{"id":"sb-1","name":"scratch","labels":{},"future":1}}`))
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	c := New(srv.URL, "sk_k")
+
+	var raw json.RawMessage
+	sb, err := c.GetSandbox(ctx, "scratch", Raw(&raw))
+	if err != nil || sb.ID != "sb-1" || !strings.Contains(string(raw), `"future":1`) {
+		t.Fatalf("get: %+v %v %s", sb, err, raw)
+	}
+	raw = json.RawMessage("untouched")
+	_, err = c.GetSandbox(ctx, "gone", Raw(&raw))
+	var e *Error
+	if !errors.As(err, &e) || e.Code != "sandbox_not_found" || !strings.Contains(string(e.Body), "no such sandbox") || string(raw) != "untouched" {
+		t.Fatalf("a refusal: %v, raw %s", err, raw)
+	}
+	requests = nil
+	n := 2
+	c.ListSandboxes(ctx, ListOptions{Limit: &n, Labels: map[string]string{"tier": "a b", "owner": "docs"}})
+	c.Fork(ctx, "", "sn-0123456789abcdefghijklmn", "")
+	c.Fork(ctx, "scratch", "v1", "scratch-2")
+	c.SetLabels(ctx, "scratch", nil)
+	want := []string{
+		"GET /v1/sandboxes?label=owner%3Ddocs&label=tier%3Da+b&limit=2 ",
+		`POST /v1/sandboxes {"from":{"snapshot":"sn-0123456789abcdefghijklmn"}}`,
+		`POST /v1/sandboxes {"name":"scratch-2","from":{"sandbox":"scratch","snapshot":"v1"}}`,
+		`PUT /v1/sandboxes/scratch/labels {}`,
+	}
+	if !slices.Equal(requests, want) {
+		t.Errorf("requests\n got %q\nwant %q", requests, want)
 	}
 }

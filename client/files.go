@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -162,10 +161,10 @@ func (c *Client) ReadTar(ctx context.Context, sandbox, dir string) (io.ReadClose
 }
 
 // ListDir lists the guest directory dir.
-func (c *Client) ListDir(ctx context.Context, sandbox, dir string) (api.FileListing, json.RawMessage, error) {
+func (c *Client) ListDir(ctx context.Context, sandbox, dir string, opts ...CallOption) (api.FileListing, error) {
 	var l api.FileListing
-	raw, err := c.Call(ctx, http.MethodGet, FilesPath(sandbox, dir), nil, &l)
-	return l, raw, err
+	err := c.call(ctx, http.MethodGet, FilesPath(sandbox, dir), nil, nil, &l, opts)
+	return l, err
 }
 
 // RemoveFile removes a file or an empty directory; with recursive a

@@ -47,7 +47,9 @@ func TestEveryRoute(t *testing.T) {
 	name := "x"
 	calls := []func(){
 		func() { c.CreateSandbox(ctx, SandboxCreateRequest{}) },
-		func() { c.ListSandboxes(ctx, nil, nil) },
+		func() { c.ListSandboxes(ctx, ListOptions{Labels: map[string]string{"owner": "docs"}}) },
+		func() { c.Fork(ctx, sb, sn, "fork-1") },
+		func() { c.SetLabels(ctx, sb, map[string]string{"owner": "docs"}) },
 		func() { c.GetSandbox(ctx, sb) },
 		func() { c.SetAccess(ctx, sb, Access{None: true}) },
 		func() {

@@ -2,10 +2,10 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
+	"sort"
 	"strconv"
 	"time"
 
@@ -33,38 +33,63 @@ const (
 	MaxWait = 20 * time.Second
 )
 
-// CreateSandbox asks for a new sandbox; the record comes back in state
-// creating (or running, taken from the host's pool).
-func (c *Client) CreateSandbox(ctx context.Context, req api.SandboxCreateRequest) (Sandbox, json.RawMessage, error) {
+// CreateSandbox asks for a new sandbox (or, with req.From, a fork); the
+// record comes back in state creating (or running, taken from the host's
+// pool or from the forks made ahead).
+func (c *Client) CreateSandbox(ctx context.Context, req api.SandboxCreateRequest, opts ...CallOption) (Sandbox, error) {
 	var sb Sandbox
-	raw, err := c.Call(ctx, http.MethodPost, "/v1/sandboxes", req, &sb)
-	return sb, raw, err
+	err := c.call(ctx, http.MethodPost, "/v1/sandboxes", nil, req, &sb, opts)
+	return sb, err
+}
+
+// Fork makes a new sandbox named name ("": none) from a VM snapshot
+// (its id, name or ref) of sandbox (its id or name; "" when snapshot is
+// a ref, which names it on the whole deployment): loam's c.Fork. The
+// record comes back on its way to running (WaitSandbox). Env, labels and
+// the access setting are a fork's own: CreateSandbox with From sets them.
+func (c *Client) Fork(ctx context.Context, sandbox, snapshot, name string, opts ...CallOption) (Sandbox, error) {
+	req := api.SandboxCreateRequest{From: &api.SandboxFrom{Sandbox: sandbox, Snapshot: snapshot}}
+	if name != "" {
+		req.Name = &name
+	}
+	return c.CreateSandbox(ctx, req, opts...)
 }
 
 // SetAccess replaces the sandbox's access setting (what the key its guest
 // is handed may do; api.Access{None: true}: no key) and returns its
 // record. It holds from the next call on.
-func (c *Client) SetAccess(ctx context.Context, id string, access api.Access) (Sandbox, json.RawMessage, error) {
+func (c *Client) SetAccess(ctx context.Context, id string, access api.Access, opts ...CallOption) (Sandbox, error) {
 	var sb Sandbox
-	raw, err := c.Call(ctx, http.MethodPut, SandboxPath(id, "access"), access, &sb)
-	return sb, raw, err
+	err := c.call(ctx, http.MethodPut, SandboxPath(id, "access"), nil, access, &sb, opts)
+	return sb, err
 }
 
-// GetSandbox returns the sandbox's record.
-func (c *Client) GetSandbox(ctx context.Context, id string) (Sandbox, json.RawMessage, error) {
+// SetLabels replaces the sandbox's labels (none: every label goes) and
+// returns its record.
+func (c *Client) SetLabels(ctx context.Context, id string, labels map[string]string, opts ...CallOption) (Sandbox, error) {
+	if labels == nil {
+		labels = map[string]string{}
+	}
 	var sb Sandbox
-	raw, err := c.Call(ctx, http.MethodGet, SandboxPath(id), nil, &sb)
-	return sb, raw, err
+	err := c.call(ctx, http.MethodPut, SandboxPath(id, "labels"), nil, labels, &sb, opts)
+	return sb, err
+}
+
+// GetSandbox returns the sandbox's record (id: its id or its name).
+func (c *Client) GetSandbox(ctx context.Context, id string, opts ...CallOption) (Sandbox, error) {
+	var sb Sandbox
+	err := c.call(ctx, http.MethodGet, SandboxPath(id), nil, nil, &sb, opts)
+	return sb, err
 }
 
 // WaitSandbox is GetSandbox with wait_s: a sandbox on its way to a state
 // is answered once it has left it, or after wait (whole seconds, 1 to
 // MaxWait).
-func (c *Client) WaitSandbox(ctx context.Context, id string, wait time.Duration) (Sandbox, json.RawMessage, error) {
+func (c *Client) WaitSandbox(ctx context.Context, id string, wait time.Duration, opts ...CallOption) (Sandbox, error) {
 	var sb Sandbox
 	secs := min(max(int(wait/time.Second), 1), int(MaxWait/time.Second))
-	raw, err := c.Call(ctx, http.MethodGet, SandboxPath(id)+"?wait_s="+strconv.Itoa(secs), nil, &sb)
-	return sb, raw, err
+	err := c.call(ctx, http.MethodGet, SandboxPath(id)+"?wait_s="+strconv.Itoa(secs), nil, nil, &sb, opts)
+	return sb, err
 }
 
 // LongPoll is the wait of the next WaitSandbox: MaxWait, less when the
@@ -80,23 +105,39 @@ func (c *Client) LongPoll(ctx context.Context) time.Duration {
 	return d
 }
 
-// ListSandboxes returns one page of the account's sandboxes; limit and
-// offset are sent when not nil.
-func (c *Client) ListSandboxes(ctx context.Context, limit, offset *int) (api.SandboxList, json.RawMessage, error) {
+// ListOptions are a list's page and filter: Limit and Offset are sent
+// when not nil (the API's defaults: 50, 0); Labels, when not empty, keep
+// the sandboxes that have every one of them.
+type ListOptions struct {
+	Limit, Offset *int
+	Labels        map[string]string
+}
+
+// ListSandboxes returns one page of the account's sandboxes, oldest
+// first, their records without env.
+func (c *Client) ListSandboxes(ctx context.Context, o ListOptions, opts ...CallOption) (api.SandboxList, error) {
 	q := url.Values{}
-	if limit != nil {
-		q.Set("limit", strconv.Itoa(*limit))
+	if o.Limit != nil {
+		q.Set("limit", strconv.Itoa(*o.Limit))
 	}
-	if offset != nil {
-		q.Set("offset", strconv.Itoa(*offset))
+	if o.Offset != nil {
+		q.Set("offset", strconv.Itoa(*o.Offset))
+	}
+	keys := make([]string, 0, len(o.Labels))
+	for k := range o.Labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		q.Add("label", k+"="+o.Labels[k])
 	}
 	path := "/v1/sandboxes"
 	if len(q) > 0 {
 		path += "?" + q.Encode()
 	}
 	var list api.SandboxList
-	raw, err := c.Call(ctx, http.MethodGet, path, nil, &list)
-	return list, raw, err
+	err := c.call(ctx, http.MethodGet, path, nil, nil, &list, opts)
+	return list, err
 }
 
 // sandboxOps are the operations on one sandbox that answer its state:
@@ -111,23 +152,24 @@ var sandboxOps = map[string]struct{ method, suffix string }{
 
 // SandboxOp runs rm, pause, resume, stop or start on a sandbox and returns
 // the state it answers with.
-func (c *Client) SandboxOp(ctx context.Context, op, id string) (SandboxState, json.RawMessage, error) {
+func (c *Client) SandboxOp(ctx context.Context, op, id string, opts ...CallOption) (SandboxState, error) {
 	o, ok := sandboxOps[op]
 	if !ok {
-		return SandboxState{}, nil, fmt.Errorf("unknown sandbox operation %q", op)
+		return SandboxState{}, fmt.Errorf("unknown sandbox operation %q", op)
 	}
 	path := SandboxPath(id)
 	if o.suffix != "" {
 		path = SandboxPath(id, o.suffix)
 	}
 	var st SandboxState
-	raw, err := c.Call(ctx, o.method, path, nil, &st)
-	return st, raw, err
+	err := c.call(ctx, o.method, path, nil, nil, &st, opts)
+	return st, err
 }
 
-// Exec runs a command in the sandbox and returns its result.
-func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest) (ExecResult, json.RawMessage, error) {
+// Exec runs a command in the sandbox and returns its result (a non-zero
+// exit is a result, not an error).
+func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest, opts ...CallOption) (ExecResult, error) {
 	var res ExecResult
-	raw, err := c.Call(ctx, http.MethodPost, SandboxPath(id, "exec"), req, &res)
-	return res, raw, err
+	err := c.call(ctx, http.MethodPost, SandboxPath(id, "exec"), nil, req, &res, opts)
+	return res, err
 }

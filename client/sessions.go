@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -18,33 +17,33 @@ import (
 type Session = api.Session
 
 // StartSession starts a command as a session.
-func (c *Client) StartSession(ctx context.Context, sandbox string, req api.SessionRequest) (Session, json.RawMessage, error) {
+func (c *Client) StartSession(ctx context.Context, sandbox string, req api.SessionRequest, opts ...CallOption) (Session, error) {
 	var se Session
-	raw, err := c.Call(ctx, http.MethodPost, SandboxPath(sandbox, "sessions"), req, &se)
-	return se, raw, err
+	err := c.call(ctx, http.MethodPost, SandboxPath(sandbox, "sessions"), nil, req, &se, opts)
+	return se, err
 }
 
 // ListSessions lists a sandbox's sessions, oldest first.
-func (c *Client) ListSessions(ctx context.Context, sandbox string) ([]Session, json.RawMessage, error) {
+func (c *Client) ListSessions(ctx context.Context, sandbox string, opts ...CallOption) ([]Session, error) {
 	var v struct {
 		Sessions []Session `json:"sessions"`
 	}
-	raw, err := c.Call(ctx, http.MethodGet, SandboxPath(sandbox, "sessions"), nil, &v)
-	return v.Sessions, raw, err
+	err := c.call(ctx, http.MethodGet, SandboxPath(sandbox, "sessions"), nil, nil, &v, opts)
+	return v.Sessions, err
 }
 
 // GetSession returns one session's record.
-func (c *Client) GetSession(ctx context.Context, sandbox, id string) (Session, json.RawMessage, error) {
+func (c *Client) GetSession(ctx context.Context, sandbox, id string, opts ...CallOption) (Session, error) {
 	var se Session
-	raw, err := c.Call(ctx, http.MethodGet, SandboxPath(sandbox, "sessions", id), nil, &se)
-	return se, raw, err
+	err := c.call(ctx, http.MethodGet, SandboxPath(sandbox, "sessions", id), nil, nil, &se, opts)
+	return se, err
 }
 
 // KillSession ends a session (SIGTERM, then SIGKILL 5 s later).
-func (c *Client) KillSession(ctx context.Context, sandbox, id string) (Session, json.RawMessage, error) {
+func (c *Client) KillSession(ctx context.Context, sandbox, id string, opts ...CallOption) (Session, error) {
 	var se Session
-	raw, err := c.Call(ctx, http.MethodDelete, SandboxPath(sandbox, "sessions", id), nil, &se)
-	return se, raw, err
+	err := c.call(ctx, http.MethodDelete, SandboxPath(sandbox, "sessions", id), nil, nil, &se, opts)
+	return se, err
 }
 
 // Attachment is an open attachment of a session (a WebSocket: read its

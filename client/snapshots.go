@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 
 	"strata/internal/api"
@@ -59,60 +58,60 @@ type ForkRefusal struct {
 }
 
 // CreateSnapshot snapshots the sandbox.
-func (c *Client) CreateSnapshot(ctx context.Context, sandbox string, req SnapshotCreateRequest) (Snapshot, json.RawMessage, error) {
+func (c *Client) CreateSnapshot(ctx context.Context, sandbox string, req SnapshotCreateRequest, opts ...CallOption) (Snapshot, error) {
 	var s Snapshot
-	raw, err := c.Call(ctx, http.MethodPost, SandboxPath(sandbox, "snapshots"), req, &s)
-	return s, raw, err
+	err := c.call(ctx, http.MethodPost, SandboxPath(sandbox, "snapshots"), nil, req, &s, opts)
+	return s, err
 }
 
 // ListSnapshots returns every snapshot of the sandbox, oldest first.
-func (c *Client) ListSnapshots(ctx context.Context, sandbox string) ([]Snapshot, json.RawMessage, error) {
+func (c *Client) ListSnapshots(ctx context.Context, sandbox string, opts ...CallOption) ([]Snapshot, error) {
 	var list []Snapshot
-	raw, err := c.Call(ctx, http.MethodGet, SandboxPath(sandbox, "snapshots"), nil, &list)
-	return list, raw, err
+	err := c.call(ctx, http.MethodGet, SandboxPath(sandbox, "snapshots"), nil, nil, &list, opts)
+	return list, err
 }
 
 // GetSnapshot returns one snapshot's record.
-func (c *Client) GetSnapshot(ctx context.Context, sandbox, id string) (Snapshot, json.RawMessage, error) {
+func (c *Client) GetSnapshot(ctx context.Context, sandbox, id string, opts ...CallOption) (Snapshot, error) {
 	var s Snapshot
-	raw, err := c.Call(ctx, http.MethodGet, SandboxPath(sandbox, "snapshots", id), nil, &s)
-	return s, raw, err
+	err := c.call(ctx, http.MethodGet, SandboxPath(sandbox, "snapshots", id), nil, nil, &s, opts)
+	return s, err
 }
 
 // DeleteSnapshot deletes a snapshot; forks made from it are unaffected.
-func (c *Client) DeleteSnapshot(ctx context.Context, sandbox, id string) (json.RawMessage, error) {
-	return c.Call(ctx, http.MethodDelete, SandboxPath(sandbox, "snapshots", id), nil, nil)
+func (c *Client) DeleteSnapshot(ctx context.Context, sandbox, id string, opts ...CallOption) error {
+	return c.call(ctx, http.MethodDelete, SandboxPath(sandbox, "snapshots", id), nil, nil, nil, opts)
 }
 
 // RestoreSnapshot puts the sandbox back to the snapshot; with diskOnly,
 // only its disk, as a fresh boot. The body is sent only then.
-func (c *Client) RestoreSnapshot(ctx context.Context, sandbox, id string, diskOnly bool) (SnapshotRestored, json.RawMessage, error) {
+func (c *Client) RestoreSnapshot(ctx context.Context, sandbox, id string, diskOnly bool, opts ...CallOption) (SnapshotRestored, error) {
 	var body any
 	if diskOnly {
 		body = api.SnapshotRestoreRequest{DiskOnly: true}
 	}
 	var r SnapshotRestored
-	raw, err := c.Call(ctx, http.MethodPost, SandboxPath(sandbox, "snapshots", id, "restore"), body, &r)
-	return r, raw, err
+	err := c.call(ctx, http.MethodPost, SandboxPath(sandbox, "snapshots", id, "restore"), nil, body, &r, opts)
+	return r, err
 }
 
 // PinSnapshot pins a snapshot (retention never deletes it), or unpins it.
-func (c *Client) PinSnapshot(ctx context.Context, sandbox, id string, pin bool) (Snapshot, json.RawMessage, error) {
+func (c *Client) PinSnapshot(ctx context.Context, sandbox, id string, pin bool, opts ...CallOption) (Snapshot, error) {
 	op := "unpin"
 	if pin {
 		op = "pin"
 	}
 	var s Snapshot
-	raw, err := c.Call(ctx, http.MethodPost, SandboxPath(sandbox, "snapshots", id, op), nil, &s)
-	return s, raw, err
+	err := c.call(ctx, http.MethodPost, SandboxPath(sandbox, "snapshots", id, op), nil, nil, &s, opts)
+	return s, err
 }
 
 // ForkSnapshot makes req.Count sandboxes from a snapshot in one call; the
 // records come back on their way to running. A non-empty idempotencyKey
 // is sent as the Idempotency-Key header: a retry with the same key and
 // request gets the forks the first call made instead of new ones.
-func (c *Client) ForkSnapshot(ctx context.Context, sandbox, id string, req ForkRequest, idempotencyKey string) (Forks, json.RawMessage, error) {
+func (c *Client) ForkSnapshot(ctx context.Context, sandbox, id string, req ForkRequest, idempotencyKey string, opts ...CallOption) (Forks, error) {
 	var f Forks
-	raw, err := c.Do(ctx, http.MethodPost, SandboxPath(sandbox, "snapshots", id, "fork"), idempotency(idempotencyKey), req, &f)
-	return f, raw, err
+	err := c.call(ctx, http.MethodPost, SandboxPath(sandbox, "snapshots", id, "fork"), idempotency(idempotencyKey), req, &f, opts)
+	return f, err
 }

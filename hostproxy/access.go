@@ -52,14 +52,23 @@ func recordAccess(raw []byte) string {
 	return a.String()
 }
 
-// takeAccessKey is the context key of the access setting a create or a
-// fork gives its sandbox, for Registry.Take: a sandbox taken from the pool
-// or from the forks made ahead gets its record's other fields from
-// package sandbox, which leaves this one to the registry.
-type takeAccessKey struct{}
+// takeKey is the context key of what a create or a fork gives its
+// sandbox that package sandbox does not copy (taken), for Registry.Take:
+// a sandbox taken from the pool or from the forks made ahead gets its
+// record's other fields from package sandbox, which leaves these to the
+// registry.
+type takeKey struct{}
 
-func withTakeAccess(ctx context.Context, access string) context.Context {
-	return context.WithValue(ctx, takeAccessKey{}, access)
+// taken is a record's access setting, env and labels.
+type taken struct {
+	access      string
+	env, labels map[string]string
+}
+
+// withTaken carries rec's access setting, env and labels to
+// Registry.Take.
+func withTaken(ctx context.Context, rec Sandbox) context.Context {
+	return context.WithValue(ctx, takeKey{}, taken{access: rec.Access, env: rec.Env, labels: rec.Labels})
 }
 
 // setAccess is PUT /v1/sandboxes/{id}/access: the body is the new setting
@@ -106,4 +115,38 @@ func (s *Server) refreshCredentials(c echo.Context, sb Sandbox) {
 	if err := s.sendCredentials(c.Request().Context(), sb.ID, false); err != nil {
 		s.log.Warn("credentials not delivered to the guest; the next request that finds the sandbox running retries", "sandbox", sb.ID, "err", err)
 	}
+}
+
+// setLabels is PUT /v1/sandboxes/{id}/labels: the body is the new labels,
+// an object of strings (api.ParseLabelsBody; {} takes them all away); the
+// answer is the sandbox's record. A configured sandbox has none: its
+// record is the configuration's, written again at every start.
+func (s *Server) setLabels(c echo.Context) (any, error) {
+	sb := sandboxOf(c)
+	r := c.Request()
+	if err := jsend.RejectQuery(r); err != nil {
+		return nil, err
+	}
+	body, err := jsend.ReadBody(r, api.MaxLabelsBody, api.ErrLabelsBodyTooLarge)
+	if err != nil {
+		return nil, err
+	}
+	labels, err := api.ParseLabelsBody(body)
+	if err != nil {
+		return nil, err
+	}
+	if sb.Machine == nil {
+		return nil, sandbox.ErrNotAMachine
+	}
+	if len(labels) == 0 {
+		labels = nil
+	}
+	rec, err := s.reg.Update(r.Context(), sb.ID, func(rec *Sandbox) error {
+		rec.Labels = labels
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sandboxView(rec), nil
 }

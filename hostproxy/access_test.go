@@ -137,26 +137,28 @@ func TestAccessSetting(t *testing.T) {
 }
 
 // TestTakeAccess: a sandbox taken from the pool or the forks made ahead
-// gets the access setting of the create or fork that takes it (package
-// sandbox's Take copies the account, name and time only).
+// gets the access setting, env and labels of the create or fork that
+// takes it (package sandbox's Take copies the account, name and time
+// only).
 func TestTakeAccess(t *testing.T) {
 	h := newAuthzHarness(t)
 	pooled := Sandbox{ID: "sb-pooled", Guest: guestAddress("sb-pooled"), State: sandbox.Running, Machine: &sandbox.Machine{}, Pooled: true}
 	if err := h.s.reg.Insert(t.Context(), pooled); err != nil {
 		t.Fatal(err)
 	}
-	taken, err := h.s.reg.Take(withTakeAccess(t.Context(), "none"), "sb-pooled", func(r *Sandbox) error {
+	want := Sandbox{Access: "none", Env: map[string]string{"CI": "1"}, Labels: map[string]string{"owner": "docs"}}
+	taken, err := h.s.reg.Take(withTaken(t.Context(), want), "sb-pooled", func(r *Sandbox) error {
 		r.Pooled, r.Account = false, "acct-a"
 		return nil
 	})
-	if err != nil || taken.Access != "none" {
-		t.Fatalf("taken: %+v, %v; want access none", taken, err)
+	if err != nil || taken.Access != "none" || taken.Env["CI"] != "1" || taken.Labels["owner"] != "docs" {
+		t.Fatalf("taken: %+v, %v; want access none, its env and labels", taken, err)
 	}
-	if rec, _ := h.s.reg.Sandbox(t.Context(), "sb-pooled"); rec.Access != "none" {
-		t.Errorf("recorded access %q", rec.Access)
+	if rec, _ := h.s.reg.Sandbox(t.Context(), "sb-pooled"); rec.Access != "none" || rec.Labels["owner"] != "docs" {
+		t.Errorf("recorded access %q, labels %v", rec.Access, rec.Labels)
 	}
-	// An Update (a lifecycle change) leaves it alone.
-	if rec, _ := h.s.reg.Update(withTakeAccess(t.Context(), ""), "sb-pooled", func(*Sandbox) error { return nil }); rec.Access != "none" {
-		t.Errorf("an update changed the access to %q", rec.Access)
+	// An Update (a lifecycle change) leaves them alone.
+	if rec, _ := h.s.reg.Update(withTaken(t.Context(), Sandbox{}), "sb-pooled", func(*Sandbox) error { return nil }); rec.Access != "none" || rec.Env["CI"] != "1" {
+		t.Errorf("an update changed the access to %q, the env to %v", rec.Access, rec.Env)
 	}
 }

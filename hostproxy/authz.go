@@ -34,14 +34,24 @@ import (
 //     key;
 //  5. a token or a channel key acts only on its own sandbox (403), and
 //     only within its scopes (403 with data.scope naming the one needed);
-//  6. the sandbox the route names ({id}) is looked up: unknown, or of
-//     another account, is 404 sandbox_not_found (an account learns
-//     nothing of other accounts' sandboxes; a token was refused at 5
-//     before its sandbox was looked at).
+//  6. the sandbox the route names ({id}: its id or its name) is the
+//     caller's account's: unknown, or of another account, is 404
+//     sandbox_not_found (an account learns nothing of other accounts'
+//     sandboxes; a token naming anything but its own sandbox was refused
+//     at 5, whether that exists or not).
+//
+// {id} is resolved once, before check 3, among the caller's account's
+// sandboxes (Registry.resolveSandbox: an id, else a name), so that checks
+// 3 and 5 compare sandboxes, not spellings: a token, or a call through a
+// channel, may name its own sandbox by its id or by its name. Handlers
+// find the sandbox resolved (sandboxOf); none reads {id} again.
 //
 // Race: the principal's scopes are read once per request (a channel
-// key's from its sandbox's record), so a change of a token or of a
-// sandbox's access takes effect from the next request on.
+// key's from its sandbox's record), and so is the sandbox a name
+// resolves to, so a change of a token or of a sandbox's access takes
+// effect from the next request on, and a name deleted and given to
+// another sandbox while a request is in flight is the first sandbox's
+// for that request.
 
 // kinds is a set of credential kinds.
 type kinds uint8
@@ -144,6 +154,7 @@ var authTable = []route{
 	{http.MethodPost, sbRoute + "/start", account},
 	{http.MethodPost, sbRoute + "/stop", account},
 	{http.MethodPut, sbRoute + "/access", account},
+	{http.MethodPut, sbRoute + "/labels", account},
 	{http.MethodPost, sbRoute + "/access-token", account},
 	{http.MethodGet, sbRoute + "/access-token", account},
 	{http.MethodDelete, sbRoute + "/access-token", account},
@@ -269,18 +280,25 @@ func (s *Server) authorize(method, path string) echo.MiddlewareFunc {
 				return err
 			}
 			c.Set(keyPrincipal, p)
-			id := ""
+			id, found := "", false
+			var sb Sandbox
 			if names {
+				if sb, found, err = s.reg.resolveSandbox(c.Request().Context(), p.Account, c.Param("id")); err != nil {
+					return err
+				}
 				id = c.Param("id")
+				if found {
+					id = sb.ID
+				}
 			}
 			if err := rt.allows(p, id, channelSandbox(c.Request().Context())); err != nil {
 				return err
 			}
 			if names {
-				sb, err := s.lookup(c, p, id)
-				if err != nil {
-					return err
+				if !found {
+					return errSandboxNotFound
 				}
+				s.deliverOwed(sb)
 				c.Set(keySandbox, sb)
 			}
 			return next(c)
@@ -296,25 +314,7 @@ func (s *Server) authorizeAs(c echo.Context, method, path string) error {
 	if !ok {
 		return fmt.Errorf("hostproxy: no rule for %s %s", method, path)
 	}
-	return rt.allows(principalOf(c), c.Param("id"), channelSandbox(c.Request().Context()))
-}
-
-// lookup returns sandbox id if p's account owns it: a sandbox of another
-// account is as unknown as one that does not exist. A running microVM
-// sandbox is handed the credentials it is owed (credentials.go).
-func (s *Server) lookup(c echo.Context, p Principal, id string) (Sandbox, error) {
-	if !idPattern.MatchString(id) {
-		return Sandbox{}, errSandboxNotFound
-	}
-	sb, err := s.reg.Sandbox(c.Request().Context(), id)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	if sb.Account != p.Account {
-		return Sandbox{}, errSandboxNotFound
-	}
-	s.deliverOwed(sb)
-	return sb, nil
+	return rt.allows(principalOf(c), sandboxOf(c).ID, channelSandbox(c.Request().Context()))
 }
 
 // principalOf is who the request acts as (authorize found it).
@@ -323,7 +323,9 @@ func principalOf(c echo.Context) Principal {
 	return p
 }
 
-// sandboxOf is the sandbox the route names, as authorize found it.
+// sandboxOf is the sandbox the route names, by its id or its name, as
+// authorize found it (a running microVM sandbox was handed the
+// credentials it is owed then: credentials.go).
 func sandboxOf(c echo.Context) Sandbox {
 	sb, _ := c.Get(keySandbox).(Sandbox)
 	return sb

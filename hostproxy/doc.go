@@ -25,7 +25,18 @@
 //     response, and one error-to-HTTP mapping (jsend.Error);
 //   - keeps a registry of accounts, key hashes, sandboxes and access-token
 //     hashes in a bbolt file under the data directory, seeded from the
-//     configuration at start (see Config);
+//     configuration at start (see Config), with two indexes written in
+//     the same transactions as the records (names.go): sandbox names, so
+//     that a name works wherever an id does (in every route's {id} and in
+//     a fork's from), and VM snapshot refs ("sn-…", given by the registry
+//     as a snapshot is first recorded, never given twice), so that a
+//     snapshot is named on the whole deployment and a fork's from needs
+//     no sandbox;
+//   - keeps each microVM sandbox's env and labels (given by its create or
+//     fork, labels replaced by PUT …/labels, lists filtered by label=) and
+//     puts the env under the call's own in every exec and session body it
+//     forwards (api.WithSandboxEnv), so that guestd sees one env within
+//     exec's rules;
 //   - refuses a bad request before it reaches a guest: query strings, bodies
 //     where none is taken, bodies over 16 KiB, non-JSON content types, unknown
 //     fields, wrong types, trailing data, malformed ids, bad names, and
@@ -95,8 +106,9 @@
 // (429), the authorization table (403: from inside a sandbox, another
 // sandbox or a route never served there; a kind of credential the route
 // does not take; a token of another sandbox; a scope lacking, named in
-// data.scope), the sandbox (404 sandbox_not_found for one that does not
-// exist or is another account's), request shape (400, 413, 415, 422 for
+// data.scope), the sandbox (by its id or its name, resolved among the
+// caller's account's before the table is checked; 404 sandbox_not_found
+// for one that does not exist or is another account's), request shape (400, 413, 415, 422 for
 // the path rules checked here), sandbox state (409 sandbox_not_running),
 // checkpoint id shape (404 checkpoint_not_found), then the guest.
 //

@@ -151,6 +151,10 @@ type forkRequest struct {
 	Count      int     `json:"count"`
 	NamePrefix *string `json:"name_prefix"`
 	Access     string  `json:"access"`
+	// Env and Labels are left out when empty: a request without them
+	// hashes as it did before they existed.
+	Env    map[string]string `json:"env,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // checkForkKey fails with idempotency_key_reused when account's key

@@ -11,7 +11,10 @@ import (
 	"strata/sandbox"
 )
 
-var errNameTaken = fault.New(fault.Conflict, "name_taken", "another sandbox of this account has this name")
+var (
+	errNameTaken = fault.New(fault.Conflict, "name_taken", "another sandbox of this account has this name")
+	errNameIsID  = fault.New(fault.Conflict, "name_taken", "a sandbox has this name as its id: a name must not mean two sandboxes")
+)
 
 // The registry keeps the microVM sandboxes' records for package sandbox.
 var _ sandbox.Records = (*Registry)(nil)
@@ -30,7 +33,7 @@ func (r *Registry) Insert(ctx context.Context, sb Sandbox) error {
 		if err := insertChecks(ctx, tx, b, sb); err != nil {
 			return err
 		}
-		return boltjson.Put(b, []byte(sb.ID), sb)
+		return r.putSandboxTx(tx, indexed{}, &sb)
 	})
 }
 
@@ -43,8 +46,9 @@ func (r *Registry) Update(ctx context.Context, id string, fn func(*Sandbox) erro
 // Take applies fn to a pooled sandbox's record, which gives it to an
 // account, checking in the same transaction what Insert checks: the name
 // unique among the account's sandboxes, and the create's claim of its
-// Idempotency-Key. The record gets the access setting the create or fork
-// gives (withTakeAccess), which fn, package sandbox's, does not copy.
+// Idempotency-Key. The record gets the access setting, env and labels the
+// create or fork gives (withTaken), which fn, package sandbox's, does not
+// copy.
 func (r *Registry) Take(ctx context.Context, id string, fn func(*Sandbox) error) (Sandbox, error) {
 	return r.update(ctx, id, fn, true)
 }
@@ -64,41 +68,50 @@ func (r *Registry) update(ctx context.Context, id string, fn func(*Sandbox) erro
 		if sb == nil {
 			return errSandboxNotFound
 		}
+		before := indexedOf(sb)
 		if err := fn(sb); err != nil {
 			return err
 		}
-		if a, ok := ctx.Value(takeAccessKey{}).(string); ok && inserted {
-			sb.Access = a
+		if t, ok := ctx.Value(takeKey{}).(taken); ok && inserted {
+			sb.Access, sb.Env, sb.Labels = t.access, t.env, t.labels
 		}
 		if inserted {
 			if err := insertChecks(ctx, tx, b, *sb); err != nil {
 				return err
 			}
 		}
+		if err := r.putSandboxTx(tx, before, sb); err != nil {
+			return err
+		}
 		out = *sb
-		return boltjson.Put(b, []byte(id), sb)
+		return nil
 	})
 	return out, err
 }
 
 // insertChecks are the checks of a record that comes to an account: the
-// create's claim (when ctx carries one) and the name's uniqueness among
-// the account's other sandboxes that are not destroyed.
+// create's claim (when ctx carries one) and its name: unique among the
+// account's other sandboxes that are not destroyed (the names index,
+// which putSandboxTx checks again as it writes), and not the id of
+// another sandbox (a configured one's: the API's ids start with "sb-",
+// which no name may), so that a name and an id never mean two sandboxes.
 func insertChecks(ctx context.Context, tx *bolt.Tx, b *bolt.Bucket, sb Sandbox) error {
 	if c, ok := ctx.Value(createClaimKey{}).(*createClaimReq); ok {
 		if err := claimTx(tx, c, sb.ID); err != nil {
 			return err
 		}
 	}
-	if sb.Name == "" {
+	key := nameKey(&sb)
+	if key == "" {
 		return nil
 	}
-	return boltjson.ForEach(b, func(_ []byte, o *Sandbox) error {
-		if o.ID != sb.ID && o.Account == sb.Account && o.Name == sb.Name && o.State != sandbox.Destroyed {
-			return errNameTaken.With("name", sb.Name)
-		}
-		return nil
-	})
+	if sb.Name != sb.ID && b.Get([]byte(sb.Name)) != nil {
+		return errNameIsID.With("name", sb.Name)
+	}
+	if v := tx.Bucket(bucketNames).Get([]byte(key)); v != nil && string(v) != sb.ID {
+		return errNameTaken.With("name", sb.Name)
+	}
+	return nil
 }
 
 // Get returns the sandbox id, or sandbox_not_found.
@@ -118,13 +131,18 @@ func (r *Registry) List(ctx context.Context) ([]Sandbox, error) {
 			return nil
 		})
 	})
+	sortRecords(all)
+	return all, err
+}
+
+// sortRecords orders records oldest first, then by id.
+func sortRecords(all []Sandbox) {
 	sort.SliceStable(all, func(i, j int) bool {
 		if !all[i].CreatedAt.Equal(all[j].CreatedAt) {
 			return all[i].CreatedAt.Before(all[j].CreatedAt)
 		}
 		return all[i].ID < all[j].ID
 	})
-	return all, err
 }
 
 // Delete removes the sandbox's record and its access token.
@@ -136,6 +154,10 @@ func (r *Registry) Delete(ctx context.Context, id string) error {
 		if err := revokeTx(tx, id); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
+		sb, err := boltjson.Get[Sandbox](tx.Bucket(bucketSandboxes), []byte(id))
+		if err != nil || sb == nil {
+			return err
+		}
+		return deleteSandboxTx(tx, sb)
 	})
 }

@@ -2,9 +2,11 @@ package hostproxy
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -134,6 +136,16 @@ type Registry struct {
 	db *bolt.DB
 	// channelSecret keys the sandboxes' channel keys (channelkey.go).
 	channelSecret []byte
+	// rand draws snapshot refs (names.go); nil is crypto/rand.
+	rand io.Reader
+}
+
+// random is the registry's source of randomness.
+func (r *Registry) random() io.Reader {
+	if r.rand == nil {
+		return rand.Reader
+	}
+	return r.rand
 }
 
 // OpenRegistry opens (or creates) the registry under dir. It fails at once
@@ -156,21 +168,23 @@ func OpenRegistry(ctx context.Context, dir string) (*Registry, error) {
 		}
 		return nil, fmt.Errorf("registry: open %s: %w", path, err)
 	}
-	var secret []byte
+	reg := &Registry{db: db}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketAccounts, bucketSandboxes, bucketCredentials, bucketTokens} {
+		for _, b := range [][]byte{bucketAccounts, bucketSandboxes, bucketCredentials, bucketTokens, bucketNames, bucketRefs} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
-		secret, err = loadChannelSecret(tx)
-		return err
+		if reg.channelSecret, err = loadChannelSecret(tx); err != nil {
+			return err
+		}
+		return reg.reindexTx(tx)
 	})
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("registry: init %s: %w", path, err)
 	}
-	return &Registry{db: db, channelSecret: secret}, nil
+	return reg, nil
 }
 
 // Close closes the bbolt file.
@@ -198,7 +212,8 @@ func (r *Registry) seed(ctx context.Context, s seed) error {
 			return err
 		}
 		for _, k := range configured {
-			if err := tx.Bucket(bucketSandboxes).Delete(k); err != nil {
+			sb := old[string(k)]
+			if err := deleteSandboxTx(tx, &sb); err != nil {
 				return err
 			}
 		}
@@ -243,7 +258,7 @@ func (r *Registry) seed(ctx context.Context, s seed) error {
 			if o, ok := old[sb.ID]; ok && o.Machine != nil {
 				return fmt.Errorf("sandbox %q is configured, but a microVM sandbox of that id exists", sb.ID)
 			}
-			if err := boltjson.Put(tx.Bucket(bucketSandboxes), []byte(sb.ID), sb); err != nil {
+			if err := r.putSandboxTx(tx, indexed{}, &sb); err != nil {
 				return err
 			}
 			if o, ok := old[sb.ID]; ok && o.Account == sb.Account {
@@ -353,8 +368,9 @@ func (r *Registry) SetSandboxState(ctx context.Context, id string, state Sandbox
 		if sb == nil {
 			return errSandboxNotFound
 		}
+		before := indexedOf(sb)
 		sb.State = state
-		return boltjson.Put(tx.Bucket(bucketSandboxes), []byte(id), sb)
+		return r.putSandboxTx(tx, before, sb)
 	})
 }
 

@@ -90,7 +90,7 @@ type VMsConfig struct {
 
 var (
 	errNoVMs         = fault.New(fault.Conflict, "sandboxes_disabled", "this host runs no microVM sandboxes (hostproxy has no vms configuration)")
-	errBadPagination = "limit must be 1 to 500 and offset 0 or more; no other query parameters"
+	errBadPagination = "limit must be 1 to 500 and offset 0 or more, each given once; label=KEY=VALUE may be repeated; no other query parameters"
 )
 
 // openVMs starts the lifecycle manager and adopts the sandboxes an
@@ -205,12 +205,16 @@ func channelSandbox(ctx context.Context) string {
 	return id
 }
 
-// sandboxView is a record as the API shows it.
+// sandboxView is a record as the API shows it: with its env (lists leave
+// it out: listView).
 func sandboxView(sb Sandbox) api.Sandbox {
 	v := api.Sandbox{
 		ID: sb.ID, Name: sb.Name, State: string(sb.State),
 		MemoryMiB: sb.MemoryMiB, VCPUs: sb.VCPUs, DiskGiB: sb.DiskGiB,
-		Error: sb.Error,
+		Error: sb.Error, Labels: sb.Labels, Env: sb.Env,
+	}
+	if v.Labels == nil {
+		v.Labels = map[string]string{}
 	}
 	if e := sb.LastError; e != nil {
 		v.LastError = &api.FailedOperation{Operation: e.Operation, Code: e.Code, Message: e.Message, At: api.FormatTime(e.At)}
@@ -267,7 +271,10 @@ func (s *Server) createSandbox(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	body, err := jsend.ReadBody(r, jsend.MaxBody, jsend.ErrBodyTooLarge)
+	// Up to api.MaxCreateBody, not jsend.MaxBody: the largest env. A
+	// create is never served through a channel (authz.go), so no guest
+	// can make hostproxy hold such bodies in numbers.
+	body, err := jsend.ReadBody(r, api.MaxCreateBody, api.ErrCreateBodyTooLarge)
 	if err != nil {
 		return err
 	}
@@ -283,20 +290,10 @@ func (s *Server) createSandbox(c echo.Context) error {
 	if s.machines == nil {
 		return errNoVMs
 	}
-	var forkOf string // the snapshot's id, when from names it
+	var forkSrc, forkOf string // the sandbox's and the snapshot's ids, when from names them
 	if req.From != nil {
-		// A fork is of the account's own sandbox; another account's is
-		// as unknown as one that does not exist.
-		src, err := s.reg.Sandbox(r.Context(), req.From.Sandbox)
-		if err != nil {
+		if forkSrc, forkOf, err = s.forkSource(r.Context(), p, *req.From); err != nil {
 			return err
-		}
-		if src.Account != p.Account {
-			return errSandboxNotFound
-		}
-		forkOf = req.From.Snapshot
-		if sn, ok := src.SnapshotNamed(forkOf); ok && !api.ValidSnapshotID(forkOf) {
-			forkOf = sn.ID
 		}
 	}
 	id, err := s.newSandboxID()
@@ -307,6 +304,7 @@ func (s *Server) createSandbox(c echo.Context) error {
 		ID: id, Account: p.Account, Guest: guestAddress(id),
 		CreatedAt: s.now().UTC().Truncate(time.Second),
 		Access:    recordAccess(req.Access),
+		Env:       req.Env, Labels: req.Labels,
 	}
 	if req.From == nil {
 		rec.MemoryMiB, rec.VCPUs, rec.DiskGiB = *req.MemoryMiB, *req.VCPUs, *req.DiskGiB
@@ -317,14 +315,14 @@ func (s *Server) createSandbox(c echo.Context) error {
 	// A retry with the same Idempotency-Key answers with the sandbox the
 	// first request made, as it is now, and makes no other: the key is
 	// claimed in the transaction that records the sandbox.
-	ctx := withTakeAccess(r.Context(), rec.Access)
+	ctx := withTaken(r.Context(), rec)
 	var claim *createClaimReq
 	if key != "" {
 		claim = &createClaimReq{account: p.Account, key: key, request: requestHash(req), now: s.now()}
 		ctx = withCreateClaim(ctx, claim)
 	}
 	if req.From != nil {
-		rec, err = s.machines.Fork(ctx, req.From.Sandbox, forkOf, rec)
+		rec, err = s.machines.Fork(ctx, forkSrc, forkOf, rec)
 	} else {
 		rec, err = s.machines.Create(ctx, rec)
 	}
@@ -344,6 +342,49 @@ func (s *Server) createSandbox(c echo.Context) error {
 	}
 	s.handedOver(rec)
 	return accepted(c, sandboxView(rec))
+}
+
+// forkSource is the sandbox and the snapshot, by their ids, that a
+// create's from names: a snapshot by its ref alone (from.sandbox, when
+// given too, must name the snapshot's sandbox), or a sandbox by its id or
+// name and one of its snapshots by its id, name or ref. A sandbox of
+// another account is as unknown as one that does not exist
+// (sandbox_not_found), and so is a snapshot of one (snapshot_not_found).
+func (s *Server) forkSource(ctx context.Context, p Principal, from api.SandboxFrom) (src, snap string, err error) {
+	notFound := sandbox.ErrSnapshotNotFound.With("snapshot_id", from.Snapshot)
+	var named Sandbox
+	if from.Sandbox != "" {
+		sb, found, err := s.reg.resolveSandbox(ctx, p.Account, from.Sandbox)
+		if err != nil {
+			return "", "", err
+		}
+		if !found {
+			return "", "", errSandboxNotFound
+		}
+		named = sb
+	}
+	if api.ValidSnapshotRef(from.Snapshot) {
+		e, found, err := s.reg.snapshotByRef(ctx, from.Snapshot)
+		if err != nil {
+			return "", "", err
+		}
+		if !found || from.Sandbox != "" && e.Sandbox != named.ID {
+			return "", "", notFound
+		}
+		sb, found, err := s.reg.resolveSandbox(ctx, p.Account, e.Sandbox)
+		if err != nil {
+			return "", "", err
+		}
+		if !found || sb.ID != e.Sandbox {
+			return "", "", notFound
+		}
+		return e.Sandbox, e.Snapshot, nil
+	}
+	sn, ok := findSnapshot(named, from.Snapshot)
+	if !ok {
+		return "", "", notFound
+	}
+	return named.ID, sn.ID, nil
 }
 
 // handedOver follows a create or a fork answered with a sandbox already
@@ -368,13 +409,14 @@ func accepted(c echo.Context, data any) error {
 }
 
 // listSandboxes is GET /v1/sandboxes: the account's sandboxes, oldest
-// first, paginated with limit and offset.
+// first, those with every label= given, paginated with limit and offset.
+// Records are listed without their env (api.Sandbox.Env).
 func (s *Server) listSandboxes(c echo.Context) (any, error) {
 	p := principalOf(c)
 	if err := jsend.RejectBody(c.Request()); err != nil {
 		return nil, err
 	}
-	limit, offset, err := pagination(c.Request())
+	limit, offset, sel, err := listQuery(c.Request())
 	if err != nil {
 		return nil, err
 	}
@@ -384,8 +426,10 @@ func (s *Server) listSandboxes(c echo.Context) (any, error) {
 	}
 	mine := []api.Sandbox{}
 	for _, sb := range all {
-		if sb.Account == p.Account {
-			mine = append(mine, sandboxView(sb))
+		if sb.Account == p.Account && sel.Matches(sb.Labels) {
+			v := sandboxView(sb)
+			v.Env = nil
+			mine = append(mine, v)
 		}
 	}
 	total := len(mine)
@@ -393,14 +437,25 @@ func (s *Server) listSandboxes(c echo.Context) (any, error) {
 	return api.SandboxList{Data: page, Pagination: api.Pagination{Total: total, Limit: limit, Offset: offset, Count: len(page)}}, nil
 }
 
-// pagination reads ?limit= (1–500, default 50) and ?offset= (≥ 0); any
-// other parameter, or one given twice, is invalid_field.
-func pagination(r *http.Request) (limit, offset int, err error) {
+// listQuery reads a list's query: ?limit= (1–500, default 50) and
+// ?offset= (≥ 0), each at most once, and ?label=key=value, repeatable
+// (api.ParseLabelSelector); any other parameter is invalid_field, and so
+// is a query that is not one.
+func listQuery(r *http.Request) (limit, offset int, sel api.LabelSelector, err error) {
 	limit = 50
-	q := r.URL.Query()
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return 0, 0, nil, jsend.InvalidField("query", "the query string is malformed")
+	}
 	for k, v := range q {
+		if k == "label" {
+			if sel, err = api.ParseLabelSelector(v); err != nil {
+				return 0, 0, nil, err
+			}
+			continue
+		}
 		if len(v) != 1 {
-			return 0, 0, jsend.InvalidField(k, errBadPagination)
+			return 0, 0, nil, jsend.InvalidField(k, errBadPagination)
 		}
 		n, err := strconv.Atoi(v[0])
 		switch {
@@ -409,10 +464,10 @@ func pagination(r *http.Request) (limit, offset int, err error) {
 		case k == "offset" && err == nil && n >= 0 && n <= 1<<30:
 			offset = n
 		default:
-			return 0, 0, jsend.InvalidField(k, errBadPagination)
+			return 0, 0, nil, jsend.InvalidField(k, errBadPagination)
 		}
 	}
-	return limit, offset, nil
+	return limit, offset, sel, nil
 }
 
 // maxWaitS bounds wait_s: a waiting read holds a request and a goroutine,
@@ -532,7 +587,8 @@ func (s *Server) stopSandbox(c echo.Context) (any, error) {
 }
 
 // execInSandbox is POST /v1/sandboxes/{id}/exec: the body is checked here
-// as guestd checks it, and the call may last the command's timeout.
+// as guestd checks it, the sandbox's env is put under the call's own
+// (api.WithSandboxEnv), and the call may last the command's timeout.
 func (s *Server) execInSandbox(c echo.Context) (any, error) {
 	sb := sandboxOf(c)
 	r := c.Request()
@@ -543,6 +599,10 @@ func (s *Server) execInSandbox(c echo.Context) (any, error) {
 	defer release()
 	req, body, err := api.ReadExec(r)
 	if err != nil {
+		return nil, err
+	}
+	// The sandbox's env, under the call's own: guestd sees one env.
+	if body, err = api.WithSandboxEnv(body, sb.Env, req.Env); err != nil {
 		return nil, err
 	}
 	if sb.State != StateRunning {

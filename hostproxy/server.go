@@ -256,6 +256,7 @@ func (s *Server) routes() http.Handler {
 	add(http.MethodPost, sb+"/start", s.lifecycle(s.startSandbox, sandbox.Running))
 	add(http.MethodPost, sb+"/stop", s.data(s.stopSandbox))
 	add(http.MethodPut, sb+"/access", s.data(s.setAccess))
+	add(http.MethodPut, sb+"/labels", s.data(s.setLabels))
 	add(http.MethodPost, sb+"/exec", s.data(s.execInSandbox))
 	add(http.MethodPost, sb+"/sessions", s.startSession)
 	add(http.MethodGet, sb+"/sessions", s.data(s.sessionCall(http.MethodGet, false)))
@@ -328,7 +329,11 @@ func (s *Server) edge(next echo.HandlerFunc) echo.HandlerFunc {
 			if p, ok := c.Get(keyPrincipal).(Principal); ok {
 				attrs = append(attrs, slog.String("credential", p.ID), slog.String("account", p.Account))
 			}
-			if sb := c.Param("id"); sb != "" {
+			// The sandbox by its id, whether the path named it by its id
+			// or by its name.
+			if sb := sandboxOf(c).ID; sb != "" {
+				attrs = append(attrs, slog.String("sandbox", sb))
+			} else if sb := c.Param("id"); sb != "" {
 				attrs = append(attrs, slog.String("sandbox", sb))
 			}
 			httpx.Annotate(ctx, attrs...)

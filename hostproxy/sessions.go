@@ -263,8 +263,12 @@ func (s *Server) startSession(c echo.Context) error {
 		return err
 	}
 	defer release()
-	_, body, err := api.ReadSession(c.Request())
+	req, body, err := api.ReadSession(c.Request())
 	if err != nil {
+		return err
+	}
+	// The sandbox's env, under the session's own, as exec's.
+	if body, err = api.WithSandboxEnv(body, sb.Env, req.Env); err != nil {
 		return err
 	}
 	v, err := s.guestCall(c, "session", func() (*GuestData, error) {

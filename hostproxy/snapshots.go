@@ -35,14 +35,20 @@ func (s *Server) snapshotsRoute(c echo.Context, check func(*http.Request) error)
 	return sb, nil
 }
 
-// parsed is a route's body check: no query, a body parse accepts, its
-// value left in *out.
+// parsed is a route's body check: no query, a body of at most
+// jsend.MaxBody that parse accepts, its value left in *out.
 func parsed[T any](parse func([]byte) (T, error), out *T) func(*http.Request) error {
+	return parsedUpTo(jsend.MaxBody, jsend.ErrBodyTooLarge, parse, out)
+}
+
+// parsedUpTo is parsed with a body of at most limit bytes, tooLarge
+// beyond.
+func parsedUpTo[T any](limit int64, tooLarge error, parse func([]byte) (T, error), out *T) func(*http.Request) error {
 	return func(r *http.Request) error {
 		if err := jsend.RejectQuery(r); err != nil {
 			return err
 		}
-		b, err := jsend.ReadBody(r, jsend.MaxBody, jsend.ErrBodyTooLarge)
+		b, err := jsend.ReadBody(r, limit, tooLarge)
 		if err == nil {
 			*out, err = parse(b)
 		}
@@ -52,29 +58,47 @@ func parsed[T any](parse func([]byte) (T, error), out *T) func(*http.Request) er
 
 func snapshotView(sandboxID string, sn sandbox.Snapshot) api.Snapshot {
 	return api.Snapshot{
-		ID: sn.ID, Name: sn.Name, Sandbox: sandboxID, Comment: sn.Comment, Memory: sn.Memory, Auto: sn.Auto,
+		ID: sn.ID, Ref: sn.Ref, Name: sn.Name, Sandbox: sandboxID, Comment: sn.Comment, Memory: sn.Memory, Auto: sn.Auto,
 		Pinned: sn.Pinned, Status: string(sn.Status), SizeBytes: sn.SizeBytes,
 		CreatedAt: api.FormatTime(sn.CreatedAt), PauseMs: sn.PauseMs, Live: sn.Live,
 		MemoryLost: sn.MemoryLost,
 	}
 }
 
-// snapshotOf is the snapshot a route names, by its id or its name, or
+// snapshotOf is the snapshot a route names, by its id, ref or name, or
 // snapshot_not_found.
 func snapshotOf(c echo.Context, sb Sandbox) (sandbox.Snapshot, error) {
 	id := c.Param("snapshot")
-	var sn *sandbox.Snapshot
-	ok := false
-	switch {
-	case api.ValidSnapshotID(id):
-		sn, ok = sb.Snapshot(id)
-	case api.ValidSnapshotName(id):
-		sn, ok = sb.SnapshotNamed(id)
-	}
+	sn, ok := findSnapshot(sb, id)
 	if !ok {
 		return sandbox.Snapshot{}, sandbox.ErrSnapshotNotFound.With("snapshot_id", id)
 	}
-	return *sn, nil
+	return sn, nil
+}
+
+// findSnapshot is sb's snapshot that s names: its id ("v1", "auto-1"),
+// its ref ("sn-…") or its name, told apart by their shapes (no name looks
+// like an id or a ref: api.ValidSnapshotName).
+func findSnapshot(sb Sandbox, s string) (sandbox.Snapshot, bool) {
+	var sn *sandbox.Snapshot
+	ok := false
+	switch {
+	case api.ValidSnapshotID(s):
+		sn, ok = sb.Snapshot(s)
+	case api.ValidSnapshotRef(s):
+		for i := range sb.Snapshots {
+			if sb.Snapshots[i].Ref == s {
+				sn, ok = &sb.Snapshots[i], true
+				break
+			}
+		}
+	case s != "":
+		sn, ok = sb.SnapshotNamed(s)
+	}
+	if !ok {
+		return sandbox.Snapshot{}, false
+	}
+	return *sn, true
 }
 
 // snapshotRoute is snapshotsRoute for a route on one snapshot: the
@@ -121,6 +145,15 @@ func (s *Server) createSnapshot(c echo.Context) (any, error) {
 	sn, err := s.machines.Snapshot(context.WithoutCancel(r.Context()), sb.ID, sr)
 	if err != nil {
 		return nil, err
+	}
+	if sn.Ref == "" {
+		// The registry gave the ref as it recorded the snapshot, after
+		// package sandbox had made its copy.
+		if rec, err := s.reg.Sandbox(context.WithoutCancel(r.Context()), sb.ID); err == nil {
+			if got, ok := rec.Snapshot(sn.ID); ok {
+				sn.Ref = got.Ref
+			}
+		}
 	}
 	return snapshotView(sb.ID, sn), nil
 }
@@ -204,7 +237,7 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 		return err
 	}
 	var req api.ForkRequest
-	sb, sn, err := s.snapshotRoute(c, parsed(api.ParseFork, &req))
+	sb, sn, err := s.snapshotRoute(c, parsedUpTo(api.MaxCreateBody, api.ErrCreateBodyTooLarge, api.ParseFork, &req))
 	if err != nil {
 		return err
 	}
@@ -212,7 +245,7 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 	var request string
 	now := s.now()
 	if key != "" {
-		request = requestHash(forkRequest{Sandbox: sb.ID, Snapshot: sn.ID, Count: req.Count, NamePrefix: req.NamePrefix, Access: access})
+		request = requestHash(forkRequest{Sandbox: sb.ID, Snapshot: sn.ID, Count: req.Count, NamePrefix: req.NamePrefix, Access: access, Env: req.Env, Labels: req.Labels})
 		if err := s.reg.checkForkKey(r.Context(), p.Account, key, request, now); err != nil {
 			return err
 		}
@@ -237,7 +270,7 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			rec, err := s.fork(ctx, p, sb.ID, sn.ID, name, access)
+			rec, err := s.fork(ctx, p, sb.ID, sn.ID, Sandbox{Name: name, Access: access, Env: req.Env, Labels: req.Labels})
 			if errors.Is(err, errClaimed) {
 				views[i], errs[i] = s.claimedFork(r.Context(), claim.prior)
 				return
@@ -292,13 +325,14 @@ func (s *Server) claimedFork(ctx context.Context, id string) (api.Sandbox, error
 	return sandboxView(sb), nil
 }
 
-// fork makes one fork of a snapshot for account p, with access (a
-// record's access setting).
-func (s *Server) fork(ctx context.Context, p Principal, src, snap, name, access string) (Sandbox, error) {
+// fork makes one fork of a snapshot for account p, with what its own
+// record gives (its name, its access setting, env and labels).
+func (s *Server) fork(ctx context.Context, p Principal, src, snap string, own Sandbox) (Sandbox, error) {
 	id, err := s.newSandboxID()
 	if err != nil {
 		return Sandbox{}, err
 	}
-	rec := Sandbox{ID: id, Account: p.Account, Name: name, Guest: guestAddress(id), CreatedAt: s.now().UTC().Truncate(1e9), Access: access}
-	return s.machines.Fork(withTakeAccess(ctx, access), src, snap, rec)
+	rec := Sandbox{ID: id, Account: p.Account, Name: own.Name, Guest: guestAddress(id), CreatedAt: s.now().UTC().Truncate(1e9),
+		Access: own.Access, Env: own.Env, Labels: own.Labels}
+	return s.machines.Fork(withTaken(ctx, rec), src, snap, rec)
 }

@@ -35,12 +35,12 @@ func TestClient(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	res, _, err := c.Exec(ctx, "sb-local", client.ExecRequest{Cmd: []string{"sh", "-c", "echo out; exit 2"}})
+	res, err := c.Exec(ctx, "sb-local", client.ExecRequest{Cmd: []string{"sh", "-c", "echo out; exit 2"}})
 	if err != nil || res.ExitCode != 2 || res.Stdout != "out\n" {
 		t.Fatalf("Exec: %+v, %v", res, err)
 	}
 
-	se, _, err := c.StartSession(ctx, "sb-local", client.SessionRequest{Cmd: []string{"cat"}})
+	se, err := c.StartSession(ctx, "sb-local", client.SessionRequest{Cmd: []string{"cat"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestClient(t *testing.T) {
 	if string(b) != "hello" || mode != 0o600 || !mt.Equal(mtime) {
 		t.Fatalf("ReadFile: %q %v %v", b, mode, mt)
 	}
-	l, _, err := c.ListDir(ctx, "sb-local", dir+"/sub")
+	l, err := c.ListDir(ctx, "sb-local", dir+"/sub")
 	if err != nil || len(l.Entries) != 1 || l.Entries[0].Name != "f.txt" {
 		t.Fatalf("ListDir: %+v, %v", l, err)
 	}
@@ -113,7 +113,7 @@ func TestClient(t *testing.T) {
 	cleanupMounts(t, base)
 	work := filepath.Join(base, "project")
 	writeFile(t, work+"/main.go", "package main")
-	cp, _, err := c.CreateCheckpoint(ctx, "sb-local", work, nil, nil, "")
+	cp, err := c.CreateCheckpoint(ctx, "sb-local", work, nil, nil, "")
 	if err != nil || cp.ID == "" {
 		t.Fatalf("CreateCheckpoint: %+v, %v", cp, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -14,7 +15,9 @@ import (
 // in sdk/typescript, pytest in sdk/python) against a real stack whose
 // sandboxes are microVMs, one suite after the other: each covers every
 // route group, an error of each class, its check of the OpenAPI document
-// against its own table of routes, and the seeds' parallel exploration.
+// against its own table of routes, and the seeds' examples as written
+// (sdk/typescript/examples, sdk/python/examples: OpenComputer's page and
+// loam's, sync and asyncio in Python), each run as its own program would.
 // make test installs what they need (npm ci from the lockfile, Debian's
 // python3-pytest); a suite that cannot run fails.
 func TestSDKs(t *testing.T) {
@@ -56,4 +59,69 @@ func TestSDKs(t *testing.T) {
 	if left := s.sandboxes("acct-a"); len(left) != 0 {
 		t.Errorf("sandboxes left by the suites: %v", left)
 	}
+}
+
+// TestSDKsInstall: each SDK installs as docs/sdk.md says, in a new project
+// outside the repository, with nothing done first: the TypeScript SDK by
+// its one command (npm install --install-links ./sdk/typescript: a copy
+// of the package, its built dist included, and its dependency ws from the
+// registry), imported by node, ws with it; the Python SDK by pip install
+// ./sdk/python into a new venv, with no package index. It needs no stack.
+// The regression it pins: npm install ./sdk/typescript linked the folder,
+// whose dist was never built (Cannot find module …/dist/index.js).
+func TestSDKsInstall(t *testing.T) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(t *testing.T, dir string, env []string, name string, args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), env...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("%s %s in %s: %v\n%s", name, strings.Join(args, " "), dir, err, out.String())
+		}
+		return out.String()
+	}
+	t.Run("typescript", func(t *testing.T) {
+		project := t.TempDir()
+		// npm's cache where make keeps it, else one of the test's own.
+		cache := filepath.Join(t.TempDir(), "npm-cache")
+		if c := os.Getenv("STRATA_IMAGE_CACHE"); c != "" {
+			cache = filepath.Join(c, "npm-cache")
+		}
+		env := []string{"npm_config_cache=" + cache, "npm_config_audit=false", "npm_config_fund=false", "npm_config_update_notifier=false"}
+		run(t, project, env, "npm", "init", "-y")
+		// The one command docs/sdk.md gives.
+		run(t, project, env, "npm", "install", "--install-links", filepath.Join(root, "sdk", "typescript"))
+		if _, err := os.Lstat(filepath.Join(project, "node_modules", "@strata", "sdk", "dist", "index.js")); err != nil {
+			t.Fatalf("the SDK's dist is not installed: %v", err)
+		}
+		check := `import { Sandbox, Strata, StrataError, checkpointInfo } from "@strata/sdk";
+const ws = await import("ws");
+console.log([typeof Sandbox.create, typeof Sandbox.createFromCheckpoint, typeof Strata, typeof StrataError, typeof checkpointInfo, typeof ws.default].join(" "));
+`
+		if err := os.WriteFile(filepath.Join(project, "check.mjs"), []byte(check), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(run(t, project, nil, "node", "check.mjs")); got != "function function function function function function" {
+			t.Fatalf("node imported @strata/sdk and ws as: %q", got)
+		}
+	})
+	t.Run("python", func(t *testing.T) {
+		project := t.TempDir()
+		run(t, project, nil, "/usr/bin/python3", "-m", "venv", "venv")
+		// As docs/sdk.md says, and with no index at all.
+		run(t, project, nil, filepath.Join(project, "venv", "bin", "pip"), "install", "--no-index", "--disable-pip-version-check", "-q", filepath.Join(root, "sdk", "python"))
+		check := "import sys, strata, strata.aio; print(strata.__file__.startswith(sys.argv[1]), callable(strata.Sandbox.create_from_checkpoint), callable(strata.checkpoint_info))"
+		got := run(t, project, []string{"PYTHONPATH="}, filepath.Join(project, "venv", "bin", "python"), "-c", check, project)
+		if strings.TrimSpace(got) != "True True True" {
+			t.Fatalf("the venv's python imported strata as: %q", got)
+		}
+	})
 }

@@ -82,6 +82,12 @@ type Record struct {
 	// guest is handed, joined by commas); empty is the default. This
 	// package only keeps it.
 	Access string `json:"access,omitempty"`
+	// Env is the environment of every exec and session of the sandbox,
+	// under each call's own, and Labels its labels: both given by the
+	// create or fork, as hostproxy writes and reads them. This package
+	// only keeps them (and never logs Env).
+	Env    map[string]string `json:"env,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
 	// Snapshots are the sandbox's VM snapshots, oldest first.
 	Snapshots []Snapshot `json:"snapshots,omitempty"`
 	// SnapshotSeq and AutoSeq are the numbers of the last snapshot ids
@@ -215,7 +221,11 @@ const (
 
 // Snapshot is a VM snapshot as its sandbox's record keeps it.
 type Snapshot struct {
-	ID        string         `json:"id"`
+	ID string `json:"id"`
+	// Ref names the snapshot on the whole deployment ("sn-…"): the
+	// records' keeper (hostproxy's registry) gives it when the snapshot
+	// is first recorded, and keeps it; this package only keeps it.
+	Ref       string         `json:"ref,omitempty"`
 	Name      string         `json:"name,omitempty"`
 	Comment   string         `json:"comment,omitempty"`
 	Memory    bool           `json:"memory"`

@@ -1,6 +1,8 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -234,4 +236,39 @@ func ReadExec(r *http.Request) (ExecRequest, []byte, error) {
 		return ExecRequest{}, nil, err
 	}
 	return req, body, nil
+}
+
+// WithSandboxEnv is an exec or session body (checked already: ParseExec,
+// ParseSession) whose env is call, given the sandbox's env base under it
+// (MergeEnv): the body's other members as they were sent, env replaced
+// by the merge, written without HTML escapes so that it grows by no more
+// than the merge's bytes. A sandbox without env leaves the body as it
+// is. The merge's error (more than MaxExecEnv entries together) is the
+// answer; guestd then never sees the call.
+func WithSandboxEnv(body []byte, base, call map[string]string) ([]byte, error) {
+	if len(base) == 0 {
+		return body, nil
+	}
+	env, err := MergeEnv(base, call)
+	if err != nil {
+		return nil, err
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(body, &members); err != nil {
+		return nil, fmt.Errorf("exec body: %w", err)
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(env); err != nil {
+		return nil, err
+	}
+	members["env"] = bytes.TrimSpace(b.Bytes())
+	var out bytes.Buffer
+	enc = json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(members); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSpace(out.Bytes()), nil
 }

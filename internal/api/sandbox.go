@@ -67,6 +67,13 @@ type Sandbox struct {
 	// UnresponsiveReason says why, when the host knows.
 	UnresponsiveReason string       `json:"unresponsive_reason,omitempty"`
 	From               *SandboxFrom `json:"from,omitempty"`
+	// Labels are the sandbox's labels ({} when it has none).
+	Labels map[string]string `json:"labels"`
+	// Env is the environment every exec and session of the sandbox
+	// starts with, under the call's own: shown by a create and a read of
+	// the one sandbox when it has any, never in lists (64 entries of
+	// 4 KiB each would make a page of 500 records 128 MiB).
+	Env map[string]string `json:"env,omitempty"`
 	// LastError is an operation answered 202 that then failed (a pause
 	// whose memory could not be saved: the sandbox runs on).
 	LastError *FailedOperation `json:"last_error,omitempty"`
@@ -101,9 +108,11 @@ type Pagination struct {
 	Count  int `json:"count"`
 }
 
-// SandboxFrom names the snapshot a fork is made from.
+// SandboxFrom names the snapshot a fork is made from: a snapshot (its id,
+// name or ref) of a sandbox (its id or name); with a ref, the sandbox may
+// be left out (a ref names one snapshot on the whole deployment).
 type SandboxFrom struct {
-	Sandbox  string `json:"sandbox"`
+	Sandbox  string `json:"sandbox,omitempty"`
 	Snapshot string `json:"snapshot"`
 }
 
@@ -120,6 +129,11 @@ type SandboxCreateRequest struct {
 	// guest's channel key may do; left out, DefaultAccess. A fork takes
 	// its own, never its source's.
 	Access json.RawMessage `json:"access,omitempty"`
+	// Env is the environment of every exec and session of the sandbox
+	// (ValidateSandboxEnv); Labels its labels (ValidateLabels). A fork
+	// takes its own, never its source's.
+	Env    map[string]string `json:"env,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // SetAccess sets the request's access setting.
@@ -128,11 +142,11 @@ func (req *SandboxCreateRequest) SetAccess(a Access) {
 }
 
 // ParseSandboxCreate decodes the body of POST /v1/sandboxes (at most
-// jsend.MaxBody, exactly one JSON object, no unknown fields: the errors of
+// MaxCreateBody, exactly one JSON object, no unknown fields: the errors of
 // jsend.DecodeBytes) and validates it (Validate).
 func ParseSandboxCreate(body []byte) (SandboxCreateRequest, error) {
-	if len(body) > jsend.MaxBody {
-		return SandboxCreateRequest{}, jsend.ErrBodyTooLarge
+	if len(body) > MaxCreateBody {
+		return SandboxCreateRequest{}, ErrCreateBodyTooLarge
 	}
 	var req SandboxCreateRequest
 	if err := jsend.DecodeBytes(body, &req); err != nil {
@@ -150,20 +164,38 @@ func ParseSandboxCreate(body []byte) (SandboxCreateRequest, error) {
 //   - access, optional, is "none" or {"scopes":[…]} (ParseAccess); it is
 //     rewritten in its canonical form, and left out when it is the
 //     default, so that equal settings make equal requests;
-//   - from, optional, is {"sandbox","snapshot"}, both required: a
-//     sandbox id (ValidSandboxID) and a snapshot id (ValidSnapshotID).
-//     A fork takes its resources from the snapshot, so memory_mib, vcpus
-//     or disk_gib beside from is invalid_field naming the first given.
+//   - env, optional, follows ValidateSandboxEnv; labels, optional,
+//     ValidateLabels; an empty one is left out;
+//   - from, optional, is {"sandbox","snapshot"}: a snapshot's id
+//     (ValidSnapshotID), name (ValidSnapshotName) or ref
+//     (ValidSnapshotRef), of a sandbox named by its id or name
+//     (ValidSandboxID: the shape both have), which may be left out when
+//     the snapshot is given by its ref. A fork takes its resources from
+//     the snapshot, so memory_mib, vcpus or disk_gib beside from is
+//     invalid_field naming the first given.
 //
 // A null field is a field left out. For a new sandbox MemoryMiB, VCPUs
 // and DiskGiB come back never nil; for a fork they stay nil. Each broken
 // rule is invalid_field naming the field ("name", "memory_mib", "vcpus",
-// "disk_gib", "access", "access.scopes", "from.sandbox", "from.snapshot").
+// "disk_gib", "access", "access.scopes", "env", "labels", "from.sandbox",
+// "from.snapshot").
 func (req SandboxCreateRequest) Validate() (SandboxCreateRequest, error) {
 	if req.Name != nil {
 		if err := ValidateSandboxName(*req.Name); err != nil {
 			return SandboxCreateRequest{}, err
 		}
+	}
+	if err := ValidateSandboxEnv("env", req.Env); err != nil {
+		return SandboxCreateRequest{}, err
+	}
+	if err := ValidateLabels("labels", req.Labels); err != nil {
+		return SandboxCreateRequest{}, err
+	}
+	if len(req.Env) == 0 {
+		req.Env = nil
+	}
+	if len(req.Labels) == 0 {
+		req.Labels = nil
 	}
 	access, err := ParseAccess("access", req.Access)
 	if err != nil {
@@ -188,11 +220,15 @@ func (req SandboxCreateRequest) Validate() (SandboxCreateRequest, error) {
 				return SandboxCreateRequest{}, jsend.InvalidField(r.field, r.field+" cannot be given with from: a fork takes its resources from the snapshot")
 			}
 		}
-		if !ValidSandboxID(req.From.Sandbox) {
-			return SandboxCreateRequest{}, jsend.InvalidField("from.sandbox", "from.sandbox must be a sandbox id")
+		ref := ValidSnapshotRef(req.From.Snapshot)
+		if !ref && !ValidSnapshotID(req.From.Snapshot) && !ValidSnapshotName(req.From.Snapshot) {
+			return SandboxCreateRequest{}, jsend.InvalidField("from.snapshot", `from.snapshot must be a snapshot's id ("v1", "auto-1"…), name or ref ("sn-…")`)
 		}
-		if !ValidSnapshotID(req.From.Snapshot) && !ValidSnapshotName(req.From.Snapshot) {
-			return SandboxCreateRequest{}, jsend.InvalidField("from.snapshot", `from.snapshot must be a snapshot's id ("v1", "auto-1"…) or name`)
+		switch {
+		case req.From.Sandbox == "" && !ref:
+			return SandboxCreateRequest{}, jsend.InvalidField("from.sandbox", `from.sandbox is required unless from.snapshot is a snapshot's ref ("sn-…")`)
+		case req.From.Sandbox != "" && !ValidSandboxID(req.From.Sandbox):
+			return SandboxCreateRequest{}, jsend.InvalidField("from.sandbox", "from.sandbox must be a sandbox's id or name")
 		}
 		return req, nil
 	}
@@ -212,10 +248,17 @@ func (req SandboxCreateRequest) Validate() (SandboxCreateRequest, error) {
 
 // ValidateSandboxName checks a sandbox name: 1 to 63 characters, each a
 // lowercase ASCII letter, a digit or '-', the first a letter and the last
-// not '-'. That is an RFC 1123 host name label, so a name is safe as the
-// guest's host name, in a DNS name and in a file name, and needs no
-// quoting in a shell or a log. It fails with invalid_field naming "name".
+// not '-', and not starting with SandboxIDPrefix ("sb-"). That is an RFC
+// 1123 host name label, so a name is safe as the guest's host name, in a
+// DNS name and in a file name, and needs no quoting in a shell or a log;
+// and since every id the API makes starts with "sb-", a name never looks
+// like an id: a name works wherever an id does (in every route, in a
+// fork's from) and never means another sandbox than the id would. It
+// fails with invalid_field naming "name".
 func ValidateSandboxName(name string) error {
+	if strings.HasPrefix(name, SandboxIDPrefix) {
+		return jsend.InvalidField("name", "a name may not look like a sandbox id: it may not start with sb-").With("limit", MaxSandboxName)
+	}
 	if !validSandboxName(name) {
 		return jsend.InvalidField("name", "name must be 1 to 63 lowercase letters, digits and '-', starting with a letter and not ending with '-'").
 			With("limit", MaxSandboxName)
@@ -223,8 +266,11 @@ func ValidateSandboxName(name string) error {
 	return nil
 }
 
+// ValidSandboxName reports whether ValidateSandboxName accepts name.
+func ValidSandboxName(name string) bool { return ValidateSandboxName(name) == nil }
+
 func validSandboxName(name string) bool {
-	if len(name) == 0 || len(name) > MaxSandboxName || !lower(name[0]) || name[len(name)-1] == '-' {
+	if len(name) == 0 || len(name) > MaxSandboxName || !lower(name[0]) || name[len(name)-1] == '-' || strings.HasPrefix(name, SandboxIDPrefix) {
 		return false
 	}
 	for i := 0; i < len(name); i++ {

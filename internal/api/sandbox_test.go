@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"regexp"
 	"strings"
@@ -11,22 +12,35 @@ import (
 )
 
 // nameRule is the sandbox name rule written apart from the code: an RFC
-// 1123 label of lowercase letters, digits and '-', starting with a letter.
+// 1123 label of lowercase letters, digits and '-', starting with a letter,
+// and not an id's prefix (validName).
 var nameRule = regexp.MustCompile(`^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// validName is nameRule, and no "sb-" in front: a name never looks like
+// an id.
+func validName(s string) bool { return nameRule.MatchString(s) && !strings.HasPrefix(s, "sb-") }
 
 // checkCreateLimits fails unless req keeps every rule: a valid name when
 // there is one; for a new sandbox, resources within range and never nil;
 // for a fork, no resources and a well-formed source.
 func checkCreateLimits(t *testing.T, req SandboxCreateRequest) {
 	t.Helper()
-	if req.Name != nil && !nameRule.MatchString(*req.Name) {
+	if req.Name != nil && !validName(*req.Name) {
 		t.Fatalf("accepted name %q", *req.Name)
+	}
+	if ValidateSandboxEnv("env", req.Env) != nil || ValidateLabels("labels", req.Labels) != nil {
+		t.Fatalf("accepted env %v labels %v", req.Env, req.Labels)
+	}
+	if req.Env != nil && len(req.Env) == 0 || req.Labels != nil && len(req.Labels) == 0 {
+		t.Fatalf("an empty env or labels kept: %+v", req)
 	}
 	if req.From != nil {
 		if req.MemoryMiB != nil || req.VCPUs != nil || req.DiskGiB != nil {
 			t.Fatalf("accepted a fork with resources: %+v", req)
 		}
-		if !ValidSandboxID(req.From.Sandbox) || !ValidSnapshotID(req.From.Snapshot) && !ValidSnapshotName(req.From.Snapshot) {
+		ref := ValidSnapshotRef(req.From.Snapshot)
+		if req.From.Sandbox == "" && !ref || req.From.Sandbox != "" && !ValidSandboxID(req.From.Sandbox) ||
+			!ref && !ValidSnapshotID(req.From.Snapshot) && !ValidSnapshotName(req.From.Snapshot) {
 			t.Fatalf("accepted from %+v", *req.From)
 		}
 		return
@@ -60,6 +74,9 @@ func FuzzParseSandboxCreate(f *testing.F) {
 		`{"from":{"sandbox":"sb-a1","snapshot":"v01"}}`, `{"from":{"sandbox":"../x","snapshot":"v1"}}`,
 		`{"from":{"sandbox":"sb-a1","snapshot":"v1","extra":1}}`, `{"from":null}`, `{"from":"sb-a1/v1"}`,
 		`{"size":"large"}`, `{"name":"a","name":"b"}`, `{} []`,
+		`{"name":"sb-x"}`, `{"env":{"A":"1","_b2":""}}`, `{"env":{"1A":"x"}}`, `{"env":{}}`, `{"labels":{"owner":"docs"}}`,
+		`{"labels":{"Owner":"x"}}`, `{"labels":{"a":"\u0007"}}`, `{"from":{"snapshot":"sn-0123456789abcdefghijklmn"}}`,
+		`{"from":{"sandbox":"scratch","snapshot":"sn-0123456789abcdefghijklmn"}}`, `{"from":{"snapshot":"sn-x"}}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -133,6 +150,29 @@ func TestParseSandboxCreate(t *testing.T) {
 		{name: "name with a space", body: `{"name":"web 1"}`, code: "invalid_field", field: "name"},
 		{name: "name not ASCII", body: `{"name":"wéb"}`, code: "invalid_field", field: "name"},
 		{name: "name a number", body: `{"name":1}`, code: "invalid_field", field: "name"},
+		{name: "name like an id", body: `{"name":"sb-web"}`, code: "invalid_field", field: "name"},
+		{name: "name like a minted id", body: `{"name":"sb-0123456789abcdefghijklmn"}`, code: "invalid_field", field: "name"},
+		{name: "name starting with sb", body: `{"name":"sbx"}`},
+
+		{name: "env and labels", body: `{"env":{"CI":"1","_X9":""},"labels":{"owner":"docs","team.io/tier":"a b=c"}}`,
+			want: &SandboxCreateRequest{MemoryMiB: n(512), VCPUs: n(1), DiskGiB: n(4), Env: map[string]string{"CI": "1", "_X9": ""}, Labels: map[string]string{"owner": "docs", "team.io/tier": "a b=c"}}},
+		{name: "empty env and labels are left out", body: `{"env":{},"labels":{}}`, want: &SandboxCreateRequest{MemoryMiB: n(512), VCPUs: n(1), DiskGiB: n(4)}},
+		{name: "env name with a digit first", body: `{"env":{"1A":"x"}}`, code: "invalid_field", field: "env"},
+		{name: "env name with a dash", body: `{"env":{"A-B":"x"}}`, code: "invalid_field", field: "env"},
+		{name: "env value not a string", body: `{"env":{"A":1}}`, code: "invalid_field", field: "env"},
+		{name: "env value of 4 KiB", body: `{"env":{"A":"` + strings.Repeat("v", 4<<10) + `"}}`, code: "invalid_field", field: "env"},
+		{name: "env entry of 4 KiB", body: `{"env":{"A":"` + strings.Repeat("v", 4<<10-1) + `"}}`},
+		{name: "env of 65 entries", body: `{"env":{` + entries(65, "E", "1") + `}}`, code: "invalid_field", field: "env"},
+		{name: "env of 64 entries", body: `{"env":{` + entries(64, "E", "1") + `}}`},
+		{name: "label key upper", body: `{"labels":{"Owner":"x"}}`, code: "invalid_field", field: "labels"},
+		{name: "label key ending with a dot", body: `{"labels":{"a.":"x"}}`, code: "invalid_field", field: "labels"},
+		{name: "label value with a newline", body: `{"labels":{"a":"x\ny"}}`, code: "invalid_field", field: "labels"},
+		{name: "label value of 257 bytes", body: `{"labels":{"a":"` + strings.Repeat("v", 257) + `"}}`, code: "invalid_field", field: "labels"},
+		{name: "33 labels", body: `{"labels":{` + entries(33, "l", "x") + `}}`, code: "invalid_field", field: "labels"},
+		// The largest env written the longest way, with the most labels so
+		// written too: within MaxCreateBody.
+		{name: "the largest create", body: `{"env":{` + entries(64, "\\u0045", strings.Repeat("\\u0041", 4093)) + `},"labels":{` +
+			entries(32, strings.Repeat("\\u0061", 61), strings.Repeat("\\u0061", 256)) + `},"name":"` + strings.Repeat("\\u0061", 63) + `"}`},
 
 		{name: "fork", body: `{"name":"fork-1","from":{"sandbox":"sb-a1","snapshot":"v1"}}`,
 			want: &SandboxCreateRequest{Name: s("fork-1"), From: &SandboxFrom{Sandbox: "sb-a1", Snapshot: "v1"}}},
@@ -141,6 +181,13 @@ func TestParseSandboxCreate(t *testing.T) {
 		{name: "fork with vcpus", body: `{"vcpus":1,"from":{"sandbox":"sb-a1","snapshot":"v1"}}`, code: "invalid_field", field: "vcpus"},
 		{name: "fork with disk", body: `{"from":{"sandbox":"sb-a1","snapshot":"v1"},"disk_gib":4}`, code: "invalid_field", field: "disk_gib"},
 		{name: "fork without sandbox", body: `{"from":{"snapshot":"v1"}}`, code: "invalid_field", field: "from.sandbox"},
+		{name: "fork of a ref alone", body: `{"from":{"snapshot":"sn-0123456789abcdefghijklmn"}}`,
+			want: &SandboxCreateRequest{From: &SandboxFrom{Snapshot: "sn-0123456789abcdefghijklmn"}}},
+		{name: "fork of a ref of a named sandbox", body: `{"from":{"sandbox":"scratch","snapshot":"sn-0123456789abcdefghijklmn"}}`},
+		{name: "fork of a sandbox's name", body: `{"from":{"sandbox":"scratch","snapshot":"v1"}}`},
+		{name: "fork of a short ref", body: `{"from":{"snapshot":"sn-0123"}}`, code: "invalid_field", field: "from.snapshot"},
+		{name: "fork with env and labels", body: `{"from":{"sandbox":"sb-a1","snapshot":"v1"},"env":{"A":"1"},"labels":{"owner":"docs"}}`,
+			want: &SandboxCreateRequest{From: &SandboxFrom{Sandbox: "sb-a1", Snapshot: "v1"}, Env: map[string]string{"A": "1"}, Labels: map[string]string{"owner": "docs"}}},
 		{name: "fork of a bad sandbox id", body: `{"from":{"sandbox":"../sb","snapshot":"v1"}}`, code: "invalid_field", field: "from.sandbox"},
 		{name: "fork without snapshot", body: `{"from":{"sandbox":"sb-a1"}}`, code: "invalid_field", field: "from.snapshot"},
 		{name: "fork of v0", body: `{"from":{"sandbox":"sb-a1","snapshot":"v0"}}`, code: "invalid_field", field: "from.snapshot"},
@@ -152,7 +199,8 @@ func TestParseSandboxCreate(t *testing.T) {
 		{name: "unknown field", body: `{"size":"large"}`, code: "unknown_field", field: "size"},
 		{name: "field twice", body: `{"name":"a","name":"b"}`, code: "invalid_json"},
 		{name: "trailing data", body: `{} []`, code: "invalid_json"},
-		{name: "over 16 KiB", body: `{}` + strings.Repeat(" ", 16<<10), code: "body_too_large"},
+		{name: "over 16 KiB", body: `{}` + strings.Repeat(" ", 16<<10)},
+		{name: "over 2 MiB", body: `{}` + strings.Repeat(" ", 2<<20), code: "body_too_large"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -176,6 +224,18 @@ func TestParseSandboxCreate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// entries is n JSON members "<prefix><i>":"<value>", comma-separated.
+func entries(n int, prefix, value string) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"%s%d":"%s"`, prefix, i, value)
+	}
+	return b.String()
 }
 
 // TestSandboxIDs: the {id} check accepts the ids the API makes and the
@@ -231,12 +291,12 @@ func TestSnapshotIDs(t *testing.T) {
 // FuzzValidateSandboxName checks the name rule against nameRule on any
 // string.
 func FuzzValidateSandboxName(f *testing.F) {
-	for _, seed := range []string{"", "a", "web-1", "Web", "1a", "a-", "-a", "a--b", strings.Repeat("a", 63), strings.Repeat("a", 64), "wéb"} {
+	for _, seed := range []string{"", "a", "web-1", "Web", "1a", "a-", "-a", "a--b", strings.Repeat("a", 63), strings.Repeat("a", 64), "wéb", "sb-1", "sb-", "sb"} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
 		err := ValidateSandboxName(name)
-		if (err == nil) != nameRule.MatchString(name) {
+		if (err == nil) != validName(name) {
 			t.Fatalf("ValidateSandboxName(%q) = %v", name, err)
 		}
 		if fe := fault.As(err); err != nil && (fe == nil || fe.Code != "invalid_field" || fe.Fields["field"] != "name") {

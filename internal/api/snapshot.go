@@ -11,7 +11,11 @@ import (
 
 // Snapshot is a VM snapshot as the API shows it.
 type Snapshot struct {
-	ID        string `json:"id"`
+	ID string `json:"id"`
+	// Ref names the snapshot on the whole deployment (SnapshotRefPrefix
+	// and 24 lowercase letters and digits, never reused): accepted
+	// wherever ID or Name is, and alone in a fork's from.
+	Ref       string `json:"ref,omitempty"`
 	Name      string `json:"name,omitempty"`
 	Sandbox   string `json:"sandbox"`
 	Comment   string `json:"comment"`
@@ -77,7 +81,7 @@ func ParseSnapshotCreate(body []byte) (SnapshotCreateRequest, error) {
 		}
 	}
 	if req.Name != nil && !ValidSnapshotName(*req.Name) {
-		return SnapshotCreateRequest{}, jsend.InvalidField("name", fmt.Sprintf("name must be 1 to %d letters, digits, '.', '_' or '-', starting with a letter or digit, and not of a snapshot id's shape (v1, auto-1)", MaxSnapshotName))
+		return SnapshotCreateRequest{}, jsend.InvalidField("name", fmt.Sprintf("name must be 1 to %d letters, digits, '.', '_' or '-', starting with a letter or digit, not of a snapshot id's shape (v1, auto-1) and not starting with sn- (a snapshot ref's prefix)", MaxSnapshotName))
 	}
 	if req.Memory == nil {
 		t := true
@@ -115,16 +119,22 @@ type ForkRequest struct {
 	// Access is every fork's access setting (ParseAccess): a fork takes
 	// its own, never its source's; left out, DefaultAccess.
 	Access json.RawMessage `json:"access,omitempty"`
+	// Env and Labels are every fork's (ValidateSandboxEnv,
+	// ValidateLabels), never the source's.
+	Env    map[string]string `json:"env,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
-// ParseFork decodes and checks a fork body: count 1 to MaxForkCount
-// (required); name_prefix, optional, is a sandbox name that stays one
-// with "-<n>" added (the forks are named <prefix>-1, <prefix>-2, …);
-// access, optional, follows ParseAccess.
+// ParseFork decodes and checks a fork body of at most MaxCreateBody
+// bytes: count 1 to MaxForkCount (required); name_prefix, optional, is a
+// sandbox name that stays one with "-<n>" added (the forks are named
+// <prefix>-1, <prefix>-2, …); access, optional, follows ParseAccess; env
+// and labels, optional, ValidateSandboxEnv and ValidateLabels (an empty
+// one is left out).
 func ParseFork(body []byte) (ForkRequest, error) {
 	var req ForkRequest
-	if len(body) > jsend.MaxBody {
-		return req, jsend.ErrBodyTooLarge
+	if len(body) > MaxCreateBody {
+		return req, ErrCreateBodyTooLarge
 	}
 	if err := jsend.DecodeBytes(body, &req); err != nil {
 		return ForkRequest{}, err
@@ -139,6 +149,18 @@ func ParseFork(body []byte) (ForkRequest, error) {
 	}
 	if _, err := ParseAccess("access", req.Access); err != nil {
 		return ForkRequest{}, err
+	}
+	if err := ValidateSandboxEnv("env", req.Env); err != nil {
+		return ForkRequest{}, err
+	}
+	if err := ValidateLabels("labels", req.Labels); err != nil {
+		return ForkRequest{}, err
+	}
+	if len(req.Env) == 0 {
+		req.Env = nil
+	}
+	if len(req.Labels) == 0 {
+		req.Labels = nil
 	}
 	return req, nil
 }
@@ -169,11 +191,12 @@ func containsNUL(s string) bool {
 
 // ValidSnapshotName reports whether s may name a snapshot: 1 to
 // MaxSnapshotName ASCII letters, digits, '.', '_' or '-', the first a
-// letter or digit, and not of a snapshot id's shape ("v" or "auto-" and
-// digits, leading zeros too), so that a name is accepted wherever an id
-// is and never means another snapshot than the id would.
+// letter or digit, not of a snapshot id's shape ("v" or "auto-" and
+// digits, leading zeros too) and not starting with a ref's prefix
+// ("sn-"), so that a name is accepted wherever an id or a ref is and
+// never means another snapshot than the id or the ref would.
 func ValidSnapshotName(s string) bool {
-	if len(s) == 0 || len(s) > MaxSnapshotName || idShaped(s, "v") || idShaped(s, "auto-") {
+	if len(s) == 0 || len(s) > MaxSnapshotName || idShaped(s, "v") || idShaped(s, "auto-") || strings.HasPrefix(s, SnapshotRefPrefix) {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
@@ -182,6 +205,28 @@ func ValidSnapshotName(s string) bool {
 		case digit(c), c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
 		case i > 0 && (c == '.' || c == '_' || c == '-'):
 		default:
+			return false
+		}
+	}
+	return true
+}
+
+// SnapshotRefPrefix starts every snapshot ref; SnapshotRefLen is the
+// number of lowercase letters and digits after it.
+const (
+	SnapshotRefPrefix = "sn-"
+	SnapshotRefLen    = 24
+)
+
+// ValidSnapshotRef reports whether s has the shape of a snapshot ref:
+// SnapshotRefPrefix and SnapshotRefLen lowercase letters and digits.
+func ValidSnapshotRef(s string) bool {
+	rest, ok := strings.CutPrefix(s, SnapshotRefPrefix)
+	if !ok || len(rest) != SnapshotRefLen {
+		return false
+	}
+	for i := 0; i < len(rest); i++ {
+		if !lower(rest[i]) && !digit(rest[i]) {
 			return false
 		}
 	}

@@ -880,3 +880,113 @@ def test_scopes_and_access_bodies() -> None:
         'PUT /v1/sandboxes/sb-x/access "none"',
         'PUT /v1/sandboxes/sb-x/access {"scopes":["files"]}',
     ], seen
+
+
+def test_seed_shaped_checkpoints_env_and_labels(tmp_path: Path, monkeypatch) -> None:
+    """The seeds' calls speak OpenComputer's CheckpointInfo (``id`` the ref)
+    and its option names (``kind=``, ``retention_policy=`` with
+    ``maxCount``), sync and asyncio; loam's ``comment=`` too; a fork from a
+    ref needs no sandbox; creates, forks and lists carry env and labels."""
+    import asyncio
+    import http.server
+    import threading
+
+    seen: list[str] = []
+    ref = "sn-0123456789abcdefghijklmn"
+
+    def snap(name: str, memory: bool) -> dict:
+        return {"id": "v1", "ref": ref, "name": name, "sandbox": "sb-x", "comment": "", "memory": memory, "auto": False,
+                "pinned": False, "status": "ready", "size_bytes": 42, "created_at": "2026-01-01T00:00:00Z"}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n).decode()
+            seen.append(f"{self.command} {self.path} {body}")
+            status, data = 200, {}
+            if self.command == "POST" and self.path.endswith("/snapshots"):
+                b = json.loads(body)
+                data = snap(b.get("name", ""), b.get("memory", True))
+            elif self.command == "GET" and self.path.endswith("/snapshots"):
+                data = [snap("a", False)]
+            elif self.command == "POST" and self.path == "/v1/sandboxes":
+                b = json.loads(body)
+                status, data = 202, {"id": "sb-f", "state": "running", "labels": b.get("labels", {}), "env": b.get("env")}
+            elif self.command == "GET" and self.path.startswith("/v1/sandboxes?"):
+                data = {"data": [{"id": "sb-l", "state": "running", "labels": {"team.io/tier_x": "A_b"}}],
+                        "pagination": {"total": 1, "limit": 500, "offset": 0, "count": 1}}
+            elif self.command == "PUT" and self.path.endswith("/labels"):
+                data = {"id": "sb-x", "state": "running", "labels": json.loads(body)}
+            elif self.command == "GET":
+                data = {"id": "sb-x", "state": "running"}
+            out = json.dumps({"status": "success", "data": data}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_POST = do_PUT = do_GET = do_DELETE = _answer
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = strata.Strata(f"http://127.0.0.1:{srv.server_address[1]}", "k", retry_for=0)
+        sb = strata.Sandbox.connect("sb-x", client=client)
+        assert strata.Sandbox.connect("scratch", client=client).id == "sb-x"  # a name is read once: .id is the id
+        assert strata.AsyncSandbox.connect("scratch", client=client).id == "scratch"  # no call
+        cp = sb.create_checkpoint("autosave", kind="disk_only", retention_policy={"mode": "delete_oldest", "maxCount": 100})
+        assert dict(cp) == {"id": ref, "sandboxId": "sb-x", "name": "autosave", "status": "ready", "sizeBytes": 42,
+                            "createdAt": "2026-01-01T00:00:00Z", "snapshotId": "v1", "kind": "disk_only", "comment": ""}
+        sb.create_checkpoint(comment="before upgrade")
+        assert sb.list_checkpoints()[0]["id"] == ref
+        sb.delete_checkpoint(cp["id"])
+        fork = strata.Sandbox.create_from_checkpoint(cp["id"], timeout=600, client=client)
+        assert fork.id == "sb-f"
+        strata.Sandbox.create_from_checkpoint("v1", sandbox="scratch", labels={"owner": "docs"}, client=client)
+        sb.fork(cp["id"], name="scratch-2", labels={"owner": "docs"})
+        made = strata.Sandbox.create(env={"MY_VAR": "1"}, labels={"owner": "docs"}, client=client)
+        assert made.info["env"] == {"MY_VAR": "1"}
+        assert strata.Sandbox.list(labels={"owner": "docs", "tier": "a b"}, client=client)[0].info["labels"] == {"team.io/tier_x": "A_b"}
+        assert sb.set_labels({"owner": "ops"})["labels"] == {"owner": "ops"}
+        try:
+            monkeypatch.delenv("CREATEOS_SANDBOX_ID", raising=False)
+            alone = strata.Strata(client.api_url, "k", retry_for=0, credentials_file=str(tmp_path / "none.env"))
+            strata.Sandbox.create_from_checkpoint("v1", client=alone)
+            raise AssertionError("an id without its sandbox was sent")
+        except strata.StrataError as e:
+            assert e.code == "invalid_argument"
+
+        async def asyncio_page() -> None:
+            a = strata.AsyncSandbox.connect("sb-x", client=client)
+            c = await a.create_checkpoint("after-build")
+            assert c["id"] == ref and c["status"] == "ready"
+            f = await strata.AsyncSandbox.create_from_checkpoint(c["id"], client=client)
+            assert f.id == "sb-f"
+            assert (await strata.AsyncSandbox.list(labels={"owner": "docs"}, client=client))[0].id == "sb-l"
+
+        asyncio.run(asyncio_page())
+    finally:
+        srv.shutdown()
+    import re
+
+    got = [s for s in seen if not re.match(r"GET /v1/sandboxes/sb-[a-z]+(\?\S*)? ", s)]  # the waits
+    assert got == [
+        "GET /v1/sandboxes/scratch ",
+        'POST /v1/sandboxes/sb-x/snapshots {"memory":false,"name":"autosave","retention":{"mode":"delete_oldest","max_count":100}}',
+        'POST /v1/sandboxes/sb-x/snapshots {"comment":"before upgrade"}',
+        "GET /v1/sandboxes/sb-x/snapshots ",
+        f"DELETE /v1/sandboxes/sb-x/snapshots/{ref} ",
+        f'POST /v1/sandboxes {{"from":{{"snapshot":"{ref}"}}}}',
+        'POST /v1/sandboxes {"from":{"sandbox":"scratch","snapshot":"v1"},"labels":{"owner":"docs"}}',
+        f'POST /v1/sandboxes {{"from":{{"sandbox":"sb-x","snapshot":"{ref}"}},"name":"scratch-2","labels":{{"owner":"docs"}}}}',
+        'POST /v1/sandboxes {"env":{"MY_VAR":"1"},"labels":{"owner":"docs"}}',
+        "GET /v1/sandboxes?limit=500&offset=0&label=owner%3Ddocs&label=tier%3Da+b ",
+        'PUT /v1/sandboxes/sb-x/labels {"owner":"ops"}',
+        'POST /v1/sandboxes/sb-x/snapshots {"name":"after-build"}',
+        f'POST /v1/sandboxes {{"from":{{"snapshot":"{ref}"}}}}',
+        "GET /v1/sandboxes?limit=500&offset=0&label=owner%3Ddocs ",
+    ], got

@@ -46,14 +46,27 @@ def test_snapshots(sb: Sandbox, name: str) -> None:
 
 
 def test_seed_aliases_and_forks(sb: Sandbox, name: str) -> None:
+    """The seeds' calls speak OpenComputer's CheckpointInfo (``id`` the
+    snapshot's ref): a fork of it needs no sandbox; forks take their own env
+    and labels, are found by them and by their names."""
     sb.exec.run("echo forked > /root/forkfile")
-    cp = sb.create_checkpoint(f"{name}-after-build", memory=False)
+    cp = sb.create_checkpoint(f"{name}-after-build", kind="disk_only")
     try:
-        assert cp["id"] in [c["id"] for c in sb.list_checkpoints()] and cp.memory is False
-        fork = Sandbox.create_from_checkpoint(cp["id"], sandbox=sb.id, name=f"{name}-one", client=sb.client)
+        assert cp["id"].startswith("sn-") and cp["sandboxId"] == sb.id and cp["status"] == "ready" and cp["kind"] == "disk_only"
+        assert cp["id"] in [c["id"] for c in sb.list_checkpoints()]
+        assert sb.snapshots.get(cp["id"]).id == cp["snapshotId"]  # a ref wherever an id goes
+        fork = Sandbox.create_from_checkpoint(cp["id"], name=f"{name}-one", env={"SEED": "loam"}, labels={"owner": name}, client=sb.client, timeout=600)
         try:
-            assert fork.info.state == "running" and fork.info["from"] == {"sandbox": sb.id, "snapshot": cp["id"]}
+            assert fork.info.state == "running" and fork.info["from"] == {"sandbox": sb.id, "snapshot": cp["snapshotId"]}
             assert fork.exec.run("cat /root/forkfile").stdout == "forked\n"
+            # The fork's env under the call's own; by its name wherever its id goes.
+            byname = Sandbox.connect(f"{name}-one", client=sb.client)
+            assert byname.exec.run("echo $SEED $X", env={"X": "call"}).stdout == "loam call\n"
+            assert byname.exec.run("echo $SEED", env={"SEED": "mine"}).stdout == "mine\n"
+            assert [f.id for f in Sandbox.list(labels={"owner": name}, client=sb.client)] == [fork.id]
+            assert byname.set_labels({"owner": name, "tier": "a"})["labels"] == {"owner": name, "tier": "a"}
+            assert Sandbox.list(labels={"owner": name, "tier": "b"}, client=sb.client) == []
+            assert fork.refresh()["env"] == {"SEED": "loam"}
         finally:
             fork.kill()
         forks = sb.fork(f"{name}-after-build", name=name, count=1)
@@ -64,15 +77,18 @@ def test_seed_aliases_and_forks(sb: Sandbox, name: str) -> None:
         finally:
             for f in forks:
                 f.kill()
-        one = sb.fork(cp["id"], name=f"{name}-two")
+        one = sb.fork(cp["id"], name=f"{name}-two", labels={"owner": "docs"})  # loam's fork(id, {name, labels})
         try:
-            assert one.info.name == f"{name}-two"
+            assert one.info.name == f"{name}-two" and one.info["labels"] == {"owner": "docs"}
         finally:
             one.kill()
+        with pytest.raises(StrataError) as e:
+            Sandbox.connect(f"{name}-two", client=sb.client).refresh()
+        assert e.value.code == "sandbox_not_found"  # a deleted sandbox's name is free, and unknown
         sb.exec.run("echo changed > /root/forkfile")
         sb.restore_checkpoint(cp["id"])  # disk-only: a fresh boot of its disk
         assert sb.exec.run("cat /root/forkfile").stdout == "forked\n"
-        for auto in [x for x in sb.list_checkpoints() if x.auto]:
+        for auto in [x for x in sb.snapshots.list() if x.auto]:
             delete_when_ready(sb, auto.id)
     finally:
         sb.delete_checkpoint(cp["id"])

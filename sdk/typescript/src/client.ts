@@ -30,8 +30,8 @@ export interface StrataOptions {
 
 /** Options of one call of {@link Strata.call}. */
 export interface CallOptions {
-  /** Query parameters; `undefined` values are left out. */
-  query?: Record<string, string | number | boolean | undefined>;
+  /** Query parameters; `undefined` values are left out, an array's values are each sent (`label=a=1&label=b=2`). */
+  query?: Record<string, string | number | boolean | readonly string[] | undefined>;
   /** A JSON body (sent with `Content-Type: application/json`). */
   json?: unknown;
   /** A raw body (a stream is never retried). */
@@ -214,7 +214,10 @@ export class Strata {
     let url = this.apiUrl + path;
     if (options.query) {
       const q = new URLSearchParams();
-      for (const [k, v] of Object.entries(options.query)) if (v !== undefined) q.set(k, String(v));
+      for (const [k, v] of Object.entries(options.query)) {
+        if (Array.isArray(v)) for (const x of v) q.append(k, x);
+        else if (v !== undefined) q.set(k, String(v));
+      }
       const s = q.toString();
       if (s) url += (path.includes("?") ? "&" : "?") + s;
     }
@@ -351,14 +354,20 @@ function camelKey(k: string): string {
 }
 
 /**
- * The API's records with camelCase keys (values untouched): records of the
- * API never carry keys of the caller's own.
+ * The members whose value is a map of the caller's own keys (a sandbox's
+ * `labels` and `env`): kept as they are, never camelCased.
+ */
+const OWN_KEYS = new Set(["labels", "env"]);
+
+/**
+ * The API's records with camelCase keys (values untouched); the maps of
+ * the caller's own keys (`labels`, `env`) keep theirs.
  */
 export function camel<T>(v: unknown): T {
   if (Array.isArray(v)) return v.map((x) => camel(x)) as T;
   if (v && typeof v === "object") {
     const out: Record<string, unknown> = {};
-    for (const [k, x] of Object.entries(v)) out[camelKey(k)] = camel(x);
+    for (const [k, x] of Object.entries(v)) out[camelKey(k)] = OWN_KEYS.has(k) && x && typeof x === "object" ? { ...x } : camel(x);
     return out as T;
   }
   return v as T;

@@ -18,14 +18,24 @@ export { Strata, readCredentials, DEFAULT_CREDENTIALS_FILE } from "./client.js";
 export type { StrataOptions, CallOptions, CallResult } from "./client.js";
 export { StrataError } from "./errors.js";
 export { Sandbox } from "./sandbox.js";
-export type { SandboxCreateOptions, ForkOptions, ForkSet, WaitOptions, ClientOptions } from "./sandbox.js";
+export type {
+  SandboxCreateOptions,
+  ForkOptions,
+  ForkSet,
+  WaitOptions,
+  ClientOptions,
+  EnvAndLabels,
+  CreateFromCheckpointOptions,
+  CheckpointOptions,
+  ListOptions,
+} from "./sandbox.js";
 export { Exec, Session } from "./exec.js";
 export type { RunOptions, StartOptions, AttachOptions, OutputChunk } from "./exec.js";
 export { Files } from "./files.js";
 export type { WriteOptions } from "./files.js";
 export { Checkpoints } from "./checkpoints.js";
 export type { CheckpointCreateOptions } from "./checkpoints.js";
-export { Snapshots } from "./snapshots.js";
+export { Snapshots, checkpointInfo } from "./snapshots.js";
 export type { SnapshotCreateOptions } from "./snapshots.js";
 export { AccessTokens } from "./tokens.js";
 export { ROUTES } from "./routes.js";

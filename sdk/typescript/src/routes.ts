@@ -23,6 +23,7 @@ export const ROUTES: Readonly<Record<string, readonly string[]>> = {
   "Sandbox.waitFor": ["GET /v1/sandboxes/{id}"],
   "Sandbox.kill": ["DELETE /v1/sandboxes/{id}"],
   "Sandbox.setAccess": ["PUT /v1/sandboxes/{id}/access"],
+  "Sandbox.setLabels": ["PUT /v1/sandboxes/{id}/labels"],
   "Sandbox.pause": ["POST /v1/sandboxes/{id}/pause", "GET /v1/sandboxes/{id}"],
   "Sandbox.resume": ["POST /v1/sandboxes/{id}/resume", "GET /v1/sandboxes/{id}"],
   "Sandbox.stop": ["POST /v1/sandboxes/{id}/stop"],

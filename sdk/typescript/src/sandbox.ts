@@ -8,9 +8,9 @@ import { StrataError } from "./errors.js";
 import { Checkpoints } from "./checkpoints.js";
 import { Exec } from "./exec.js";
 import { Files } from "./files.js";
-import { Snapshots, type SnapshotCreateOptions } from "./snapshots.js";
+import { Snapshots, checkpointInfo, type SnapshotCreateOptions } from "./snapshots.js";
 import { AccessTokens } from "./tokens.js";
-import type { Access, ForkRefusal, SandboxInfo, SandboxRecord, SandboxState, Snapshot, SnapshotRestored } from "./types.js";
+import type { Access, CheckpointInfo, ForkRefusal, Labels, SandboxInfo, SandboxRecord, SandboxState, Snapshot, SnapshotRestored } from "./types.js";
 
 /** Whether to wait for the sandbox's state. */
 export interface WaitOptions {
@@ -24,9 +24,17 @@ export interface ClientOptions {
   client?: Strata;
 }
 
+/** A sandbox's own env and labels, given by a create or a fork (never the source's). */
+export interface EnvAndLabels {
+  /** The environment of every exec and session of the sandbox, under each call's own `env` (at most 64 entries, with a call's; names `[A-Za-z_][A-Za-z0-9_]*`; name and value at most 4 KiB). Not a secret store: `GET` shows it. */
+  env?: Record<string, string>;
+  /** Its labels (see {@link Labels}): {@link Sandbox.list} finds sandboxes by them. */
+  labels?: Labels;
+}
+
 /** Options of {@link Sandbox.create}. */
-export interface SandboxCreateOptions extends WaitOptions, ClientOptions {
-  /** 1–63 lowercase letters, digits and `-` (unique per account); default: the id. */
+export interface SandboxCreateOptions extends WaitOptions, ClientOptions, EnvAndLabels {
+  /** 1–63 lowercase letters, digits and `-`, not starting with `sb-` (unique per account; it works wherever the id does); default: the id. */
   name?: string;
   /** Memory, MiB (128–8192; default 512). */
   memoryMib?: number;
@@ -39,13 +47,34 @@ export interface SandboxCreateOptions extends WaitOptions, ClientOptions {
 }
 
 /** Options of {@link Sandbox.fork}. */
-export interface ForkOptions extends WaitOptions {
+export interface ForkOptions extends WaitOptions, EnvAndLabels {
   /** The fork's name; with `count`, the prefix of the names `<name>-1` … */
   name?: string;
   /** Make this many forks in one call (1–100): an array is returned. */
   count?: number;
   /** Each fork's access setting (default `{ scopes: ["checkpoints", "snapshots"] }`; never the source's). */
   access?: Access;
+}
+
+/** Options of {@link Sandbox.createFromCheckpoint}. */
+export interface CreateFromCheckpointOptions extends WaitOptions, ClientOptions, EnvAndLabels {
+  /** The sandbox the snapshot is of (its id or name): needed only when the snapshot is given by its `v1`-style id or its name, not by its ref. */
+  sandbox?: string;
+  /** The fork's name. */
+  name?: string;
+  /** The fork's access setting (default `{ scopes: ["checkpoints", "snapshots"] }`; never the source's). */
+  access?: Access;
+  /** OpenComputer's option: how long to wait for the fork to run, in seconds (default the client's `waitTimeoutMs`). */
+  timeout?: number;
+}
+
+/** Options of {@link Sandbox.createCheckpoint}: OpenComputer's (`kind`, `retentionPolicy`) and loam's (`comment`) names. */
+export type CheckpointOptions = Omit<SnapshotCreateOptions, "name">;
+
+/** Options of {@link Sandbox.list}. */
+export interface ListOptions extends ClientOptions {
+  /** Only the sandboxes that have every one of these labels. */
+  labels?: Labels;
 }
 
 /** The forks of a many-fork call: those made, and `failed`, the refusals of the others. */
@@ -135,7 +164,7 @@ export class Sandbox {
    * Sent with an `Idempotency-Key`, retried with it: a retry never makes a
    * second sandbox.
    *
-   * @param options - name, memoryMib, vcpus, diskGib, access, wait, client
+   * @param options - name, memoryMib, vcpus, diskGib, access, env, labels, wait, client
    * @returns the sandbox
    * @throws {@link StrataError} `name_taken` (409), `host_capacity` (503); when the wait for `running`
    *   fails (see {@link Sandbox.waitFor}), its error with the sandbox's id in `data.sandbox`: the sandbox
@@ -144,7 +173,15 @@ export class Sandbox {
   static async create(options: SandboxCreateOptions = {}): Promise<Sandbox> {
     const client = options.client ?? Strata.default();
     const { data } = await client.call("POST", "/v1/sandboxes", {
-      json: { name: options.name, memory_mib: options.memoryMib, vcpus: options.vcpus, disk_gib: options.diskGib, access: options.access },
+      json: {
+        name: options.name,
+        memory_mib: options.memoryMib,
+        vcpus: options.vcpus,
+        disk_gib: options.diskGib,
+        access: options.access,
+        env: options.env,
+        labels: options.labels,
+      },
       idempotent: true,
     });
     const sb = new Sandbox(client, camel<SandboxRecord>(data));
@@ -163,7 +200,7 @@ export class Sandbox {
    * do (files, sessions, checkpoints, snapshots) works as well; the record
    * can be read later with an account key.
    *
-   * @param id - `sb-…`; default: the client's `sandboxId`
+   * @param id - `sb-…` or its name; default: the client's `sandboxId`
    * @param options - client
    * @returns the sandbox, its record read when the key may read it
    * @throws {@link StrataError} `sandbox_not_found` (404); `invalid_argument` with no id to be found
@@ -182,17 +219,20 @@ export class Sandbox {
   }
 
   /**
-   * Lists the account's sandboxes, oldest first (every page).
+   * Lists the account's sandboxes, oldest first (every page); with
+   * `labels`, those that have every one of them. Their records have no
+   * `env` (see {@link Sandbox.refresh}).
    *
-   * @param options - client
+   * @param options - labels, client
    * @returns the sandboxes
    */
-  static async list(options: ClientOptions = {}): Promise<Sandbox[]> {
+  static async list(options: ListOptions = {}): Promise<Sandbox[]> {
     const client = options.client ?? Strata.default();
+    const label = Object.entries(options.labels ?? {}).map(([k, v]) => `${k}=${v}`);
     const out: Sandbox[] = [];
     for (let offset = 0; ; ) {
       const { data } = await client.call<{ data: unknown[]; pagination: { total: number; count: number } }>("GET", "/v1/sandboxes", {
-        query: { limit: 500, offset },
+        query: { limit: 500, offset, label },
       });
       for (const r of camel<SandboxRecord[]>(data.data)) out.push(new Sandbox(client, r));
       offset += data.pagination.count;
@@ -202,29 +242,46 @@ export class Sandbox {
 
   /**
    * Makes a new sandbox from a VM snapshot (a fork), as the seeds'
-   * `Sandbox.createFromCheckpoint(cp.id)`.
+   * `Sandbox.createFromCheckpoint(cp.id)`: a snapshot's ref (`sn-…`, the
+   * `id` of a {@link CheckpointInfo}) names it on the whole deployment; its
+   * `v1`-style id or its name need `sandbox`.
    *
-   * @param snapshot - a snapshot record, or its id or name (then `sandbox` is needed)
-   * @param options - `sandbox`: the id of the sandbox the snapshot is of; name, wait, client
+   * @param snapshot - a ref, a {@link CheckpointInfo} or snapshot record, or an id or name with `sandbox`
+   * @param options - sandbox, name, env, labels, access, timeout (seconds), wait, client
    * @returns the fork, running unless `wait: false`
+   * @throws {@link StrataError} `snapshot_not_found` (404), `invalid_argument` for an id or name without `sandbox`
    */
   static async createFromCheckpoint(
-    snapshot: string | Pick<Snapshot, "id" | "sandbox">,
-    options: { sandbox?: string; name?: string; access?: Access } & WaitOptions & ClientOptions = {},
+    snapshot: string | CheckpointInfo | Pick<Snapshot, "id" | "sandbox" | "ref">,
+    options: CreateFromCheckpointOptions = {},
   ): Promise<Sandbox> {
     const client = options.client ?? Strata.default();
-    const from = typeof snapshot === "string" ? options.sandbox : snapshot.sandbox;
-    if (!from) throw new StrataError("invalid_argument", "createFromCheckpoint needs the sandbox the snapshot is of: pass a snapshot record, or { sandbox }");
-    return Sandbox.forkOne(client, from, typeof snapshot === "string" ? snapshot : snapshot.id, options);
+    let from: { sandbox?: string; snapshot: string };
+    if (typeof snapshot === "string") {
+      from = { sandbox: options.sandbox, snapshot };
+      if (!options.sandbox && !/^sn-[a-z0-9]{24}$/.test(snapshot)) {
+        throw new StrataError("invalid_argument", `createFromCheckpoint(${JSON.stringify(snapshot)}): an id or a name is a snapshot of one sandbox; pass { sandbox }, or the snapshot's ref (sn-…)`);
+      }
+    } else if ("sandboxId" in snapshot) {
+      from = { snapshot: snapshot.id };
+    } else {
+      from = snapshot.ref ? { snapshot: snapshot.ref } : { sandbox: snapshot.sandbox, snapshot: snapshot.id };
+    }
+    const timeoutMs = options.timeout === undefined ? undefined : options.timeout * 1000;
+    return Sandbox.forkOne(client, from, { ...options, timeoutMs });
   }
 
-  private static async forkOne(client: Strata, from: string, snapshot: string, options: { name?: string; access?: Access } & WaitOptions): Promise<Sandbox> {
+  private static async forkOne(
+    client: Strata,
+    from: { sandbox?: string; snapshot: string },
+    options: { name?: string; access?: Access; timeoutMs?: number } & EnvAndLabels & WaitOptions,
+  ): Promise<Sandbox> {
     const { data } = await client.call("POST", "/v1/sandboxes", {
-      json: { name: options.name, from: { sandbox: from, snapshot }, access: options.access },
+      json: { name: options.name, from, access: options.access, env: options.env, labels: options.labels },
       idempotent: true,
     });
     const sb = new Sandbox(client, camel<SandboxRecord>(data));
-    if (options.wait !== false) await sb.waitFor("running").catch((e: unknown) => Promise.reject(naming(e, sb.id)));
+    if (options.wait !== false) await sb.waitFor("running", undefined, options.timeoutMs).catch((e: unknown) => Promise.reject(naming(e, sb.id)));
     return sb;
   }
 
@@ -234,16 +291,16 @@ export class Sandbox {
    * refusals). Each returns once running unless `wait: false`. Sent with an
    * `Idempotency-Key`, retried with it: a retry never makes a fork twice.
    *
-   * @param snapshot - `v1`, … or its name
-   * @param options - name (with count: the names' prefix), count, access, wait
+   * @param snapshot - `v1`, …, its ref (`sn-…`: a {@link CheckpointInfo}'s `id`) or its name
+   * @param options - name (with count: the names' prefix), count, env, labels, access, wait
    * @returns the fork, or the forks
    */
   fork(snapshot: string, options?: ForkOptions & { count?: undefined }): Promise<Sandbox>;
   /**
    * Forks this sandbox `count` times from one of its VM snapshots.
    *
-   * @param snapshot - `v1`, … or its name
-   * @param options - count, name (the names' prefix), wait
+   * @param snapshot - `v1`, …, its ref or its name
+   * @param options - count, name (the names' prefix), env, labels, access, wait
    * @returns the forks made, and `failed`
    * @throws {@link StrataError} when the wait of any fork fails: the first failure's code, with
    *   `data.sandboxes` the ids of every fork made (running or not: the caller's to kill),
@@ -251,9 +308,9 @@ export class Sandbox {
    */
   fork(snapshot: string, options: ForkOptions & { count: number }): Promise<ForkSet>;
   async fork(snapshot: string, options: ForkOptions = {}): Promise<Sandbox | ForkSet> {
-    if (options.count === undefined) return Sandbox.forkOne(this.client, this.id, snapshot, options);
+    if (options.count === undefined) return Sandbox.forkOne(this.client, { sandbox: this.id, snapshot }, options);
     const { data } = await this.client.call<{ sandboxes: unknown[]; failed?: ForkRefusal[] }>("POST", sandboxPath(this.id, "snapshots", snapshot, "fork"), {
-      json: { count: options.count, name_prefix: options.name, access: options.access },
+      json: { count: options.count, name_prefix: options.name, access: options.access, env: options.env, labels: options.labels },
       idempotent: true,
     });
     const set = camel<SandboxRecord[]>(data.sandboxes).map((r) => new Sandbox(this.client, r)) as ForkSet;
@@ -306,6 +363,20 @@ export class Sandbox {
    */
   async setAccess(access: Access): Promise<SandboxRecord> {
     const { data } = await this.client.call("PUT", sandboxPath(this.id, "access"), { json: access });
+    this.info = camel<SandboxRecord>(data);
+    return this.info;
+  }
+
+  /**
+   * Replaces the sandbox's labels (`{}` takes them all away). Needs an
+   * account API key.
+   *
+   * @param labels - the new labels
+   * @returns the record (also in {@link Sandbox.info})
+   * @throws {@link StrataError} `invalid_field` (400); `sandbox_not_a_vm` (409) for a configured sandbox
+   */
+  async setLabels(labels: Labels): Promise<SandboxRecord> {
+    const { data } = await this.client.call("PUT", sandboxPath(this.id, "labels"), { json: labels });
     this.info = camel<SandboxRecord>(data);
     return this.info;
   }
@@ -370,13 +441,15 @@ export class Sandbox {
    *
    * @param want - the state to wait for
    * @param operation - the operation waited for, to tell its failure (`lastError`)
+   * @param timeoutMs - how long to wait (default the client's `waitTimeoutMs`)
    * @returns the record
    * @throws {@link StrataError} when the sandbox settles in another state: the failed operation's
    *   code from the record's `lastError` when there is one, else the server's `sandbox_state`
    *   (`data.state`, and in state `error` `data.error`); `wait_timeout` when `waitTimeoutMs` ran out
    */
-  async waitFor(want: SandboxState, operation?: string): Promise<SandboxRecord> {
-    const deadline = Date.now() + this.client.waitTimeoutMs;
+  async waitFor(want: SandboxState, operation?: string, timeoutMs?: number): Promise<SandboxRecord> {
+    const limit = timeoutMs ?? this.client.waitTimeoutMs;
+    const deadline = Date.now() + limit;
     for (;;) {
       const info = this.info;
       let waitS: number | undefined;
@@ -392,7 +465,7 @@ export class Sandbox {
           throw new StrataError("sandbox_state", `sandbox ${this.id} is ${info.state}, not ${want}${why}`, 0, data);
         }
         if (Date.now() > deadline) {
-          throw new StrataError("wait_timeout", `sandbox ${this.id} is still ${info.state} after ${this.client.waitTimeoutMs} ms`, 0, { state: info.state, sandbox: this.id });
+          throw new StrataError("wait_timeout", `sandbox ${this.id} is still ${info.state} after ${limit} ms`, 0, { state: info.state, sandbox: this.id });
         }
         waitS = Math.max(1, Math.min(20, Math.floor((deadline - Date.now()) / 1000)));
       }
@@ -404,42 +477,52 @@ export class Sandbox {
   }
 
   /**
-   * The seeds' `createCheckpoint`: a **VM snapshot** (= `snapshots.create({ name })`).
-   * Directory checkpoints are `sb.checkpoints.create`.
+   * The seeds' `createCheckpoint`: a **VM snapshot** (= `snapshots.create`),
+   * returned as OpenComputer's {@link CheckpointInfo} (`id` is its ref).
+   * OpenComputer's shape, `createCheckpoint(name, { kind, retentionPolicy })`,
+   * and loam's, `createCheckpoint({ comment })`, both work. Directory
+   * checkpoints are `sb.checkpoints.create`.
    *
-   * @param name - its name (unique per sandbox), or none
-   * @param options - comment, memory, retention
-   * @returns the snapshot
+   * @example
+   * ```ts
+   * const cp = await sb.createCheckpoint("autosave", { kind: "disk_only", retentionPolicy: { mode: "delete_oldest", maxCount: 100 } });
+   * const fork = await Sandbox.createFromCheckpoint(cp.id);
+   * ```
+   *
+   * @param name - its name (unique per sandbox), or none; or the options alone (loam's shape)
+   * @param options - kind (or memory), retentionPolicy (or retention), comment
+   * @returns the checkpoint, `ready`
    */
-  createCheckpoint(name?: string, options: Omit<SnapshotCreateOptions, "name"> = {}): Promise<Snapshot> {
-    return this.snapshots.create({ ...options, name });
+  async createCheckpoint(name?: string | (CheckpointOptions & { name?: string }), options: CheckpointOptions = {}): Promise<CheckpointInfo> {
+    const all = typeof name === "object" && name !== null ? { ...options, ...name } : { ...options, name };
+    return checkpointInfo(await this.snapshots.create(all));
   }
 
   /**
-   * The seeds' `listCheckpoints`: the **VM snapshots** (= `snapshots.list()`).
+   * The seeds' `listCheckpoints`: the **VM snapshots**, oldest first, as {@link CheckpointInfo}.
    *
-   * @returns the snapshots
+   * @returns the checkpoints
    */
-  listCheckpoints(): Promise<Snapshot[]> {
-    return this.snapshots.list();
+  async listCheckpoints(): Promise<CheckpointInfo[]> {
+    return (await this.snapshots.list()).map(checkpointInfo);
   }
 
   /**
    * The seeds' `restoreCheckpoint`: restores a **VM snapshot** (= `snapshots.restore(id)`).
    *
-   * @param id - `v1`, … or its name
+   * @param id - a {@link CheckpointInfo}'s `id` (a ref), `v1`, … or a name; or the checkpoint itself
    * @returns the restore's answer
    */
-  restoreCheckpoint(id: string): Promise<SnapshotRestored> {
-    return this.snapshots.restore(id);
+  restoreCheckpoint(id: string | Pick<CheckpointInfo, "id">): Promise<SnapshotRestored> {
+    return this.snapshots.restore(typeof id === "string" ? id : id.id);
   }
 
   /**
    * The seeds' `deleteCheckpoint`: deletes a **VM snapshot** (= `snapshots.delete(id)`).
    *
-   * @param id - `v1`, … or its name
+   * @param id - a {@link CheckpointInfo}'s `id` (a ref), `v1`, … or a name; or the checkpoint itself
    */
-  deleteCheckpoint(id: string): Promise<void> {
-    return this.snapshots.delete(id);
+  deleteCheckpoint(id: string | Pick<CheckpointInfo, "id">): Promise<void> {
+    return this.snapshots.delete(typeof id === "string" ? id : id.id);
   }
 }

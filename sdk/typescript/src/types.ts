@@ -77,7 +77,18 @@ export interface SandboxRecord {
   unresponsiveReason?: string;
   /** A microVM's access setting (a configured sandbox has none). */
   access?: Access;
+  /** Its labels (`{}` when none; absent from servers before labels). */
+  labels?: Labels;
+  /** The environment of every exec and session, under each call's own `env`: in a create's answer and a read of the sandbox, never in lists. */
+  env?: Record<string, string>;
 }
+
+/**
+ * A sandbox's labels: at most 32; keys of 1–63 lowercase letters, digits,
+ * `.`, `_`, `/` and `-`, starting and ending with a letter or digit;
+ * values of at most 256 bytes of printable UTF-8.
+ */
+export type Labels = Record<string, string>;
 
 /**
  * The record of a sandbox whose record this key may not read: its `id`
@@ -185,6 +196,8 @@ export interface Directory {
 export interface Snapshot {
   /** `v1`, `v2`, … or `auto-1`, … per sandbox. */
   id: string;
+  /** `sn-` and 24 lowercase letters and digits: the snapshot's name on the whole deployment, accepted wherever its id is and alone by {@link Sandbox.createFromCheckpoint}. */
+  ref?: string;
   /** Its name, when given (unique per sandbox; accepted wherever an id is). */
   name?: string;
   /** The sandbox it is of. */
@@ -207,6 +220,34 @@ export interface Snapshot {
   pauseMs?: number;
   /** Its memory was copied while the guest ran. */
   live?: boolean;
+}
+
+/**
+ * A VM snapshot as OpenComputer's `CheckpointInfo` shows a checkpoint: what
+ * the seeds' calls ({@link Sandbox.createCheckpoint},
+ * {@link Sandbox.listCheckpoints}) return. `id` is the snapshot's ref, so
+ * that `Sandbox.createFromCheckpoint(cp.id)` and `sb.restoreCheckpoint(cp.id)`
+ * need nothing else.
+ */
+export interface CheckpointInfo {
+  /** The snapshot's ref (`sn-…`): unique on the deployment. */
+  id: string;
+  /** The sandbox it is of. */
+  sandboxId: string;
+  /** Its name (`""` when none). */
+  name: string;
+  /** `processing`, `ready` or `failed`. */
+  status: "processing" | "ready" | "failed";
+  /** What it holds of its own on the host, in bytes. */
+  sizeBytes: number;
+  /** RFC 3339. */
+  createdAt: string;
+  /** Its id in its sandbox (`v1`, `auto-1`, …), for `sb.snapshots`. */
+  snapshotId: string;
+  /** `full` (memory, devices and disk) or `disk_only`, as OpenComputer's `kind`. */
+  kind: "full" | "disk_only";
+  /** The comment given (loam's `comment`; `""` when none). */
+  comment: string;
 }
 
 /** The answer of a VM snapshot restore. */

@@ -100,6 +100,91 @@ describe("scopes and access", () => {
   });
 });
 
+describe("names, env, labels and the seeds' checkpoints", () => {
+  // A stand-in that records every request and answers as hostproxy would.
+  const snap = (id: string, ref: string, name: string, memory: boolean) => ({
+    id, ref, name, sandbox: "sb-a", comment: "", memory, auto: false, pinned: false, status: "ready", size_bytes: 42, created_at: "2026-01-01T00:00:00Z",
+  });
+  function standIn(seen: string[]): Handler {
+    return (req, res) => {
+      let body = "";
+      req.on("data", (c: Buffer) => (body += c.toString()));
+      req.on("end", () => {
+        seen.push(`${req.method} ${req.url} ${body}`);
+        const url = req.url ?? "";
+        if (req.method === "POST" && url.endsWith("/snapshots")) {
+          const b = JSON.parse(body) as { name?: string; memory?: boolean };
+          return json(res, 200, { status: "success", data: snap("v1", "sn-0123456789abcdefghijklmn", b.name ?? "", b.memory !== false) });
+        }
+        if (req.method === "GET" && url.endsWith("/snapshots")) return json(res, 200, { status: "success", data: [snap("v1", "sn-0123456789abcdefghijklmn", "a", false)] });
+        if (req.method === "POST" && url === "/v1/sandboxes") {
+          const b = JSON.parse(body) as { labels?: Record<string, string>; env?: Record<string, string> };
+          return json(res, 202, { status: "success", data: { ...record("sb-f", "running"), labels: b.labels ?? {}, env: b.env } });
+        }
+        if (req.method === "GET" && url.startsWith("/v1/sandboxes?")) {
+          return json(res, 200, { status: "success", data: { data: [{ ...record("sb-l", "running"), labels: { "team.io/tier_x": "A_b" } }], pagination: { total: 1, limit: 500, offset: 0, count: 1 } } });
+        }
+        if (req.method === "PUT" && url.endsWith("/labels")) return json(res, 200, { status: "success", data: { ...record("sb-a", "running"), labels: JSON.parse(body) } });
+        json(res, 200, { status: "success", data: {} });
+      });
+    };
+  }
+
+  test("createCheckpoint speaks OpenComputer's CheckpointInfo and option names, and loam's", async () => {
+    const seen: string[] = [];
+    handler = standIn(seen);
+    const sb = new Sandbox(client(), { id: "sb-a" });
+    const cp = await sb.createCheckpoint("autosave", { kind: "disk_only", retentionPolicy: { mode: "delete_oldest", maxCount: 100 } });
+    assert.deepEqual(cp, {
+      id: "sn-0123456789abcdefghijklmn", sandboxId: "sb-a", name: "autosave", status: "ready", sizeBytes: 42, createdAt: "2026-01-01T00:00:00Z",
+      snapshotId: "v1", kind: "disk_only", comment: "",
+    });
+    await sb.createCheckpoint("after-build");
+    await sb.createCheckpoint({ comment: "before upgrade" });
+    assert.equal((await sb.listCheckpoints())[0]!.id, "sn-0123456789abcdefghijklmn");
+    await sb.restoreCheckpoint(cp.id);
+    await sb.deleteCheckpoint(cp);
+    assert.equal((await caught(sb.createCheckpoint("x", { kind: "disk_only", memory: true }))).code, "invalid_argument");
+    assert.deepEqual(seen.filter((s) => !s.startsWith("GET /v1/sandboxes/sb-a ")), [
+      'POST /v1/sandboxes/sb-a/snapshots {"name":"autosave","memory":false,"retention":{"mode":"delete_oldest","max_count":100}}',
+      'POST /v1/sandboxes/sb-a/snapshots {"name":"after-build"}',
+      'POST /v1/sandboxes/sb-a/snapshots {"comment":"before upgrade"}',
+      "GET /v1/sandboxes/sb-a/snapshots ",
+      "POST /v1/sandboxes/sb-a/snapshots/sn-0123456789abcdefghijklmn/restore ",
+      "DELETE /v1/sandboxes/sb-a/snapshots/sn-0123456789abcdefghijklmn ",
+    ]);
+  });
+
+  test("createFromCheckpoint needs no sandbox for a ref; forks, creates and lists carry env and labels, whose keys stay as given", async () => {
+    const seen: string[] = [];
+    handler = standIn(seen);
+    const c = client();
+    const fork = await Sandbox.createFromCheckpoint("sn-0123456789abcdefghijklmn", { client: c, timeout: 600 });
+    assert.equal(fork.id, "sb-f");
+    await Sandbox.createFromCheckpoint({ id: "sn-0123456789abcdefghijklmn", sandboxId: "sb-a", name: "", status: "ready", sizeBytes: 0, createdAt: "", snapshotId: "v1", kind: "full", comment: "" }, { client: c });
+    await Sandbox.createFromCheckpoint("v1", { client: c, sandbox: "scratch", labels: { owner: "docs" } });
+    assert.equal((await caught(Sandbox.createFromCheckpoint("v1", { client: c }))).code, "invalid_argument");
+    const sb = new Sandbox(c, { id: "sb-a" });
+    const f2 = await sb.fork("sn-0123456789abcdefghijklmn", { name: "scratch-2", labels: { owner: "docs" } });
+    assert.deepEqual(f2.info.labels, { owner: "docs" });
+    const made = await Sandbox.create({ client: c, env: { MY_VAR: "1" }, labels: { "team.io/tier_x": "A_b" } });
+    assert.deepEqual([made.info.env, made.info.labels], [{ MY_VAR: "1" }, { "team.io/tier_x": "A_b" }]);
+    const listed = await Sandbox.list({ client: c, labels: { owner: "docs", tier: "a b" } });
+    assert.deepEqual(listed[0]!.info.labels, { "team.io/tier_x": "A_b" });
+    await sb.setLabels({ owner: "ops" });
+    assert.deepEqual(sb.info.labels, { owner: "ops" });
+    assert.deepEqual(seen, [
+      'POST /v1/sandboxes {"from":{"snapshot":"sn-0123456789abcdefghijklmn"}}',
+      'POST /v1/sandboxes {"from":{"snapshot":"sn-0123456789abcdefghijklmn"}}',
+      'POST /v1/sandboxes {"from":{"sandbox":"scratch","snapshot":"v1"},"labels":{"owner":"docs"}}',
+      'POST /v1/sandboxes {"name":"scratch-2","from":{"sandbox":"sb-a","snapshot":"sn-0123456789abcdefghijklmn"},"labels":{"owner":"docs"}}',
+      'POST /v1/sandboxes {"env":{"MY_VAR":"1"},"labels":{"team.io/tier_x":"A_b"}}',
+      "GET /v1/sandboxes?limit=500&offset=0&label=owner%3Ddocs&label=tier%3Da+b ",
+      'PUT /v1/sandboxes/sb-a/labels {"owner":"ops"}',
+    ]);
+  });
+});
+
 describe("retries", () => {
   test("an idempotent request whose first try outlasted the budget is tried again", async () => {
     let n = 0;

@@ -9,7 +9,6 @@ import { mkdtemp, mkdir, readFile, readlink, rm, symlink, writeFile, stat as fsS
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { ROUTES, Sandbox, Session, Strata, StrataError, readCredentials } from "@strata/sdk";
-import { parallelExploration } from "../examples/parallel-exploration.js";
 import { NON_SDK, documentRoutes } from "./openapi.js";
 
 const API_URL = process.env.CREATEOS_API_URL;
@@ -424,7 +423,7 @@ if (!API_URL || !API_KEY) {
       assert.match(r.autoId, /^auto-\d+$/);
       assert.equal(sb.info.state, "running");
       assert.equal(await sb.files.readText("/workspace/marker"), "before");
-      assert.ok((await sb.listCheckpoints()).some((s) => s.id === r.autoId));
+      assert.ok((await sb.listCheckpoints()).some((c) => c.snapshotId === r.autoId && c.id.startsWith("sn-")));
       await sb.deleteCheckpoint(disk.id);
       await sb.snapshots.delete(snap.id);
       // The automatic snapshot is processing until its memory is written: a delete meanwhile is 409 operation_in_progress.
@@ -433,21 +432,34 @@ if (!API_URL || !API_KEY) {
       await rejectsWith(sb.snapshots.get(snap.id), 404, "snapshot_not_found");
 
       const named = await sb.createCheckpoint("after-build");
-      assert.equal(named.name, "after-build");
-      assert.equal((await sb.snapshots.get("after-build")).id, named.id);
+      assert.deepEqual([named.name, named.sandboxId, named.status, named.kind], ["after-build", sb.id, "ready", "full"]);
+      assert.match(named.id, /^sn-[a-z0-9]{24}$/, "a CheckpointInfo's id is the snapshot's ref");
+      assert.equal((await sb.snapshots.get("after-build")).id, named.snapshotId);
+      assert.equal((await sb.snapshots.get(named.id)).ref, named.id, "a ref wherever an id goes");
       await rejectsWith(sb.createCheckpoint("after-build"), 409, "name_taken");
       await sb.deleteCheckpoint("after-build");
+      await rejectsWith(sb.snapshots.get(named.id), 404, "snapshot_not_found");
     });
 
     test("fork one, fork many, createFromCheckpoint", async () => {
       await sb.files.write("/workspace/origin", sb.id);
       const snap = await sb.snapshots.create({ comment: "fork source" });
-      const one = await sb.fork(snap.id, { name: `${prefix}-fork` });
+      const one = await sb.fork(snap.id, { name: `${prefix}-fork`, env: { SEED: "loam" }, labels: { owner: prefix } });
       made.push(one);
       assert.equal(one.info.state, "running");
       assert.deepEqual(one.info.from, { sandbox: sb.id, snapshot: snap.id });
       assert.equal(await one.files.readText("/workspace/origin"), sb.id);
+      // Its own env under each call's, and labels; found by its name wherever its id goes.
+      const byName = await Sandbox.connect(`${prefix}-fork`);
+      assert.equal(byName.id, one.id);
+      assert.deepEqual(byName.info.env, { SEED: "loam" });
+      assert.equal((await byName.exec.run("echo $SEED $X", { env: { X: "call" } })).stdout, "loam call\n");
+      assert.equal((await byName.exec.run("echo $SEED", { env: { SEED: "mine" } })).stdout, "mine\n");
+      assert.deepEqual((await Sandbox.list({ labels: { owner: prefix } })).map((s) => s.id), [one.id]);
+      assert.deepEqual((await byName.setLabels({ owner: prefix, tier: "a" })).labels, { owner: prefix, tier: "a" });
+      assert.deepEqual(await Sandbox.list({ labels: { owner: prefix, tier: "b" } }), []);
       await one.kill();
+      await rejectsWith(Sandbox.connect(`${prefix}-fork`), 404, "sandbox_not_found");
 
       const many = await sb.fork(snap.id, { count: 2, name: `${prefix}-many` });
       made.push(...many);
@@ -467,19 +479,12 @@ if (!API_URL || !API_KEY) {
       await byId.waitFor("running");
       await byId.kill();
       await assert.rejects(Sandbox.createFromCheckpoint(snap.id), (e: unknown) => e instanceof StrataError && e.code === "invalid_argument");
+      const byRef = await Sandbox.createFromCheckpoint(snap.ref!, { name: `${prefix}-byref`, labels: { owner: "docs" } });
+      made.push(byRef);
+      assert.deepEqual([byRef.info.state, byRef.info.labels], ["running", { owner: "docs" }]);
+      await byRef.kill();
       await sb.snapshots.delete(snap.id);
       await sb.files.remove("/workspace/origin");
-    });
-
-    test("the seeds' parallel exploration (examples/parallel-exploration.ts)", async () => {
-      const results = await parallelExploration({ sandbox: sb, namePrefix: `${prefix}-explore`, checkpointName: "fresh-clone" });
-      assert.deepEqual(results, [
-        { strategy: "sort -n data.txt", exitCode: 0, stdout: "1\n2\n3\n" },
-        { strategy: "sort -rn data.txt", exitCode: 0, stdout: "3\n2\n1\n" },
-        { strategy: "wc -l < data.txt", exitCode: 0, stdout: "3\n" },
-      ]);
-      const left = (await Sandbox.list()).filter((s) => s.info.name?.startsWith(`${prefix}-explore`));
-      assert.deepEqual(left, [], "the example killed its forks");
     });
   });
 

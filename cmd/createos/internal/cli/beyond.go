@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -32,7 +33,7 @@ func (a *app) relPath(ctx context.Context, c *Client, sb, id, p string) (string,
 		}
 		return p, nil
 	}
-	list, _, err := c.ListCheckpoints(ctx, sb)
+	list, err := c.ListCheckpoints(ctx, sb)
 	if err != nil {
 		return "", wrap(err)
 	}
@@ -76,7 +77,8 @@ content in base64.`,
 			if err != nil {
 				return err
 			}
-			e, raw, err := c.ReadEntry(cmd.Context(), sb, rest[0], rel)
+			var raw json.RawMessage
+			e, err := c.ReadEntry(cmd.Context(), sb, rest[0], rel, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -126,7 +128,8 @@ source checkpoint as parent_id.`,
 			if err != nil {
 				return err
 			}
-			r, raw, err := c.Clone(cmd.Context(), sb, rest[0], to)
+			var raw json.RawMessage
+			r, err := c.Clone(cmd.Context(), sb, rest[0], to, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -146,7 +149,8 @@ source checkpoint as parent_id.`,
 
 // restoreOnly is restore --only: restore-paths.
 func (a *app) restoreOnly(ctx context.Context, c *Client, sb, id string, paths []string) error {
-	r, raw, err := c.RestorePaths(ctx, sb, id, paths)
+	var raw json.RawMessage
+	r, err := c.RestorePaths(ctx, sb, id, paths, rawAnswer(&raw))
 	if err != nil {
 		return wrap(err)
 	}
@@ -220,7 +224,8 @@ first to keep one.`,
 			if err != nil {
 				return err
 			}
-			r, raw, err := c.Release(cmd.Context(), sb, dir)
+			var raw json.RawMessage
+			r, err := c.Release(cmd.Context(), sb, dir, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}

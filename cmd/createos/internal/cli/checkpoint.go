@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -65,7 +66,8 @@ making another: safe to retry after a timeout.`,
 			if cmd.Flags().Changed("retain") {
 				retention = &api.Retention{Mode: api.RetentionDeleteOldest, MaxCount: retain}
 			}
-			cp, raw, err := c.CreateCheckpoint(cmd.Context(), sb, dir, namePtr, retention, key)
+			var raw json.RawMessage
+			cp, err := c.CreateCheckpoint(cmd.Context(), sb, dir, namePtr, retention, key, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -95,7 +97,8 @@ func (a *app) listCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, raw, err := c.ListCheckpoints(cmd.Context(), sb)
+			var raw json.RawMessage
+			list, err := c.ListCheckpoints(cmd.Context(), sb, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -142,7 +145,7 @@ restored there (see docs/cli.md).`,
 			if err != nil {
 				return err
 			}
-			list, _, err := c.ListCheckpoints(cmd.Context(), sb)
+			list, err := c.ListCheckpoints(cmd.Context(), sb)
 			if err != nil {
 				return wrap(err)
 			}
@@ -207,7 +210,8 @@ again, even if the directory changed since.`,
 			if len(only) > 0 {
 				return a.restoreOnly(cmd.Context(), c, sb, rest[0], only)
 			}
-			r, raw, err := c.RestoreCheckpoint(cmd.Context(), sb, rest[0], key)
+			var raw json.RawMessage
+			r, err := c.RestoreCheckpoint(cmd.Context(), sb, rest[0], key, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -257,7 +261,8 @@ func (a *app) deleteCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			raw, err := c.DeleteCheckpoint(cmd.Context(), sb, rest[0])
+			var raw json.RawMessage
+			err = c.DeleteCheckpoint(cmd.Context(), sb, rest[0], rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -288,7 +293,7 @@ func (a *app) completeCheckpoint(cmd *cobra.Command, args []string, toComplete s
 	default:
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
-	list, _, err := c.ListCheckpoints(cmd.Context(), sb)
+	list, err := c.ListCheckpoints(cmd.Context(), sb)
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}

@@ -1,9 +1,11 @@
 package cli
 
 import (
+	"encoding/json"
 	"net/http"
-	"strata/client"
 	"time"
+
+	"strata/client"
 )
 
 // The CLI drives the API through the exported client (package client);
@@ -27,6 +29,7 @@ type (
 	Change                = client.Change
 	Entry                 = client.Entry
 	Session               = client.Session
+	ListOptions           = client.ListOptions
 )
 
 // Snapshot statuses, and the retention mode.
@@ -47,3 +50,7 @@ const (
 func newHTTPClient(timeout time.Duration) *http.Client { return client.NewHTTPClient(timeout) }
 
 func sandboxPath(sandbox string, rest ...string) string { return client.SandboxPath(sandbox, rest...) }
+
+// rawAnswer keeps a call's data as the server sent it (client.Raw): what
+// -o json prints.
+func rawAnswer(dst *json.RawMessage) client.CallOption { return client.Raw(dst) }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -67,7 +68,8 @@ full and names the others on stderr.`,
 			if live {
 				q = api.AgainstLive
 			}
-			changes, raw, err := c.Changes(cmd.Context(), sb, id, q)
+			var raw json.RawMessage
+			changes, err := c.Changes(cmd.Context(), sb, id, q, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -109,7 +111,7 @@ full and names the others on stderr.`,
 // a deleted checkpoint; the changes are then against the nearest older
 // state the store kept, which has no id).
 func (a *app) parentOf(ctx context.Context, c *Client, sb, id string) (string, error) {
-	list, _, err := c.ListCheckpoints(ctx, sb)
+	list, err := c.ListCheckpoints(ctx, sb)
 	if err != nil {
 		return "", wrap(err)
 	}
@@ -127,7 +129,7 @@ func (a *app) parentOf(ctx context.Context, c *Client, sb, id string) (string, e
 
 // pathOf is the directory of checkpoint id, from the list.
 func (a *app) pathOf(ctx context.Context, c *Client, sb, id string) (string, error) {
-	list, _, err := c.ListCheckpoints(ctx, sb)
+	list, err := c.ListCheckpoints(ctx, sb)
 	if err != nil {
 		return "", wrap(err)
 	}
@@ -212,7 +214,7 @@ func (p *patcher) write(changes []Change) error {
 // read fetches path from checkpoint id: a file's content; anything else
 // (a directory, a symlink, nothing) is absent from a text diff.
 func (p *patcher) read(id, path string) (side, error) {
-	e, _, err := p.c.ReadEntry(p.ctx, p.sb, id, path)
+	e, err := p.c.ReadEntry(p.ctx, p.sb, id, path)
 	var apiErr *APIError
 	switch {
 	case errors.As(err, &apiErr) && apiErr.Code == "entry_not_found":
@@ -236,7 +238,7 @@ var liveRead = []string{"sh", "-c", `[ -f "$1" ] && [ ! -L "$1" ] || exit 3; exe
 // unused (the live side has no checkpoint).
 func (p *patcher) readLive(_, path string) (side, error) {
 	req := api.ExecRequest{Cmd: append(slices.Clone(liveRead), p.liveDir+"/"+path), Encoding: api.EncodingBase64, TimeoutS: 30}
-	res, _, err := p.c.Exec(p.ctx, p.sb, req)
+	res, err := p.c.Exec(p.ctx, p.sb, req)
 	switch {
 	case err != nil:
 		return side{}, wrap(err)

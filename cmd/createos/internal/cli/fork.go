@@ -21,9 +21,10 @@ type forkFailure struct {
 func (a *app) forkCommand() *cobra.Command {
 	var count int
 	var access string
+	var env, labels []string
 	var w waitFlags
 	cmd := &cobra.Command{
-		Use:   "fork SANDBOX SNAPSHOT [NAME] [--count N] [--access none|SCOPE,…] [--no-wait]",
+		Use:   "fork SANDBOX SNAPSHOT [NAME] [--count N] [--env K=V]... [--label k=v]... [--access none|SCOPE,…] [--no-wait]",
 		Short: "Make new sandboxes from a snapshot and wait until they run",
 		Long: `Make a new, independent sandbox from a snapshot of SANDBOX: its disk, and
 its memory when it has one, so that its processes run on. The fork takes
@@ -34,13 +35,33 @@ NAME is optional and follows the rule of create's. With --count N (1 to
 100), N forks are made in one call, each made or refused on its own, and
 NAME is sent as their name_prefix (they are named NAME-1, NAME-2, …);
 createos then waits for each, prints them all, and fails (exit 1) when any
-did not come to run. A fork's access setting is --access (as create's),
-never its source's.`,
+did not come to run. A fork's access setting, env and labels are --access,
+--env and --label (as create's), never its source's.
+
+SANDBOX is the sandbox's id or name; SNAPSHOT its snapshot's id, name or
+ref (sn-…). With a ref SANDBOX may be -: a ref names one snapshot on the
+whole deployment.`,
 		Example: "  createos sandbox fork sb-local v2 web-2\n" +
+			"  createos sandbox fork scratch v1 scratch-copy --label owner=docs\n" +
+			"  createos sandbox fork - sn-0123456789abcdefghijklmn scratch-3\n" +
 			"  createos sandbox fork sb-local v2 worker --count 5",
 		Args: cobra.RangeArgs(2, 3),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			from := &api.SandboxFrom{Sandbox: args[0], Snapshot: args[1]}
+			if from.Sandbox == "-" {
+				if !api.ValidSnapshotRef(from.Snapshot) {
+					return fmt.Errorf("SANDBOX - needs SNAPSHOT to be a ref (sn-…), not %q", from.Snapshot)
+				}
+				from.Sandbox = ""
+			}
+			envs, err := parseAssignments("--env", env)
+			if err != nil {
+				return err
+			}
+			lbls, err := parseAssignments("--label", labels)
+			if err != nil {
+				return err
+			}
 			var name *string
 			if len(args) == 3 {
 				name = &args[2]
@@ -54,16 +75,22 @@ never its source's.`,
 				raw, _ = json.Marshal(acc)
 			}
 			if !cmd.Flags().Changed("count") {
-				if name != nil && api.ValidateSandboxName(*name) != nil {
-					return fmt.Errorf("sandbox name %q: want 1 to 63 lowercase letters, digits and '-', starting with a letter and not ending with '-'", *name)
+				if name != nil {
+					if err := checkSandboxName(*name); err != nil {
+						return err
+					}
 				}
-				return a.createSandbox(cmd.Context(), api.SandboxCreateRequest{Name: name, From: from, Access: raw}, &w)
+				return a.createSandbox(cmd.Context(), api.SandboxCreateRequest{Name: name, From: from, Access: raw, Env: envs, Labels: lbls}, &w)
 			}
-			return a.forkMany(cmd.Context(), from, ForkRequest{Count: count, NamePrefix: name, Access: raw}, &w)
+			if from.Sandbox == "" {
+				return errors.New("--count needs SANDBOX given: the many-forks route is the sandbox's")
+			}
+			return a.forkMany(cmd.Context(), from, ForkRequest{Count: count, NamePrefix: name, Access: raw, Env: envs, Labels: lbls}, &w)
 		},
 	}
 	cmd.Flags().IntVar(&count, "count", 1, "make N forks in one call (1 to 100); NAME is then their name prefix")
 	cmd.Flags().StringVar(&access, "access", "", "what the key handed to each fork's guest may do: none, or scopes joined by commas (default checkpoints,snapshots)")
+	addEnvAndLabels(cmd, &env, &labels)
 	w.add(cmd, "runs")
 	cmd.ValidArgsFunction = a.completeSnapshot
 	return cmd
@@ -76,7 +103,8 @@ func (a *app) forkMany(ctx context.Context, from *api.SandboxFrom, req ForkReque
 	if err != nil {
 		return err
 	}
-	forks, raw, err := c.ForkSnapshot(ctx, from.Sandbox, from.Snapshot, req, "")
+	var raw json.RawMessage
+	forks, err := c.ForkSnapshot(ctx, from.Sandbox, from.Snapshot, req, "", rawAnswer(&raw))
 	if err != nil {
 		return wrap(err)
 	}

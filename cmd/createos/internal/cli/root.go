@@ -208,7 +208,7 @@ func (a *app) checkpointID(ctx context.Context, c *Client, sb, arg string) (stri
 	if api.ValidCheckpointID(arg) {
 		return arg, nil
 	}
-	all, _, err := c.ListCheckpoints(ctx, sb)
+	all, err := c.ListCheckpoints(ctx, sb)
 	if err != nil {
 		return "", wrap(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,7 +38,7 @@ func (a *app) sandboxCommands() []*cobra.Command {
 	} {
 		cmds = append(cmds, a.sandboxOpCommand(o.op, o.target, o.short))
 	}
-	return append(cmds, a.execCommand(), a.sessionCommand(), a.cpCommand(), a.forkCommand(), a.accessCommand())
+	return append(cmds, a.execCommand(), a.sessionCommand(), a.cpCommand(), a.forkCommand(), a.accessCommand(), a.labelsCommand())
 }
 
 // waitFlags are --no-wait and --wait-timeout.
@@ -60,7 +61,8 @@ func (w *waitFlags) wait(ctx context.Context, c *Client, id, target string) (San
 	defer cancel()
 	last := "?"
 	for {
-		sb, raw, err := c.WaitSandbox(ctx, id, c.LongPoll(ctx))
+		var raw json.RawMessage
+		sb, err := c.WaitSandbox(ctx, id, c.LongPoll(ctx), rawAnswer(&raw))
 		if err != nil {
 			if ctx.Err() != nil {
 				return Sandbox{}, nil, w.late(ctx, id, last, target)
@@ -107,9 +109,10 @@ func (w *waitFlags) late(ctx context.Context, id, last, target string) error {
 func (a *app) sandboxCreateCommand() *cobra.Command {
 	var memory, vcpus, disk int
 	var access string
+	var env, labels []string
 	var w waitFlags
 	cmd := &cobra.Command{
-		Use:   "create [NAME] [--memory-mib N] [--vcpus N] [--disk-gib N] [--access none|SCOPE,…] [--no-wait]",
+		Use:   "create [NAME] [--memory-mib N] [--vcpus N] [--disk-gib N] [--env K=V]... [--label k=v]... [--access none|SCOPE,…] [--no-wait]",
 		Short: "Create a sandbox (a microVM) and wait until it runs",
 		Long: `Create a sandbox: a microVM booted from the guest image. Resources the
 flags leave out take the API's defaults (512 MiB of memory, 1 vCPU, a 4 GiB
@@ -118,23 +121,38 @@ fails with the sandbox's reason if it goes to state error; --no-wait prints
 the record in state creating at once.
 
 NAME is optional: 1 to 63 lowercase letters, digits and '-', starting with a
-letter and not ending with '-', unique among the account's sandboxes.
+letter, not ending with '-' and not starting with sb- (an id's prefix),
+unique among the account's sandboxes. Every command takes a sandbox's name
+wherever it takes its id.
+
+--env NAME=VALUE (repeat for more) is the environment of every exec and
+session of the sandbox, under the command's own --env; --label KEY=VALUE
+(repeat for more) labels it ('createos sandbox list --label', 'createos
+sandbox labels').
 
 --access is what processes inside may do with the key their guest is
 handed: scopes joined by commas (checkpoints, snapshots, exec, files, ports,
 watch; default checkpoints,snapshots), or none for no key at all (see
 'createos sandbox access').`,
 		Example: "  createos sandbox create web-1 --memory-mib 1024 --vcpus 2\n" +
+			"  createos sandbox create scratch --env CI=1 --label owner=docs\n" +
 			"  createos sandbox create ci --access none\n" +
 			"  id=$(createos sandbox create --no-wait -o json | jq -r .id)",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var req api.SandboxCreateRequest
 			if len(args) == 1 {
-				if api.ValidateSandboxName(args[0]) != nil {
-					return fmt.Errorf("sandbox name %q: want 1 to 63 lowercase letters, digits and '-', starting with a letter and not ending with '-'", args[0])
+				if err := checkSandboxName(args[0]); err != nil {
+					return err
 				}
 				req.Name = &args[0]
+			}
+			var err error
+			if req.Env, err = parseAssignments("--env", env); err != nil {
+				return err
+			}
+			if req.Labels, err = parseAssignments("--label", labels); err != nil {
+				return err
 			}
 			if cmd.Flags().Changed("memory-mib") {
 				req.MemoryMiB = &memory
@@ -159,6 +177,7 @@ watch; default checkpoints,snapshots), or none for no key at all (see
 	cmd.Flags().IntVar(&vcpus, "vcpus", api.DefaultVCPUs, fmt.Sprintf("virtual CPUs (%d to %d)", api.MinVCPUs, api.MaxVCPUs))
 	cmd.Flags().IntVar(&disk, "disk-gib", api.DefaultDiskGiB, fmt.Sprintf("disk in GiB (%d to %d)", api.MinDiskGiB, api.MaxDiskGiB))
 	cmd.Flags().StringVar(&access, "access", "", "what the key handed to the guest may do: none, or scopes joined by commas (default checkpoints,snapshots)")
+	addEnvAndLabels(cmd, &env, &labels)
 	w.add(cmd, "runs")
 	return cmd
 }
@@ -170,7 +189,8 @@ func (a *app) createSandbox(ctx context.Context, req api.SandboxCreateRequest, w
 	if err != nil {
 		return err
 	}
-	sb, raw, err := c.CreateSandbox(ctx, req)
+	var raw json.RawMessage
+	sb, err := c.CreateSandbox(ctx, req, rawAnswer(&raw))
 	if err != nil {
 		return wrap(err)
 	}
@@ -187,24 +207,34 @@ func (a *app) createSandbox(ctx context.Context, req api.SandboxCreateRequest, w
 
 func (a *app) sandboxListCommand() *cobra.Command {
 	var limit, offset int
+	var labels []string
 	cmd := &cobra.Command{
-		Use:     "list [--limit N] [--offset N]",
+		Use:     "list [--label k=v]... [--limit N] [--offset N]",
 		Aliases: []string{"ls"},
 		Short:   "List the account's sandboxes, oldest first, one page at a time",
-		Args:    cobra.NoArgs,
+		Long: `List the account's sandboxes, oldest first, one page at a time. With
+--label KEY=VALUE (repeat for more), only those that have every one of
+these labels. A LABELS column shows when any sandbox listed has labels.`,
+		Example: "  createos sandbox list --label owner=docs\n" +
+			"  createos sandbox list -o json --limit 500 | jq -r '.data[].name'",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			var l, o *int
+			var lo ListOptions
 			if cmd.Flags().Changed("limit") {
-				l = &limit
+				lo.Limit = &limit
 			}
 			if cmd.Flags().Changed("offset") {
-				o = &offset
+				lo.Offset = &offset
 			}
-			list, raw, err := c.ListSandboxes(cmd.Context(), l, o)
+			if lo.Labels, err = parseAssignments("--label", labels); err != nil {
+				return err
+			}
+			var raw json.RawMessage
+			list, err := c.ListSandboxes(cmd.Context(), lo, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -235,6 +265,7 @@ func (a *app) sandboxListCommand() *cobra.Command {
 	}
 	cmd.Flags().IntVar(&limit, "limit", 50, "sandboxes per page (1 to 500)")
 	cmd.Flags().IntVar(&offset, "offset", 0, "sandboxes to skip")
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "KEY=VALUE: only sandboxes with this label (repeat: all must match)")
 	return cmd
 }
 
@@ -248,7 +279,8 @@ func (a *app) sandboxGetCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sb, raw, err := c.GetSandbox(cmd.Context(), args[0])
+			var raw json.RawMessage
+			sb, err := c.GetSandbox(cmd.Context(), args[0], rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -264,6 +296,12 @@ func (a *app) sandboxGetCommand() *cobra.Command {
 			}
 			if sb.From != nil {
 				fmt.Fprintf(a.stdout, "from: snapshot %s of %s\n", sb.From.Snapshot, sb.From.Sandbox)
+			}
+			if len(sb.Labels) > 0 {
+				fmt.Fprintf(a.stdout, "labels: %s\n", joinAssignments(sb.Labels))
+			}
+			for _, k := range sortedKeys(sb.Env) {
+				fmt.Fprintf(a.stdout, "env: %s=%s\n", k, sb.Env[k])
 			}
 			if sb.Error != "" {
 				fmt.Fprintf(a.stdout, "error: %s\n", sb.Error)
@@ -287,7 +325,8 @@ func (a *app) sandboxRmCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st, raw, err := c.SandboxOp(cmd.Context(), "rm", args[0])
+			var raw json.RawMessage
+			st, err := c.SandboxOp(cmd.Context(), "rm", args[0], rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -314,7 +353,8 @@ func (a *app) sandboxOpCommand(op, target, short string) *cobra.Command {
 				return err
 			}
 			id := args[0]
-			st, raw, err := c.SandboxOp(cmd.Context(), op, id)
+			var raw json.RawMessage
+			st, err := c.SandboxOp(cmd.Context(), op, id, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -449,7 +489,7 @@ API's answer as is, stdout and stderr base64-encoded.`,
 					sreq.TimeoutS = 0 // a shell, or a command that stays: none unless given
 				}
 				if detach {
-					se, _, err := c.StartSession(cmd.Context(), args[0], sreq)
+					se, err := c.StartSession(cmd.Context(), args[0], sreq)
 					if err != nil {
 						return wrap(err)
 					}
@@ -459,7 +499,8 @@ API's answer as is, stdout and stderr base64-encoded.`,
 				return a.runSession(cmd.Context(), c, args[0], sreq, interactive)
 			}
 			c.HTTP = newHTTPClient(wait + execCallMargin)
-			res, raw, err := c.Exec(cmd.Context(), args[0], req)
+			var raw json.RawMessage
+			res, err := c.Exec(cmd.Context(), args[0], req, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -529,12 +570,22 @@ func readStdinFile(name string) (string, error) {
 	return string(b), nil
 }
 
-// writeSandboxes prints records as a table.
+// writeSandboxes prints records as a table, with a LABELS column when
+// any has labels.
 func (a *app) writeSandboxes(list []Sandbox) error {
 	w := a.table()
-	fmt.Fprintln(w, "ID\tNAME\tSTATE\tMEMORY\tVCPUS\tDISK\tAGE")
+	labeled := slices.ContainsFunc(list, func(sb Sandbox) bool { return len(sb.Labels) > 0 })
+	head := "ID\tNAME\tSTATE\tMEMORY\tVCPUS\tDISK\tAGE"
+	if labeled {
+		head += "\tLABELS"
+	}
+	fmt.Fprintln(w, head)
 	for _, sb := range list {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d MiB\t%d\t%d GiB\t%s\n", sb.ID, orDash(sb.Name), sb.State, sb.MemoryMiB, sb.VCPUs, sb.DiskGiB, age(sb.CreatedAt))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d MiB\t%d\t%d GiB\t%s", sb.ID, orDash(sb.Name), sb.State, sb.MemoryMiB, sb.VCPUs, sb.DiskGiB, age(sb.CreatedAt))
+		if labeled {
+			fmt.Fprintf(w, "\t%s", cell(orDash(joinAssignments(sb.Labels))))
+		}
+		fmt.Fprintln(w)
 	}
 	return w.Flush()
 }

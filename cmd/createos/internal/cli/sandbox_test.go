@@ -237,12 +237,36 @@ func (f *fakeAPI) session(w http.ResponseWriter, r *http.Request, body []byte) {
 	}
 }
 
+// resolve is the id of the sandbox seg names, as hostproxy resolves it:
+// an id first, then a name; seg itself when neither.
+func (f *fakeAPI) resolve(seg string) string {
+	if f.sandboxes[seg] != nil {
+		return seg
+	}
+	for _, id := range f.order {
+		if sb := f.sandboxes[id]; sb != nil && sb.Name == seg {
+			return id
+		}
+	}
+	return seg
+}
+
+func orEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
 // boot records a new sandbox with sb's resources, in state creating, on
 // its way to running (or to error, for a name starting with "broken").
 func (f *fakeAPI) boot(sb api.Sandbox, name *string) api.Sandbox {
 	sb.ID, sb.State, sb.CreatedAt = fmt.Sprintf("sb-%d", len(f.order)+1), api.SandboxCreating, "2026-11-05T10:00:00.000Z"
 	if name != nil {
 		sb.Name = *name
+	}
+	if sb.Labels == nil {
+		sb.Labels = map[string]string{}
 	}
 	f.sandboxes[sb.ID] = &sb
 	f.order = append(f.order, sb.ID)
@@ -263,18 +287,25 @@ func (f *fakeAPI) route(r *http.Request, body []byte) (any, int, error) {
 			return nil, 0, err
 		}
 		if req.From != nil {
-			src, err := f.snapshotOf(req.From.Sandbox, req.From.Snapshot)
+			src, err := f.snapshotOf(f.resolve(req.From.Sandbox), req.From.Snapshot)
 			if err != nil {
 				return nil, 0, err
 			}
-			return f.fork(src, req.From.Snapshot, req.Name), http.StatusAccepted, nil
+			fork := f.fork(src, req.From.Snapshot, req.Name)
+			f.sandboxes[fork.ID].Env, f.sandboxes[fork.ID].Labels = req.Env, orEmpty(req.Labels)
+			return *f.sandboxes[fork.ID], http.StatusAccepted, nil
 		}
-		return f.boot(api.Sandbox{MemoryMiB: *req.MemoryMiB, VCPUs: *req.VCPUs, DiskGiB: *req.DiskGiB}, req.Name), http.StatusAccepted, nil
+		return f.boot(api.Sandbox{MemoryMiB: *req.MemoryMiB, VCPUs: *req.VCPUs, DiskGiB: *req.DiskGiB, Env: req.Env, Labels: req.Labels}, req.Name), http.StatusAccepted, nil
 	case r.URL.Path == "/v1/sandboxes" && r.Method == http.MethodGet:
 		limit, offset := 50, 0
+		var sel api.LabelSelector
 		for k, v := range r.URL.Query() {
 			n, err := strconv.Atoi(v[0])
 			switch {
+			case k == "label":
+				if sel, err = api.ParseLabelSelector(v); err != nil {
+					return nil, 0, err
+				}
 			case k == "limit" && err == nil && n >= 1 && n <= 500:
 				limit = n
 			case k == "offset" && err == nil && n >= 0:
@@ -285,14 +316,18 @@ func (f *fakeAPI) route(r *http.Request, body []byte) (any, int, error) {
 		}
 		all := []api.Sandbox{}
 		for _, id := range f.order {
-			all = append(all, *f.sandboxes[id])
+			if sb := f.sandboxes[id]; sb != nil && sel.Matches(sb.Labels) {
+				v := *sb
+				v.Env = nil // as hostproxy: lists without env
+				all = append(all, v)
+			}
 		}
 		page := all[min(offset, len(all)):min(offset+limit, len(all))]
 		return api.SandboxList{Data: page, Pagination: api.Pagination{Total: len(all), Limit: limit, Offset: offset, Count: len(page)}}, 0, nil
 	case len(parts) < 2:
 		return nil, 0, fault.New(fault.NotFound, "not_found", "no such route")
 	}
-	sb := f.sandboxes[parts[1]]
+	sb := f.sandboxes[f.resolve(parts[1])]
 	if sb == nil {
 		return nil, 0, errNoSandbox.With("sandbox_id", parts[1])
 	}
@@ -342,6 +377,13 @@ func (f *fakeAPI) route(r *http.Request, body []byte) (any, int, error) {
 	case op == "stop":
 		sb.State = api.SandboxStopped
 		return state(), 0, nil
+	case op == "labels" && r.Method == http.MethodPut:
+		labels, err := api.ParseLabelsBody(body)
+		if err != nil {
+			return nil, 0, err
+		}
+		sb.Labels = labels
+		return *sb, 0, nil
 	case op == "access" && r.Method == http.MethodPut:
 		acc, err := api.ParseAccessBody(body)
 		if err != nil {

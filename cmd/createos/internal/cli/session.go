@@ -295,7 +295,7 @@ func (a *app) runSession(ctx context.Context, c *Client, sandbox string, req api
 			}
 		}
 	}
-	se, _, err := c.StartSession(ctx, sandbox, req)
+	se, err := c.StartSession(ctx, sandbox, req)
 	if err != nil {
 		return wrap(err)
 	}
@@ -334,7 +334,8 @@ come later.`,
 			if err != nil {
 				return err
 			}
-			all, raw, err := c.ListSessions(cmd.Context(), args[0])
+			var raw json.RawMessage
+			all, err := c.ListSessions(cmd.Context(), args[0], rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -394,7 +395,8 @@ come later.`,
 			if err != nil {
 				return err
 			}
-			se, raw, err := c.KillSession(cmd.Context(), args[0], args[1])
+			var raw json.RawMessage
+			se, err := c.KillSession(cmd.Context(), args[0], args[1], rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
@@ -75,14 +76,18 @@ may snapshot its own sandbox without it.`,
 			if err != nil {
 				return err
 			}
-			s, raw, err := c.CreateSnapshot(cmd.Context(), sb, req)
+			var raw json.RawMessage
+			s, err := c.CreateSnapshot(cmd.Context(), sb, req, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
 			if a.output == "json" {
 				return a.writeJSON(raw)
 			}
-			return a.writeSnapshots([]Snapshot{s})
+			if err := a.writeSnapshots([]Snapshot{s}); err != nil {
+				return err
+			}
+			return a.writeRef(s)
 		},
 	}
 	f := cmd.Flags()
@@ -104,7 +109,8 @@ func (a *app) snapshotListCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, raw, err := c.ListSnapshots(cmd.Context(), sb)
+			var raw json.RawMessage
+			list, err := c.ListSnapshots(cmd.Context(), sb, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -132,7 +138,8 @@ sandbox is $CREATEOS_SANDBOX_ID.`,
 			if err != nil {
 				return err
 			}
-			s, raw, err := c.GetSnapshot(cmd.Context(), sb, rest[0])
+			var raw json.RawMessage
+			s, err := c.GetSnapshot(cmd.Context(), sb, rest[0], rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -142,8 +149,10 @@ sandbox is $CREATEOS_SANDBOX_ID.`,
 			if err := a.writeSnapshots([]Snapshot{s}); err != nil {
 				return err
 			}
-			_, err = fmt.Fprintf(a.stdout, "created: %s\n", s.CreatedAt)
-			return err
+			if _, err = fmt.Fprintf(a.stdout, "created: %s\n", s.CreatedAt); err != nil {
+				return err
+			}
+			return a.writeRef(s)
 		},
 	}
 	cmd.ValidArgsFunction = a.completeSnapshotOrDefault
@@ -170,7 +179,8 @@ fresh boot.`,
 			if err != nil {
 				return err
 			}
-			r, raw, err := c.RestoreSnapshot(cmd.Context(), args[0], args[1], diskOnly)
+			var raw json.RawMessage
+			r, err := c.RestoreSnapshot(cmd.Context(), args[0], args[1], diskOnly, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -204,7 +214,8 @@ func (a *app) snapshotRmCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			raw, err := c.DeleteSnapshot(cmd.Context(), args[0], args[1])
+			var raw json.RawMessage
+			err = c.DeleteSnapshot(cmd.Context(), args[0], args[1], rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -234,7 +245,8 @@ func (a *app) snapshotPinCommand(pin bool) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, raw, err := c.PinSnapshot(cmd.Context(), args[0], args[1], pin)
+			var raw json.RawMessage
+			s, err := c.PinSnapshot(cmd.Context(), args[0], args[1], pin, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}
@@ -270,6 +282,16 @@ func (a *app) writeSnapshots(list []Snapshot) error {
 			orDash(s.Status), snapshotSize(s), age(s.CreatedAt), cell(s.Comment))
 	}
 	return w.Flush()
+}
+
+// writeRef prints a snapshot's ref, when the server gave one: the name of
+// the snapshot on the whole deployment (a fork of it needs no sandbox).
+func (a *app) writeRef(s Snapshot) error {
+	if s.Ref == "" {
+		return nil
+	}
+	_, err := fmt.Fprintf(a.stdout, "ref: %s\n", s.Ref)
+	return err
 }
 
 func snapshotKind(s Snapshot) string {
@@ -358,7 +380,7 @@ func (a *app) snapshotIDs(cmd *cobra.Command, sandbox, toComplete string) ([]str
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
-	list, _, err := c.ListSnapshots(cmd.Context(), sandbox)
+	list, err := c.ListSnapshots(cmd.Context(), sandbox)
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}

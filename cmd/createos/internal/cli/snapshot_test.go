@@ -85,7 +85,7 @@ func (f *fakeAPI) snapshotOf(sandbox, id string) (*api.Sandbox, error) {
 
 // fork boots a sandbox from a snapshot of src, with src's resources.
 func (f *fakeAPI) fork(src *api.Sandbox, snapshot string, name *string) api.Sandbox {
-	return f.boot(api.Sandbox{MemoryMiB: src.MemoryMiB, VCPUs: src.VCPUs, DiskGiB: src.DiskGiB,
+	return f.boot(api.Sandbox{MemoryMiB: src.MemoryMiB, VCPUs: src.VCPUs, DiskGiB: src.DiskGiB, Labels: map[string]string{},
 		From: &api.SandboxFrom{Sandbox: src.ID, Snapshot: snapshot}}, name)
 }
 
@@ -288,7 +288,7 @@ func TestSnapshotCommands(t *testing.T) {
 				"v4  after-build  memory                ready   76.2 MiB  0s   -\n"},
 		{name: "create with a name of an id's shape", args: []string{"create", "sb-a1", "--name", "v9"},
 			request: "POST /v1/sandboxes/sb-a1/snapshots", body: `{"name":"v9"}`, code: 1,
-			stderr: "createos: invalid_field: name must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit, and not of a snapshot id's shape (v1, auto-1)\n  field: name\n"},
+			stderr: "createos: invalid_field: name must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit, not of a snapshot id's shape (v1, auto-1) and not starting with sn- (a snapshot ref's prefix)\n  field: name\n"},
 		{name: "create with an empty comment", args: []string{"create", "sb-a1", "--comment", ""},
 			request: "POST /v1/sandboxes/sb-a1/snapshots", body: `{"comment":""}`,
 			stdout: "ID  KIND    AUTO  PINNED  STATUS  SIZE      AGE  COMMENT\n" +
@@ -531,7 +531,14 @@ func TestSandboxFork(t *testing.T) {
 		{name: "one, -o json", args: []string{"sb-a1", "v1", "--no-wait", "-o", "json"},
 			requests: []string{"POST /v1/sandboxes"}, body: `{"from":{"sandbox":"sb-a1","snapshot":"v1"}}`,
 			stdout: "{\n  \"id\": \"sb-3\",\n  \"name\": \"\",\n  \"state\": \"creating\",\n  \"memory_mib\": 1024,\n  \"vcpus\": 2,\n  \"disk_gib\": 8,\n" +
-				"  \"created_at\": \"2026-11-05T10:00:00.000Z\",\n  \"from\": {\n    \"sandbox\": \"sb-a1\",\n    \"snapshot\": \"v1\"\n  }\n}\n"},
+				"  \"created_at\": \"2026-11-05T10:00:00.000Z\",\n  \"from\": {\n    \"sandbox\": \"sb-a1\",\n    \"snapshot\": \"v1\"\n  },\n  \"labels\": {}\n}\n"},
+		{name: "one of a sandbox's name, with env and labels", args: []string{"sb-a1", "v1", "copy", "--env", "CI=1", "--label", "owner=docs", "--no-wait"},
+			requests: []string{"POST /v1/sandboxes"}, body: `{"name":"copy","from":{"sandbox":"sb-a1","snapshot":"v1"},"env":{"CI":"1"},"labels":{"owner":"docs"}}`,
+			stdout: "ID    NAME  STATE     MEMORY    VCPUS  DISK   AGE  LABELS\n" +
+				"sb-3  copy  creating  1024 MiB  2      8 GiB  0s   owner=docs\n"},
+		{name: "one of a ref alone", args: []string{"-", "sn-0123456789abcdefghijklmn", "--no-wait"},
+			requests: []string{"POST /v1/sandboxes"}, body: `{"from":{"snapshot":"sn-0123456789abcdefghijklmn"}}`, code: 1,
+			stderr: "createos: snapshot_not_found: no snapshot of this sandbox has this id\n  snapshot_id: sn-0123456789abcdefghijklmn\n"},
 		{name: "one that fails to boot", args: []string{"sb-a1", "v1", "broken"},
 			requests: []string{"POST /v1/sandboxes", "GET /v1/sandboxes/sb-3?wait_s=20"}, body: `{"name":"broken","from":{"sandbox":"sb-a1","snapshot":"v1"}}`, code: 1,
 			stderr: "createos: sandbox sb-3 went to state error: the guest did not answer within 120 s of boot\n"},
@@ -565,7 +572,8 @@ func TestSandboxFork(t *testing.T) {
       "from": {
         "sandbox": "sb-a1",
         "snapshot": "v1"
-      }
+      },
+      "labels": {}
     },
     {
       "id": "sb-4",
@@ -578,7 +586,8 @@ func TestSandboxFork(t *testing.T) {
       "from": {
         "sandbox": "sb-a1",
         "snapshot": "v1"
-      }
+      },
+      "labels": {}
     }
   ]
 }
@@ -587,7 +596,7 @@ func TestSandboxFork(t *testing.T) {
 			requests: []string{"POST /v1/sandboxes/sb-a1/snapshots/v2/fork"}, body: `{"count":1}`,
 			stdout: "{\n  \"sandboxes\": [\n    {\n      \"id\": \"sb-3\",\n      \"name\": \"\",\n      \"state\": \"creating\",\n" +
 				"      \"memory_mib\": 1024,\n      \"vcpus\": 2,\n      \"disk_gib\": 8,\n      \"created_at\": \"2026-11-05T10:00:00.000Z\",\n" +
-				"      \"from\": {\n        \"sandbox\": \"sb-a1\",\n        \"snapshot\": \"v2\"\n      }\n    }\n  ]\n}\n"},
+				"      \"from\": {\n        \"sandbox\": \"sb-a1\",\n        \"snapshot\": \"v2\"\n      },\n      \"labels\": {}\n    }\n  ]\n}\n"},
 		{name: "many that fail", args: []string{"sb-a1", "v1", "broken", "--count", "2"},
 			requests: []string{"POST /v1/sandboxes/sb-a1/snapshots/v1/fork", "GET /v1/sandboxes/sb-3?wait_s=20", "GET /v1/sandboxes/sb-4?wait_s=20"},
 			body:     `{"count":2,"name_prefix":"broken"}`, code: 1,

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -45,11 +46,11 @@ issue, show, rotate or revoke it; a rotate keeps the scopes.`,
 					return err
 				}
 				var t Token
-				var raw []byte
+				var raw json.RawMessage
 				if o.op == "issue" {
-					t, raw, err = c.IssueToken(cmd.Context(), sb, want)
+					t, err = c.IssueToken(cmd.Context(), sb, want, rawAnswer(&raw))
 				} else {
-					t, raw, err = c.TokenCall(cmd.Context(), o.op, sb)
+					t, err = c.TokenCall(cmd.Context(), o.op, sb, rawAnswer(&raw))
 				}
 				if err != nil {
 					return wrap(err)
@@ -133,7 +134,8 @@ create) is checkpoints,snapshots.`,
 			if err != nil {
 				return err
 			}
-			sb, raw, err := c.SetAccess(cmd.Context(), args[0], access)
+			var raw json.RawMessage
+			sb, err := c.SetAccess(cmd.Context(), args[0], access, rawAnswer(&raw))
 			if err != nil {
 				return wrap(err)
 			}

@@ -5,9 +5,9 @@ copy-on-write checkpoints), over its public HTTP API.
 
     sb = Sandbox.create()
     print(sb.exec.run("echo hi").stdout)
-    cp = sb.checkpoints.create(path="/workspace/project")   # a directory checkpoint
-    snap = sb.create_checkpoint("after-build")               # a VM snapshot (the seeds' name)
-    fork = sb.fork(snap["id"])
+    dcp = sb.checkpoints.create(path="/workspace/project")  # a directory checkpoint
+    cp = sb.create_checkpoint("after-build")                 # a VM snapshot (the seeds' name)
+    fork = Sandbox.create_from_checkpoint(cp["id"])          # cp["id"] is its ref: no sandbox needed
     fork.kill(); sb.kill()
 
 Configuration: ``Strata(api_url=…, api_key=…)`` passed as ``client=``, or
@@ -32,7 +32,7 @@ from .checkpoints import Checkpoints
 from .exec import Exec, ExecResult, Output, Session
 from .files import Files, FileStream
 from .sandbox import ForkList, Sandbox
-from .snapshots import Snapshots
+from .snapshots import Snapshots, checkpoint_info
 from .tokens import AccessToken
 
 __all__ = [
@@ -60,4 +60,5 @@ __all__ = [
     "configure",
     "default_client",
     "__version__",
+    "checkpoint_info",
 ]

@@ -212,9 +212,15 @@ class Strata:
         """The request target of an API path (``/v1/…``) and its query."""
         target = self._prefix + path
         if query:
-            q = {k: ("true" if v is True else "false" if v is False else str(v)) for k, v in query.items() if v is not None}
-            if q:
-                target += "?" + urllib.parse.urlencode(q)
+            # A list's values are each sent (label=a=1&label=b=2).
+            pairs = [
+                (k, x if isinstance(v, list) else ("true" if v is True else "false" if v is False else str(v)))
+                for k, v in query.items()
+                if v is not None
+                for x in (v if isinstance(v, list) else [v])
+            ]
+            if pairs:
+                target += "?" + urllib.parse.urlencode(pairs)
         return target
 
     def notify(self, method: str, path: str) -> None:

@@ -25,6 +25,7 @@ ROUTES: dict[str, list[tuple[str, str]]] = {
     "Sandbox.wait_until": [("GET", S)],
     "Sandbox.kill": [("DELETE", S)],
     "Sandbox.set_access": [("PUT", S + "/access")],
+    "Sandbox.set_labels": [("PUT", S + "/labels")],
     "Sandbox.pause": [("POST", S + "/pause"), ("GET", S)],
     "Sandbox.resume": [("POST", S + "/resume"), ("GET", S)],
     "Sandbox.stop": [("POST", S + "/stop")],

@@ -25,7 +25,7 @@ import os
 import threading
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, ParamSpec, TypeVar, BinaryIO
 
-from ._client import Strata
+from ._client import Strata, resolve
 from ._errors import StrataError
 from ._records import Record
 from .checkpoints import Checkpoints, Retention
@@ -392,24 +392,32 @@ class AsyncSandbox:
         return cls(await asyncio.to_thread(functools.partial(Sandbox.create, **kwargs)))
 
     @classmethod
-    async def create_from_checkpoint(cls, snapshot_id: str, **kwargs: Any) -> "AsyncSandbox":
+    async def create_from_checkpoint(cls, snapshot_id: "str | dict[str, Any]", **kwargs: Any) -> "AsyncSandbox":
         """Fork a VM snapshot (see ``Sandbox.create_from_checkpoint``)."""
         return cls(await asyncio.to_thread(functools.partial(Sandbox.create_from_checkpoint, snapshot_id, **kwargs)))
 
     @classmethod
     def connect(cls, id: str | None = None, *, client: Strata | None = None) -> "AsyncSandbox":
-        """The sandbox ``id`` (or the configured one); makes no call."""
-        return cls(Sandbox.connect(id, client=client))
+        """The sandbox ``id`` or name (or the configured one); makes no
+        call, so a name stays ``.id`` as given (every route takes it;
+        ``await refresh()`` reads the record). ``Sandbox.connect`` reads a
+        name's record."""
+        c = resolve(client)
+        sid = id or c.sandbox_id
+        if not sid:
+            raise StrataError("invalid_argument", "no sandbox id: pass one, or set CREATEOS_SANDBOX_ID")
+        return cls(Sandbox(sid, client=c))
 
     @classmethod
-    async def list(cls, *, client: Strata | None = None) -> list["AsyncSandbox"]:
-        """Every sandbox of the account."""
-        return [cls(s) for s in await asyncio.to_thread(functools.partial(Sandbox.list, client=client))]
+    async def list(cls, *, labels: dict[str, str] | None = None, client: Strata | None = None) -> list["AsyncSandbox"]:
+        """Every sandbox of the account; with ``labels``, those that have every one of them."""
+        return [cls(s) for s in await asyncio.to_thread(functools.partial(Sandbox.list, labels=labels, client=client))]
 
     refresh = _threaded(Sandbox.refresh)
     wait_until = _threaded(Sandbox.wait_until)
     kill = _threaded(Sandbox.kill)
     set_access = _threaded(Sandbox.set_access)
+    set_labels = _threaded(Sandbox.set_labels)
     pause = _threaded(Sandbox.pause)
     resume = _threaded(Sandbox.resume)
     stop = _threaded(Sandbox.stop)

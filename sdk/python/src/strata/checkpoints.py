@@ -23,12 +23,20 @@ Retention = int | dict[str, Any]
 
 
 def retention_body(retention: Retention | None) -> dict[str, Any] | None:
-    """An int n is ``{"mode":"delete_oldest","max_count":n}``; a dict is sent as it is."""
+    """An int n is ``{"mode":"delete_oldest","max_count":n}``; a dict is sent
+    with its ``maxCount`` (OpenComputer's spelling) as ``max_count`` and
+    ``mode`` ``delete_oldest`` when it has none."""
     if retention is None:
         return None
     if isinstance(retention, int):
         return {"mode": "delete_oldest", "max_count": retention}
-    return dict(retention)
+    body = dict(retention)
+    if "maxCount" in body:
+        if "max_count" in body and body["max_count"] != body["maxCount"]:
+            raise StrataError("invalid_argument", "a retention with maxCount and max_count that differ", 0, {"field": "retention"})
+        body["max_count"] = body.pop("maxCount")
+    body.setdefault("mode", "delete_oldest")
+    return body
 
 
 class Checkpoints:

@@ -13,6 +13,7 @@ Which word means which level:
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any, overload
@@ -23,9 +24,10 @@ from ._records import Record
 from .checkpoints import Checkpoints, Retention
 from .exec import Exec
 from .files import Files
-from .snapshots import Snapshots
+from .snapshots import Snapshots, checkpoint_info
 from .tokens import Access, AccessToken
 
+_REF = re.compile(r"sn-[a-z0-9]{24}")
 TRANSITIONAL = frozenset({"creating", "pausing", "resuming", "stopping", "destroying", "unresponsive"})
 WAIT_TIMEOUT = 300.0
 
@@ -93,6 +95,8 @@ class Sandbox:
         vcpus: int | None = None,
         disk_gib: int | None = None,
         access: Access | None = None,
+        env: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
         wait: bool = True,
         timeout: float = WAIT_TIMEOUT,
         client: Strata | None = None,
@@ -100,12 +104,16 @@ class Sandbox:
         """Create a sandbox (a microVM booted from the guest image) and
         return it once ``running`` (unless ``wait=False``). ``memory_mib``
         (512; 128–8192), ``vcpus`` (1; 1–4), ``disk_gib`` (4; 1–64); ``name``
-        unique in the account (``409 name_taken``); ``access``: what
+        unique in the account (``409 name_taken``), not starting with
+        ``sb-``, and accepted wherever the id is; ``access``: what
         processes inside may do with the key they are handed (see
-        ``set_access``; default ``{"scopes": ["checkpoints", "snapshots"]}``).
+        ``set_access``; default ``{"scopes": ["checkpoints", "snapshots"]}``);
+        ``env``: the environment of every exec and session, under each
+        call's own (at most 64 entries with a call's; not a secret store);
+        ``labels``: the sandbox's labels (``Sandbox.list(labels=…)``).
         Sent with an Idempotency-Key, retried safely."""
         body: dict[str, Any] = {}
-        for k, v in (("name", name), ("memory_mib", memory_mib), ("vcpus", vcpus), ("disk_gib", disk_gib), ("access", access)):
+        for k, v in (("name", name), ("memory_mib", memory_mib), ("vcpus", vcpus), ("disk_gib", disk_gib), ("access", access), ("env", env), ("labels", labels)):
             if v is not None:
                 body[k] = v
         return cls._create(body, wait, timeout, resolve(client))
@@ -125,50 +133,87 @@ class Sandbox:
     @classmethod
     def create_from_checkpoint(
         cls,
-        snapshot_id: str,
+        snapshot_id: str | dict[str, Any],
         *,
         sandbox: str | None = None,
         name: str | None = None,
         access: Access | None = None,
+        env: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
         wait: bool = True,
         timeout: float = WAIT_TIMEOUT,
         client: Strata | None = None,
     ) -> "Sandbox":
-        """A fork (the seeds' name): a new sandbox from VM snapshot
-        ``snapshot_id`` (id or name) of sandbox ``sandbox`` (default: the
-        configured ``CREATEOS_SANDBOX_ID``), running once returned; its
-        ``access`` its own (default), never its source's."""
+        """A fork (the seeds' name): a new sandbox from a VM snapshot,
+        running once returned (``timeout``: how long to wait, in seconds,
+        OpenComputer's option). ``snapshot_id`` is a checkpoint's ``id``
+        (its ref, ``sn-…``: it names the snapshot on the whole deployment,
+        as in ``Sandbox.create_from_checkpoint(cp["id"])``), a checkpoint
+        or snapshot dict, or a snapshot's ``v1``-style id or name of
+        sandbox ``sandbox`` (default: the configured
+        ``CREATEOS_SANDBOX_ID``). Its ``access``, ``env`` and ``labels``
+        are its own, never its source's."""
         c = resolve(client)
-        source = sandbox or c.sandbox_id
-        if not source:
-            raise StrataError("invalid_argument", "create_from_checkpoint needs sandbox=: the sandbox whose snapshot it is", 0, {"field": "sandbox"})
-        body: dict[str, Any] = {"from": {"sandbox": source, "snapshot": snapshot_id}}
-        if name is not None:
-            body["name"] = name
-        if access is not None:
-            body["access"] = access
+        if isinstance(snapshot_id, dict):
+            ref = snapshot_id.get("ref") or (snapshot_id.get("id") if "sandboxId" in snapshot_id else None)
+            if ref:
+                snapshot_id = str(ref)
+            else:
+                sandbox = sandbox or snapshot_id.get("sandbox")
+                snapshot_id = str(snapshot_id.get("id"))
+        source: dict[str, Any] = {"snapshot": snapshot_id}
+        if not _REF.fullmatch(snapshot_id) or sandbox:
+            src = sandbox or c.sandbox_id
+            if not src:
+                raise StrataError(
+                    "invalid_argument",
+                    f"create_from_checkpoint({snapshot_id!r}): an id or a name is a snapshot of one sandbox; pass sandbox=, or the snapshot's ref (sn-…)",
+                    0,
+                    {"field": "sandbox"},
+                )
+            source = {"sandbox": src, "snapshot": snapshot_id}
+        body: dict[str, Any] = {"from": source}
+        for k, v in (("name", name), ("access", access), ("env", env), ("labels", labels)):
+            if v is not None:
+                body[k] = v
         return cls._create(body, wait, timeout, c)
 
     @classmethod
     def connect(cls, id: str | None = None, *, client: Strata | None = None) -> "Sandbox":
-        """The sandbox ``id``; without one, the configured sandbox
-        (``CREATEOS_SANDBOX_ID``, from the credentials file inside a
-        sandbox: that sandbox). Makes no call (inside a sandbox its key
-        may not read sandbox records)."""
+        """The sandbox ``id`` (its id, or its name); without one, the
+        configured sandbox (``CREATEOS_SANDBOX_ID``, from the credentials
+        file inside a sandbox: that sandbox). An id makes no call (inside a
+        sandbox its key may not read sandbox records); a name is read once
+        (``GET``), so that ``.id`` is the sandbox's id, unless the key may
+        not read the record (``403``: it is kept as given, and works as
+        well: every route takes a name). A name of no sandbox is
+        ``sandbox_not_found``."""
         c = resolve(client)
         sid = id or c.sandbox_id
         if not sid:
             raise StrataError("invalid_argument", "no sandbox id: pass one, or set CREATEOS_SANDBOX_ID")
-        return cls(sid, client=c)
+        sb = cls(sid, client=c)
+        if not sid.startswith("sb-"):  # names never start with sb- (ids the API makes always do)
+            try:
+                rec = c.request("GET", sb._path()).data
+            except StrataError as e:
+                if e.status != 403:
+                    raise
+            else:
+                sb = cls(str(rec["id"]), client=c, info=rec)
+        return sb
 
     @classmethod
-    def list(cls, *, client: Strata | None = None) -> list["Sandbox"]:
-        """Every sandbox of the account, oldest first (all pages)."""
+    def list(cls, *, labels: dict[str, str] | None = None, client: Strata | None = None) -> list["Sandbox"]:
+        """Every sandbox of the account, oldest first (all pages); with
+        ``labels``, those that have every one of them. Their records have
+        no ``env`` (``refresh()`` reads it)."""
         c = resolve(client)
+        label = [f"{k}={v}" for k, v in (labels or {}).items()] or None
         out: list[Sandbox] = []
         offset = 0
         while True:
-            data = c.request("GET", "/v1/sandboxes", query={"limit": 500, "offset": offset}).data
+            data = c.request("GET", "/v1/sandboxes", query={"limit": 500, "offset": offset, "label": label}).data
             page = data.get("data") or []
             out += [cls(r["id"], client=c, info=r) for r in page]
             total = int((data.get("pagination") or {}).get("total") or 0)
@@ -251,6 +296,13 @@ class Sandbox:
         self._info = self.client.request("PUT", self._path("access"), body=access).data
         return self._info
 
+    def set_labels(self, labels: dict[str, str]) -> Record:
+        """Replace the sandbox's labels (``{}`` takes them all away); needs
+        an account key; returns the record (``409 sandbox_not_a_vm`` for a
+        configured sandbox)."""
+        self._info = self.client.request("PUT", self._path("labels"), body=dict(labels)).data
+        return self._info
+
     def kill(self) -> Record:
         """Delete the sandbox (``DELETE``): its VM, disk, checkpoints and
         snapshots. Returns ``{"id","state":"destroyed"}``."""
@@ -284,10 +336,16 @@ class Sandbox:
     # -- forks ---------------------------------------------------------------
 
     @overload
-    def fork(self, snapshot: str, *, name: str | None = ..., count: None = ..., access: Access | None = ..., wait: bool = ..., timeout: float = ...) -> "Sandbox": ...
+    def fork(
+        self, snapshot: str, *, name: str | None = ..., count: None = ..., access: Access | None = ...,
+        env: dict[str, str] | None = ..., labels: dict[str, str] | None = ..., wait: bool = ..., timeout: float = ...,
+    ) -> "Sandbox": ...
 
     @overload
-    def fork(self, snapshot: str, *, name: str | None = ..., count: int, access: Access | None = ..., wait: bool = ..., timeout: float = ...) -> ForkList: ...
+    def fork(
+        self, snapshot: str, *, name: str | None = ..., count: int, access: Access | None = ...,
+        env: dict[str, str] | None = ..., labels: dict[str, str] | None = ..., wait: bool = ..., timeout: float = ...,
+    ) -> ForkList: ...
 
     def fork(
         self,
@@ -296,11 +354,15 @@ class Sandbox:
         name: str | None = None,
         count: int | None = None,
         access: Access | None = None,
+        env: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
         wait: bool = True,
         timeout: float = WAIT_TIMEOUT,
     ) -> "Sandbox | ForkList":
-        """New sandboxes from VM snapshot ``snapshot`` (id or name) of this
-        sandbox, running once returned. Without ``count``: one Sandbox
+        """New sandboxes from VM snapshot ``snapshot`` (its id, ref — a
+        checkpoint's ``id`` — or name) of this sandbox, running once
+        returned; each with its own ``env`` and ``labels`` (loam's
+        ``fork(id, name=…, labels=…)``), never the source's. Without ``count``: one Sandbox
         (named ``name``; ``POST /v1/sandboxes`` with ``from``, idempotent).
         With ``count``: a ForkList of up to ``count`` (1–100), named
         ``<name>-1`` … when ``name`` is given (``POST …/fork``, idempotent:
@@ -311,16 +373,14 @@ class Sandbox:
         (see ``set_access``; default, never the source's)."""
         if count is None:
             body: dict[str, Any] = {"from": {"sandbox": self.id, "snapshot": snapshot}}
-            if name is not None:
-                body["name"] = name
-            if access is not None:
-                body["access"] = access
+            for k, v in (("name", name), ("access", access), ("env", env), ("labels", labels)):
+                if v is not None:
+                    body[k] = v
             return self._create(body, wait, timeout, self.client)
         req: dict[str, Any] = {"count": count}
-        if name is not None:
-            req["name_prefix"] = name
-        if access is not None:
-            req["access"] = access
+        for k, v in (("name_prefix", name), ("access", access), ("env", env), ("labels", labels)):
+            if v is not None:
+                req[k] = v
         resp = self.client.request("POST", self._path("snapshots", snapshot, "fork"), body=req, idempotent=True, timeout=timeout)
         forks = ForkList([Sandbox(r["id"], client=self.client, info=r) for r in resp.data.get("sandboxes") or []], list(resp.data.get("failed") or []))
         if wait and forks:
@@ -336,23 +396,35 @@ class Sandbox:
         comment: str | None = None,
         memory: bool | None = None,
         retention: Retention | None = None,
+        kind: str | None = None,
+        retention_policy: Retention | None = None,
     ) -> Record:
         """The seeds' ``create_checkpoint("after-build")``: a **VM snapshot**
-        (``sb.snapshots.create(name=…)``), not a directory checkpoint."""
-        return self.snapshots.create(name=name, comment=comment, memory=memory, retention=retention)
+        (``sb.snapshots.create(name=…)``), not a directory checkpoint,
+        returned as OpenComputer's CheckpointInfo (``checkpoint_info``: a
+        dict whose ``id`` is the snapshot's ref), once ``ready``.
+        OpenComputer's options ``kind="disk_only"`` and
+        ``retention_policy={"mode": "delete_oldest", "maxCount": 100}``, and
+        loam's ``comment=``, are taken."""
+        return checkpoint_info(
+            self.snapshots.create(name=name, comment=comment, memory=memory, retention=retention, kind=kind, retention_policy=retention_policy)
+        )
 
     def list_checkpoints(self) -> list[Record]:
-        """The seeds' name for ``sb.snapshots.list()`` (VM snapshots)."""
-        return self.snapshots.list()
+        """The seeds' ``list_checkpoints()``: the VM snapshots, oldest
+        first, as CheckpointInfo dicts (see ``create_checkpoint``)."""
+        return [checkpoint_info(s) for s in self.snapshots.list()]
 
-    def restore_checkpoint(self, id: str, *, disk_only: bool = False) -> Record:
-        """The seeds' name for ``sb.snapshots.restore(id)`` (VM snapshot);
-        returns once the sandbox runs again."""
-        return self.snapshots.restore(id, disk_only=disk_only)
+    def restore_checkpoint(self, id: str | dict[str, Any], *, disk_only: bool = False) -> Record:
+        """The seeds' name for ``sb.snapshots.restore(id)`` (VM snapshot):
+        ``id`` a checkpoint's ``id`` (its ref), a ``v1``-style id or a name,
+        or the checkpoint dict itself; returns once the sandbox runs again."""
+        return self.snapshots.restore(_snapshot_key(id), disk_only=disk_only)
 
-    def delete_checkpoint(self, id: str) -> None:
-        """The seeds' name for ``sb.snapshots.delete(id)`` (VM snapshot)."""
-        self.snapshots.delete(id)
+    def delete_checkpoint(self, id: str | dict[str, Any]) -> None:
+        """The seeds' name for ``sb.snapshots.delete(id)`` (VM snapshot);
+        ``id`` as ``restore_checkpoint``'s."""
+        self.snapshots.delete(_snapshot_key(id))
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -402,6 +474,14 @@ def _wait_forks(forks: ForkList, timeout: float) -> None:
         status,
         {"ids": ids, "errors": detail, "failed": list(forks.failed)},
     )
+
+
+def _snapshot_key(id: str | dict[str, Any]) -> str:
+    """A snapshot named by a string, or by its checkpoint or snapshot dict
+    (its ref when it has one)."""
+    if isinstance(id, dict):
+        return str(id.get("ref") or id.get("id"))
+    return id
 
 
 def _poll_after(resp: Response) -> float | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._client import quote
+from ._errors import StrataError
 from ._records import Record
 from .checkpoints import Retention, retention_body
 
@@ -22,11 +23,44 @@ if TYPE_CHECKING:
 SNAPSHOT_TIMEOUT = 600.0
 
 
+def checkpoint_info(snapshot: Record) -> Record:
+    """A VM snapshot's record as OpenComputer's CheckpointInfo, a dict with
+    ``id`` (the snapshot's ref, ``sn-…``: ``Sandbox.create_from_checkpoint(cp["id"])``
+    needs nothing else), ``sandboxId``, ``name``, ``status``, ``sizeBytes``
+    and ``createdAt``; and ``snapshotId`` (``v1``, for ``sb.snapshots``),
+    ``kind`` (``full`` or ``disk_only``) and ``comment``."""
+    return Record(
+        id=snapshot.get("ref") or snapshot.get("id"),
+        sandboxId=snapshot.get("sandbox"),
+        name=snapshot.get("name") or "",
+        status=snapshot.get("status"),
+        sizeBytes=snapshot.get("size_bytes", 0),
+        createdAt=snapshot.get("created_at"),
+        snapshotId=snapshot.get("id"),
+        kind="full" if snapshot.get("memory") else "disk_only",
+        comment=snapshot.get("comment") or "",
+    )
+
+
+def memory_of(memory: bool | None, kind: str | None) -> bool | None:
+    """``memory``, or OpenComputer's ``kind`` for it (``full``, ``disk_only``);
+    both, saying two things, is invalid_argument."""
+    if kind is None:
+        return memory
+    if kind not in ("full", "disk_only"):
+        raise StrataError("invalid_argument", f'kind must be "full" or "disk_only", not {kind!r}', 0, {"field": "kind"})
+    m = kind == "full"
+    if memory is not None and memory != m:
+        raise StrataError("invalid_argument", f"memory={memory} and kind={kind!r} say two different things", 0, {"field": "kind"})
+    return m
+
+
 class Snapshots:
     """``sb.snapshots``: VM-level snapshots (see the module docstring).
 
     Ids are ``v1``, ``v2`` … (``auto-1`` … for the automatic ones); wherever
-    an id is expected, the snapshot's ``name`` is accepted too.
+    an id is expected, the snapshot's ``ref`` (``sn-…``) and ``name`` are
+    accepted too.
     """
 
     def __init__(self, sandbox: "Sandbox") -> None:
@@ -42,12 +76,22 @@ class Snapshots:
         memory: bool | None = None,
         name: str | None = None,
         retention: Retention | None = None,
+        kind: str | None = None,
+        retention_policy: Retention | None = None,
     ) -> Record:
         """Take a snapshot and return its record once ``ready``.
         ``memory`` (default true) keeps memory and devices, false the disk
-        only; ``name`` (≤ 64 characters, unique in the sandbox: ``409
-        name_taken``); ``comment`` (≤ 256 bytes); ``retention`` an int N lets
-        the oldest unpinned snapshots of the kind go to keep at most N."""
+        only (OpenComputer's ``kind="full"`` or ``"disk_only"``); ``name``
+        (≤ 64 characters, unique in the sandbox: ``409 name_taken``);
+        ``comment`` (≤ 256 bytes); ``retention`` (or OpenComputer's
+        ``retention_policy``) an int N, or ``{"mode": "delete_oldest",
+        "maxCount": N}``, lets the oldest unpinned snapshots of the kind go
+        to keep at most N."""
+        memory = memory_of(memory, kind)
+        if retention is not None and retention_policy is not None:
+            raise StrataError("invalid_argument", "give retention or retention_policy, not both", 0, {"field": "retention_policy"})
+        if retention is None:
+            retention = retention_policy
         body: dict[str, Any] = {}
         if comment is not None:
             body["comment"] = comment

@@ -1,0 +1,7 @@
+/**
+ * The records of the API, with camelCase keys.
+ *
+ * @module
+ */
+export {};
+//# sourceMappingURL=types.js.map
