@@ -72,9 +72,10 @@ func pingFrame(id uint32) []byte {
 // an endless body, writes garbage, and reopens the port in a loop, while
 // another sandbox's guest keeps answering every call. The host's bounds,
 // stated here: goroutines within the baseline + 150, the heap within the
-// baseline + 64 MiB (the figure of docs/design.md for one hostile guest;
-// the live heap, sampled after a collection, and the hostile guest's own
-// buffers count too),
+// baseline + 64 MiB (the manager's share of the 128 MiB docs/design.md
+// gives one hostile guest: its calls' budget is 256 KiB, and the live
+// heap, sampled after a collection, counts the hostile guest's own
+// buffers too),
 // every call to the hostile guest fails within its deadline; afterwards
 // a stop and a start bring the hostile sandbox back.
 func TestHostileGuest(t *testing.T) {
