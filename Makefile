@@ -200,14 +200,15 @@ run:
 	  SB=$$($(BIN)/createos sandbox create dev -o json | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -1); \
 	  [ -n "$$SB" ] || { kill $$H; exit 1; }; echo $$SB > $(STATE)/sandbox-id; \
 	fi; \
-	echo; echo "strata is running with sandbox $$SB (state in $(STATE)). In another shell:"; echo; \
+	NAME=$$($(BIN)/createos sandbox get $$SB -o json | sed -n 's/.*"name": *"\([^"]*\)".*/\1/p' | head -1); NAME=$${NAME:-$$SB}; \
+	echo; echo "strata is running with sandbox $$NAME ($$SB; state in $(STATE)). In another shell:"; echo; \
 	echo "  export CREATEOS_API_URL=http://$(LISTEN)"; \
 	echo "  export CREATEOS_API_KEY=$$KEY"; \
 	echo "  export CREATEOS_SANDBOX_ID=$$SB"; \
 	echo "  export PATH=$(BIN):\$$PATH"; \
-	echo "  createos sandbox exec $$SB -- python3 -c 'print(6*7)'"; \
-	echo "  createos sandbox exec $$SB -- sh -c 'mkdir -p /workspace/project && echo hello > /workspace/project/README'"; \
-	echo "  createos sandbox checkpoint create $$SB --path /workspace/project --name first"; echo; \
+	echo "  createos sandbox exec $$NAME -- python3 -c 'print(6*7)'"; \
+	echo "  createos sandbox exec $$NAME -- sh -c 'mkdir -p /workspace/project && echo hello > /workspace/project/README'"; \
+	echo "  createos sandbox checkpoint create $$NAME --path /workspace/project --name first"; echo; \
 	echo "Ctrl-C stops hostproxy; the sandbox keeps running, and the next make run adopts it."; echo; \
 	wait $$H
 
