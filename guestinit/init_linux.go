@@ -153,8 +153,19 @@ func (s *system) stage1() error {
 	var times []string
 	for _, m := range mods {
 		tm := time.Now()
-		if err := loadModule(m); err != nil {
-			s.logf("module %s: %v", m, err)
+		// A module that fails to load is tried again a few times (a
+		// guest without overlay has no guestd, and a boot under load
+		// once lost it): each failure is on the console.
+		for try := 1; ; try++ {
+			err := loadModule(m)
+			if err == nil {
+				break
+			}
+			s.logf("module %s (try %d): %v", m, try, err)
+			if try == 5 {
+				break
+			}
+			time.Sleep(time.Duration(try) * 100 * time.Millisecond)
 		}
 		times = append(times, fmt.Sprintf("%s=%v", strings.TrimSuffix(filepath.Base(m), ".ko"), time.Since(tm).Round(time.Millisecond)))
 	}
