@@ -133,6 +133,13 @@ func startVMStackWith(t *testing.T, guestRequest string, vms map[string]any) *vm
 			qemus, _ := filepath.Glob(filepath.Join(s.machines, "*", "ctl", "qemu.log"))
 			for _, c := range append(consoles, qemus...) {
 				b, _ := os.ReadFile(c)
+				// The boot's first lines too (its modules, its mounts):
+				// a guestd that fails and restarts fills the tail.
+				if first, err := os.ReadFile(c + ".1"); err == nil {
+					t.Logf("%s.1, its start:\n%s", c, head(first, 2500))
+				} else if len(b) > 5500 {
+					t.Logf("%s, its start:\n%s", c, head(b, 2500))
+				}
 				t.Logf("%s:\n%s", c, tail(b, 3000))
 			}
 		}
@@ -156,6 +163,8 @@ func startVMStackWith(t *testing.T, guestRequest string, vms map[string]any) *vm
 	})
 	return s
 }
+
+func head(b []byte, n int) []byte { return b[:min(len(b), n)] }
 
 func tail(b []byte, n int) []byte {
 	if len(b) > n {
