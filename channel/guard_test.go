@@ -395,7 +395,7 @@ func TestLostIsToldBeforeTheNextSession(t *testing.T) {
 	lostTold := make(chan struct{})
 	proceed := make(chan struct{})
 	h := Dial(path, HostConfig{
-		Heartbeat: 20 * time.Millisecond, PingTimeout: 100 * time.Millisecond,
+		Heartbeat: 20 * time.Millisecond, PingTimeout: 600 * time.Millisecond, // as TestHeartbeatResetsADeadPeer: no spurious reset under -race
 		Answering: func(n uint64, up bool) {
 			if !up && n == 1 {
 				// The manager's record write, slow.

@@ -325,7 +325,9 @@ func TestSession(t *testing.T) {
 		// FrameHold: the session waits for an attachment to come again,
 		// and ends (SIGHUP) only when none came in time; closed the
 		// ordinary way after that, it ends at once.
-		st.srv.sessions.attachWait = 500 * time.Millisecond
+		// Long enough that the attach below lands within it however
+		// slow the machine.
+		st.srv.sessions.attachWait = 3 * time.Second
 		defer func() { st.srv.sessions.attachWait = 0 }()
 		se := st.start(map[string]any{"cmd": []string{"sh", "-c", `echo up; exec sleep 100`}})
 		hold := func(a *attachment) {
@@ -344,7 +346,7 @@ func TestSession(t *testing.T) {
 			t.Fatalf("held, before its wait is over: %+v", rec)
 		}
 		b := st.attach(se.ID, "?since=3")
-		time.Sleep(time.Second) // past the first hold's wait, attached
+		time.Sleep(3500 * time.Millisecond) // past the first hold's wait, attached
 		if rec := st.get(se.ID); rec.State != api.SessionRunning || rec.Attached != 1 {
 			t.Fatalf("attached again within the wait, after it: %+v", rec)
 		}

@@ -73,8 +73,10 @@ func TestHostileBodies(t *testing.T) {
 // other clients meanwhile.
 func TestSlowClients(t *testing.T) {
 	s := startStack(t, func(c *hostproxy.Config) {
-		c.Timeouts.ReadHeader = hostproxy.Duration(300 * time.Millisecond)
-		c.Timeouts.Read = hostproxy.Duration(600 * time.Millisecond)
+		// Long enough that a normal client blocked behind the slow
+		// ones would show, short beside the client's own deadline.
+		c.Timeouts.ReadHeader = hostproxy.Duration(3 * time.Second)
+		c.Timeouts.Read = hostproxy.Duration(4 * time.Second)
 	})
 	addr := strings.TrimPrefix(s.url, "http://")
 	slow := []struct {
@@ -100,10 +102,10 @@ func TestSlowClients(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
 			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 			elapsed := time.Since(start)
-			if elapsed > 3*time.Second {
+			if elapsed > 12*time.Second {
 				t.Errorf("%s: connection held for %v", tc.name, elapsed)
 			}
 			if err == nil {
@@ -121,7 +123,7 @@ func TestSlowClients(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
 	rep := s.do(request{method: "GET", path: cpsA1, key: keyA})
-	if rep.status != 200 || time.Since(start) > time.Second {
+	if rep.status != 200 || time.Since(start) > 2*time.Second {
 		t.Errorf("a normal client got %d after %v", rep.status, time.Since(start))
 	}
 	wg.Wait()
@@ -132,7 +134,7 @@ func TestSlowClients(t *testing.T) {
 // at the request timeout; neither slows other sandboxes.
 func TestUnreachableGuestIsFastAndIsolated(t *testing.T) {
 	s := startStack(t, func(c *hostproxy.Config) {
-		c.Timeouts.GuestRequest = hostproxy.Duration(2 * time.Second)
+		c.Timeouts.GuestRequest = hostproxy.Duration(6 * time.Second)
 		// A listener that never accepts: the kernel completes the
 		// handshake, then nobody ever answers.
 		c.Sandboxes = append(c.Sandboxes, hostproxy.SandboxConfig{ID: "sb-blackhole", Account: "acct-a", Guest: "tcp://" + blackhole(t)})
@@ -140,7 +142,9 @@ func TestUnreachableGuestIsFastAndIsolated(t *testing.T) {
 	s.guests["sb-a2"].SetDelay(30 * time.Second)
 
 	var wg sync.WaitGroup
-	slow := map[string]time.Duration{"sb-dead": time.Second, "sb-a2": 4 * time.Second, "sb-blackhole": 4 * time.Second}
+	// Bounds of kind, not of speed: a dead guest fails well before the
+	// request timeout, a hanging one at it and not much after.
+	slow := map[string]time.Duration{"sb-dead": 4 * time.Second, "sb-a2": 12 * time.Second, "sb-blackhole": 12 * time.Second}
 	for sb, limit := range slow {
 		for range 4 {
 			wg.Add(1)
@@ -162,8 +166,8 @@ func TestUnreachableGuestIsFastAndIsolated(t *testing.T) {
 	for range 10 {
 		start := time.Now()
 		rep := s.do(request{method: "GET", path: cpsA1, key: keyA})
-		// Well under the 2 s that the stuck guests hold their callers.
-		if rep.status != 200 || time.Since(start) > time.Second {
+		// Well under the 6 s that the stuck guests hold their callers.
+		if rep.status != 200 || time.Since(start) > 3*time.Second {
 			t.Errorf("healthy sandbox: %d after %v", rep.status, time.Since(start))
 		}
 	}
@@ -250,11 +254,11 @@ func TestConcurrentClients(t *testing.T) {
 	checkNoLeak(t, before)
 }
 
-// checkNoLeak waits up to two seconds for the goroutine count to fall back
+// checkNoLeak waits up to ten seconds for the goroutine count to fall back
 // to before, then dumps the goroutines still running.
 func checkNoLeak(t *testing.T, before int) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -270,9 +274,15 @@ func checkNoLeak(t *testing.T, before int) {
 func TestGracefulShutdown(t *testing.T) {
 	s := startStack(t, nil)
 	s.guests["sb-a1"].SetDelay(400 * time.Millisecond)
+	before := s.guests["sb-a1"].Requests()
 	done := make(chan reply, 1)
 	go func() { done <- s.do(request{method: "GET", path: cpsA1, key: keyA}) }()
-	time.Sleep(100 * time.Millisecond)
+	// Cancelled once the request is in flight (it reached the guest).
+	for deadline := time.Now().Add(10 * time.Second); s.guests["sb-a1"].Requests() == before; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never reached the guest")
+		}
+	}
 	s.cancel()
 	select {
 	case rep := <-done:

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -363,4 +364,36 @@ func (x *xfsFS) close() {
 	if x.img != "" {
 		os.Remove(x.img)
 	}
+}
+
+// listenAddr returns a loopback address for a hostproxy that a test
+// starts (and may start again on the same address). The port is free now
+// and outside the kernel's range of ephemeral ports, so that no outgoing
+// connection of another test takes it as its source port between the
+// test's starts, and no stranger answers in hostproxy's place.
+func listenAddr(t *testing.T) string {
+	t.Helper()
+	lo, _ := ephemeralPorts()
+	for range 100 {
+		port := 10000 + rand.IntN(lo-10000)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		return addr
+	}
+	t.Fatalf("no free port below %d", lo)
+	return ""
+}
+
+// ephemeralPorts is the kernel's range of ports for outgoing connections.
+func ephemeralPorts() (lo, hi int) {
+	lo, hi = 32768, 60999
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		fmt.Sscan(string(b), &lo, &hi)
+	}
+	return lo, hi
 }

@@ -30,12 +30,7 @@ type stack struct {
 func startStack(t *testing.T) *stack {
 	g := newGuest(t)
 	g.start()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := listenAddr(t)
 	s := &stack{t: t, g: g, url: "http://" + addr, key: "sk_integration_test_key_0123456789", plog: &bytes.Buffer{}}
 	s.proxy = exec.Command(filepath.Join(bins, "hostproxy"), "--listen", addr, "--data", t.TempDir(),
 		"--key-env", "CREATEOS_API_KEY", "--sandbox", "sb-local=unix://"+g.sock)
@@ -53,7 +48,7 @@ func startStack(t *testing.T) *stack {
 			c.Close()
 			break
 		}
-		if i > 300 {
+		if i > 3000 { // 30 s
 			t.Fatalf("hostproxy did not listen\n%s", s.plog)
 		}
 		time.Sleep(10 * time.Millisecond)

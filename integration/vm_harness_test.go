@@ -99,12 +99,7 @@ func startVMStackWith(t *testing.T, guestRequest string, vms map[string]any) *vm
 		config: filepath.Join(base, "hostproxy.json"), key: "sk_vm_integration_key_0123456789abcdef",
 		client: &http.Client{Timeout: 5 * time.Minute}, vmProc: &vmProc{},
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.addr = ln.Addr().String()
-	ln.Close()
+	s.addr = listenAddr(t)
 	s.url = "http://" + s.addr
 	cfg := map[string]any{
 		"listen": s.addr, "data_dir": s.data,

@@ -169,7 +169,7 @@ func TestVMSnapshots(t *testing.T) {
 
 	// auto-1 is the moment before the restore: the file, the second
 	// checkpoint and the counter's value are back.
-	auto := s.must(200, "GET", snaps+"/auto-1", "").data()
+	auto := s.waitSnapshot(snaps + "/auto-1")
 	if auto["auto"] != true || auto["memory"] != true || auto["status"] != "ready" {
 		t.Fatalf("auto-1: %v", auto)
 	}
@@ -559,5 +559,23 @@ func (s *vmStack) waitSettled(id string) string {
 			s.t.Fatalf("sandbox %s stays %s", id, st)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitSnapshot waits until the snapshot at path (…/snapshots/ID) is no
+// longer processing (a restore's auto-N writes its memory in the
+// background, at a low priority) and returns it.
+func (s *vmStack) waitSnapshot(path string) map[string]any {
+	s.t.Helper()
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		sn := s.must(200, "GET", path, "").data()
+		if sn["status"] != "processing" {
+			return sn
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("%s stays processing: %v", path, sn)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -621,11 +622,25 @@ func (m *fakeMachine) Quit(ctx context.Context) error {
 type memRecords struct {
 	mu sync.Mutex
 	m  map[string][]byte
+	// written is every record an update wrote, in order, so that a test
+	// can see a state the sandbox was in only for moments.
+	written map[string][]sandbox.Record
 }
 
 var _ sandbox.Records = (*memRecords)(nil)
 
-func newMemRecords() *memRecords { return &memRecords{m: map[string][]byte{}} }
+func newMemRecords() *memRecords {
+	return &memRecords{m: map[string][]byte{}, written: map[string][]sandbox.Record{}}
+}
+
+// wrote returns the records of id written since the n-th write, and how
+// many there have been.
+func (s *memRecords) wrote(id string, n int) ([]sandbox.Record, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	all := s.written[id]
+	return slices.Clone(all[min(n, len(all)):]), len(all)
+}
 
 func (s *memRecords) Insert(ctx context.Context, r sandbox.Record) error {
 	s.mu.Lock()
@@ -680,6 +695,7 @@ func (s *memRecords) update(id string, fn func(*sandbox.Record) error, named boo
 		return sandbox.Record{}, err
 	}
 	s.m[id] = b
+	s.written[id] = append(s.written[id], r)
 	return r, nil
 }
 

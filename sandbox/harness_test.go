@@ -205,6 +205,26 @@ func (h *harness) waitState(id string, want sandbox.State) sandbox.Record {
 	}
 }
 
+// waitWritten waits until a record of id in state want has been written
+// since the n-th write (memRecords.wrote), however briefly it held, and
+// returns the first such.
+func (h *harness) waitWritten(id string, want sandbox.State, n int) sandbox.Record {
+	h.t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		recs, _ := h.recs.wrote(id, n)
+		for _, r := range recs {
+			if r.State == want {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("sandbox %s: no record in state %q written after %v", id, want, waitFor)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // waitExit waits until the fake machine has exited and returns how.
 func waitExit(t *testing.T, fm *fakeMachine) string {
 	t.Helper()
@@ -575,14 +595,14 @@ func waitChain(t *testing.T, h *harness, id string) sandbox.Record {
 // and returns the snapshot.
 func waitTemplate(t *testing.T, h *harness, id, snapID string) sandbox.Snapshot {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		r := h.get(id)
 		s, ok := r.Snapshot(snapID)
 		if ok && s.Template != nil && !s.Template.Building {
 			return *s
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s of %s has no template 5 s after it was taken", snapID, id)
+			t.Fatalf("%s of %s has no template 30 s after it was taken", snapID, id)
 		}
 	}
 }
@@ -590,13 +610,13 @@ func waitTemplate(t *testing.T, h *harness, id, snapID string) sandbox.Snapshot 
 // waitPauseTemplate waits for paused sandbox id's pause template.
 func waitPauseTemplate(t *testing.T, h *harness, id string) sandbox.Template {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		r := h.get(id)
 		if tp := r.Machine.SavedTemplate; tp != nil && !tp.Building && tp.RAM == r.Machine.Saved {
 			return *tp
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("paused %s has no pause template 5 s after its pause: %+v", id, r.Machine)
+			t.Fatalf("paused %s has no pause template 30 s after its pause: %+v", id, r.Machine)
 		}
 	}
 }

@@ -65,7 +65,7 @@ func TestTemplateAhead(t *testing.T) {
 	if tq == nil || tq.cfg.Uid != src.Machine.Uid || tq.cfg.RAM == nil || !tq.cfg.RAM.InMemory {
 		t.Fatalf("the template's QEMU: %+v; want one as sb-1's uid %d, its RAM in memory", tq, src.Machine.Uid)
 	}
-	for deadline := time.Now().Add(5 * time.Second); exists(filepath.Join(h.dir, "sb-1+template")); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); exists(filepath.Join(h.dir, "sb-1+template")); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the template QEMU's directory outlives it")
 		}
@@ -146,7 +146,7 @@ func TestPauseTemplate(t *testing.T) {
 	// The mapped state is read into the page cache once the machine
 	// runs, holes included (the fake state's RAM is all holes): a save
 	// of the resumed guest reads every page.
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(h.logs.String(), `msg="RAM file in the page cache" path=`+h.statePath(state)); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(h.logs.String(), `msg="RAM file in the page cache" path=`+h.statePath(state)); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the resumed machine's RAM file was not read into the page cache")
 		}

@@ -35,7 +35,7 @@ func TestRunBootstrap(t *testing.T) {
 
 	var url string
 	re := regexp.MustCompile(`(?m)^time=\S+ level=INFO msg=listening daemon=hostproxy url=(http://\S+) data=\S+ sandboxes=1$`)
-	for deadline := time.Now().Add(5 * time.Second); url == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); url == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if m := re.FindStringSubmatch(stderr.String()); m != nil {
 			url = m[1]
 		}
