@@ -439,6 +439,26 @@ func (s *vmStack) checkConfined(id string) {
 			s.t.Fatalf("QEMU of %s: %s, want the filter mode 2", id, line)
 		}
 	}
+	// A network namespace of its own, with no interface but loopback,
+	// and that one down: an escaped QEMU reaches no network.
+	qnet, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if self, _ := os.Readlink("/proc/self/ns/net"); qnet == self {
+		s.t.Fatalf("QEMU of %s runs in the host's network namespace %s", id, qnet)
+	}
+	dev, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/dev", pid))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(dev)), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(strings.TrimSpace(lines[2]), "lo:") {
+		s.t.Fatalf("QEMU of %s has network devices:\n%s", id, dev)
+	}
+	if route, _ := os.ReadFile(fmt.Sprintf("/proc/%d/net/route", pid)); strings.Count(string(route), "\n") > 1 {
+		s.t.Fatalf("QEMU of %s has routes:\n%s", id, route)
+	}
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if !bytes.Contains(cmdline, []byte("-sandbox\x00on,")) || bytes.Contains(cmdline, []byte("-netdev")) {
 		s.t.Fatalf("QEMU of %s: command line %q", id, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))

@@ -172,6 +172,12 @@ func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Setsid:     true,
 		Credential: &syscall.Credential{Uid: cfg.Uid, Gid: cfg.Gid, Groups: groups},
+		// A network namespace of its own, with nothing but a loopback
+		// that is down: QEMU needs no network (its sockets are handed
+		// over), and its seccomp filter allows connect(2), so a QEMU
+		// the guest escaped into would otherwise reach the host's
+		// services and networks. About 1.5 ms more per start.
+		Cloneflags: syscall.CLONE_NEWNET,
 	}
 	t0 := time.Now()
 	if err := cmd.Start(); err != nil {
