@@ -140,6 +140,18 @@ func ParseModulesOrder(data string) []string {
 	return mods
 }
 
+// HasFilesystem tells whether a /proc/filesystems listing holds fs (each
+// line a type, after "nodev" and a tab for those with no device).
+func HasFilesystem(listing, fs string) bool {
+	for _, line := range strings.Split(listing, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && f[len(f)-1] == fs {
+			return true
+		}
+	}
+	return false
+}
+
 // UnmountOrder reads a mountinfo (/proc/self/mountinfo) and returns the
 // mount points to unmount at shutdown: every one but "/", the last
 // mounted first (mountinfo lists mounts in mount order, so a mount comes

@@ -174,3 +174,37 @@ func FuzzPythonLinks(f *testing.F) {
 		}
 	})
 }
+
+func TestHasFilesystem(t *testing.T) {
+	listing := "nodev\tsysfs\nnodev\ttmpfs\n\text3\n\text4\nnodev\toverlay\n\txfs\n"
+	for _, tc := range []struct {
+		fs   string
+		want bool
+	}{
+		{"overlay", true}, {"xfs", true}, {"ext4", true}, {"tmpfs", true},
+		{"nodev", false}, {"btrfs", false}, {"over", false}, {"", false},
+	} {
+		if got := HasFilesystem(listing, tc.fs); got != tc.want {
+			t.Errorf("HasFilesystem(%q) = %v, want %v", tc.fs, got, tc.want)
+		}
+	}
+	if HasFilesystem("", "xfs") || HasFilesystem("nodev\n", "xfs") {
+		t.Error("found in an empty listing")
+	}
+}
+
+// FuzzHasFilesystem: a type is found exactly when some line's last field
+// is it, and never a type with white space in it.
+func FuzzHasFilesystem(f *testing.F) {
+	f.Add("nodev\toverlay\n\txfs\n", "xfs")
+	f.Add("", "")
+	f.Fuzz(func(t *testing.T, listing, fs string) {
+		got := HasFilesystem(listing, fs)
+		if f := strings.Fields(fs); got && (len(f) != 1 || f[0] != fs) {
+			t.Fatalf("found %q", fs)
+		}
+		if got && !strings.Contains(listing, fs) {
+			t.Fatalf("found %q, not in the listing", fs)
+		}
+	})
+}

@@ -134,7 +134,7 @@ func (b *bootRun) fail(ctx context.Context, sentence string, err error) {
 		m.teardown(b.id)
 		return
 	}
-	m.log.Error("sandbox boot failed", "sandbox", b.id, "err", err)
+	m.log.Error("sandbox boot failed", "sandbox", b.id, "err", err, "console_start", consoleHead(b.cfg))
 	m.teardown(b.id)
 	m.setState(b.id, Error, sentence, b.via)
 }

@@ -224,6 +224,21 @@ func ReadTail(path string, n int64) []byte {
 	return append(prev, cur...)
 }
 
+// ReadHead returns the first n bytes of a capped log: its rotated part
+// (path.1) when there is one, else the log itself. A guest that fails and
+// restarts in a loop fills the tail; the boot's first lines say why.
+func ReadHead(path string, n int64) []byte {
+	f, err := openRegular(path+".1", os.O_RDONLY, 0)
+	if err != nil {
+		if f, err = openRegular(path, os.O_RDONLY, 0); err != nil {
+			return nil
+		}
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.LimitReader(f, n))
+	return b
+}
+
 // readFileTail returns the last n bytes of the regular file at path,
 // never following a link.
 func readFileTail(path string, n int64) []byte {

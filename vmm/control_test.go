@@ -115,6 +115,17 @@ func TestCappedLog(t *testing.T) {
 	if got := ReadTail(path, 1500); !bytes.Equal(got, all[len(all)-min(1500, len(prev)+len(cur)):]) {
 		t.Fatalf("ReadTail across the rotation: %d bytes", len(got))
 	}
+	if got := ReadHead(path, 100); !bytes.Equal(got, prev[:min(100, len(prev))]) {
+		t.Fatalf("ReadHead of a rotated log: %q, want the rotated part's start", got)
+	}
+	one := filepath.Join(dir, "one.log")
+	os.WriteFile(one, []byte("strata-init: stage 1\nmore"), 0o600)
+	if got := string(ReadHead(one, 20)); got != "strata-init: stage 1" {
+		t.Fatalf("ReadHead of a log never rotated: %q", got)
+	}
+	if got := ReadHead(filepath.Join(dir, "none.log"), 20); got != nil {
+		t.Fatalf("ReadHead of no log: %q", got)
+	}
 	// A second writer (after a restart) appends, and keeps the cap.
 	l2 := newCappedLog(path, max)
 	l2.Write(bytes.Repeat([]byte("z"), 3*max+7))
