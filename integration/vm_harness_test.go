@@ -130,10 +130,8 @@ func startVMStackWith(t *testing.T, guestRequest string, vms map[string]any) *vm
 				b, _ := os.ReadFile(c)
 				// The boot's first lines too (its modules, its mounts):
 				// a guestd that fails and restarts fills the tail.
-				if first, err := os.ReadFile(c + ".1"); err == nil {
-					t.Logf("%s.1, its start:\n%s", c, head(first, 2500))
-				} else if len(b) > 5500 {
-					t.Logf("%s, its start:\n%s", c, head(b, 2500))
+				if _, err := os.Stat(c + ".1"); err == nil || len(b) > 5500 {
+					t.Logf("%s, its start:\n%s", c, vmm.ReadHead(c, 2500))
 				}
 				t.Logf("%s:\n%s", c, tail(b, 3000))
 			}
@@ -158,8 +156,6 @@ func startVMStackWith(t *testing.T, guestRequest string, vms map[string]any) *vm
 	})
 	return s
 }
-
-func head(b []byte, n int) []byte { return b[:min(len(b), n)] }
 
 func tail(b []byte, n int) []byte {
 	if len(b) > n {

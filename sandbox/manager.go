@@ -387,8 +387,6 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// consoleTail is the end of a guest's console, for logs; read without
-// following a link the sandbox's uid may have planted.
 // consoleHead is the start of a machine's console for the log of a
 // failed boot (its modules and mounts), empty when it has none (a boot
 // that failed before its machine was planned).
@@ -399,6 +397,8 @@ func consoleHead(cfg vmm.Config) string {
 	return strings.TrimSpace(string(vmm.ReadHead(cfg.ConsoleLog(), 2000)))
 }
 
+// consoleTail is the end of a guest's console, for logs; read without
+// following a link the sandbox's uid may have planted.
 func consoleTail(path string) string {
 	b := vmm.ReadTail(path, 1500)
 	if len(b) == 0 {

@@ -224,9 +224,11 @@ func ReadTail(path string, n int64) []byte {
 	return append(prev, cur...)
 }
 
-// ReadHead returns the first n bytes of a capped log: its rotated part
-// (path.1) when there is one, else the log itself. A guest that fails and
-// restarts in a loop fills the tail; the boot's first lines say why.
+// ReadHead returns the first n bytes of the oldest part kept of a capped
+// log: its rotated part (path.1) when there is one, else the log itself;
+// never following a link. A guest that fails and restarts in a loop
+// fills the tail; the boot's first lines say why (they are kept until the
+// log has rotated twice: 1 MiB after them).
 func ReadHead(path string, n int64) []byte {
 	f, err := openRegular(path+".1", os.O_RDONLY, 0)
 	if err != nil {
