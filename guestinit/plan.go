@@ -1,6 +1,8 @@
 package guestinit
 
 import (
+	"bytes"
+	"encoding/binary"
 	"path"
 	"strconv"
 	"strings"
@@ -138,6 +140,29 @@ func ParseModulesOrder(data string) []string {
 		mods = append(mods, p)
 	}
 	return mods
+}
+
+// moduleSigMagic ends a module with a signature appended; before it is
+// the signature's description (struct module_signature, 12 bytes, the
+// signature's length big-endian in its last 4) and before that the
+// signature.
+const moduleSigMagic = "~Module signature appended~\n"
+
+// StripModuleSignature returns a module without its appended signature,
+// or as it is when it has none (or a description that does not fit).
+func StripModuleSignature(b []byte) []byte {
+	if !bytes.HasSuffix(b, []byte(moduleSigMagic)) {
+		return b
+	}
+	end := len(b) - len(moduleSigMagic)
+	if end < 12 {
+		return b
+	}
+	sigLen := int(binary.BigEndian.Uint32(b[end-4 : end]))
+	if sigLen < 0 || sigLen > end-12 {
+		return b
+	}
+	return b[:end-12-sigLen]
 }
 
 // HasFilesystem tells whether a /proc/filesystems listing holds fs (each

@@ -208,3 +208,32 @@ func FuzzHasFilesystem(f *testing.F) {
 		}
 	})
 }
+
+func TestStripModuleSignature(t *testing.T) {
+	mod := []byte("\x7fELF module body")
+	sig := []byte("SIGNATURE-BYTES")
+	desc := []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(len(sig))}
+	signed := append(append(append(append([]byte{}, mod...), sig...), desc...), moduleSigMagic...)
+	if got := StripModuleSignature(signed); string(got) != string(mod) {
+		t.Fatalf("signed: %q, want %q", got, mod)
+	}
+	if got := StripModuleSignature(mod); string(got) != string(mod) {
+		t.Fatalf("unsigned: %q", got)
+	}
+	// A length past the start keeps the module as it is.
+	bad := append(append([]byte("x"), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 200), moduleSigMagic...)
+	if got := StripModuleSignature(bad); string(got) != string(bad) {
+		t.Fatalf("a bad description: %q", got)
+	}
+}
+
+// FuzzStripModuleSignature: never a panic, and the result is a prefix.
+func FuzzStripModuleSignature(f *testing.F) {
+	f.Add([]byte("x" + moduleSigMagic))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got := StripModuleSignature(b)
+		if !strings.HasPrefix(string(b), string(got)) {
+			t.Fatal("not a prefix")
+		}
+	})
+}
