@@ -1,0 +1,263 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/miekg/dns"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/waiter"
+
+	"strata/egress/policy"
+)
+
+// reasonTooMany is the refusal of a connection past Config.MaxConns;
+// reasonUnreachable of one whose dial failed (the guest sees it refused,
+// as it would the upstream's own refusal).
+const (
+	reasonTooMany     policy.Reason = "too_many_connections"
+	reasonUnreachable policy.Reason = "unreachable"
+	reasonNoAddress   policy.Reason = "no_address"
+)
+
+// handleTCP decides one connection the guest opens (a SYN the stack
+// holds) and carries it when allowed. It runs in a goroutine of its own,
+// at most maxPending at a time until they complete the handshake.
+func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
+	id := r.ID()
+	dst := netip.AddrPortFrom(netip.AddrFrom4(id.LocalAddress.As4()), id.LocalPort)
+	select {
+	case n.conns <- struct{}{}:
+		defer func() { <-n.conns }()
+	default:
+		n.refuse(reasonTooMany)
+		r.Complete(true)
+		return
+	}
+	p := n.Policy()
+	d := p.Decide(policy.Conn{Dst: dst}, n.cfg.Site)
+	if d.Allow && !deniesNames(p) {
+		up, err := n.dial(dst)
+		if err != nil {
+			n.refuse(reasonUnreachable)
+			r.Complete(true)
+			return
+		}
+		guest, _, err := accept(r)
+		if err != nil {
+			up.Close()
+			return
+		}
+		n.connections.Add(1)
+		n.splice(guest, up, nil)
+		return
+	}
+	if d.Reason != policy.ReasonNoName && !d.Allow {
+		n.refuse(d.Reason)
+		r.Complete(true)
+		return
+	}
+	// The decision needs the connection's name: take the connection, and
+	// read what it sends first.
+	guest, ep, err := accept(r)
+	if err != nil {
+		return
+	}
+	if !n.track(guest) {
+		return
+	}
+	defer n.untrack(guest)
+	guest.SetReadDeadline(time.Now().Add(SniffTimeout))
+	name, head, err := Sniff(guest)
+	guest.SetReadDeadline(time.Time{})
+	if err != nil && len(head) == 0 {
+		n.refuse(policy.ReasonNoName)
+		ep.Abort()
+		return
+	}
+	p = n.Policy()
+	d = p.Decide(policy.Conn{Dst: dst, Name: name}, n.cfg.Site)
+	if !d.Allow {
+		n.refuse(d.Reason)
+		ep.Abort()
+		return
+	}
+	var up net.Conn
+	if host, byName := dialName(p, name); byName {
+		up, err = n.dialName(host, dst.Port())
+	} else {
+		up, err = n.dial(dst)
+	}
+	if err != nil {
+		n.refuse(reasonUnreachable)
+		ep.Abort()
+		return
+	}
+	n.connections.Add(1)
+	n.splice(guest, up, head)
+}
+
+// deniesNames tells whether p has deny rules of names, which a decision
+// by address alone cannot apply.
+func deniesNames(p policy.Policy) bool {
+	for _, r := range p.Deny {
+		if r.Name != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// dialName says whether a connection allowed with name must be dialled by
+// the name (under list, a name that is not an address literal) and the
+// name to resolve.
+func dialName(p policy.Policy, name string) (string, bool) {
+	if p.Mode != policy.List || name == "" {
+		return "", false
+	}
+	if _, err := netip.ParseAddr(name); err == nil {
+		return "", false
+	}
+	return name, true
+}
+
+// accept completes the guest's handshake.
+func accept(r *tcp.ForwarderRequest) (net.Conn, tcpip.Endpoint, error) {
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	if terr != nil {
+		r.Complete(true)
+		return nil, nil, errors.New(terr.String())
+	}
+	r.Complete(false)
+	ep.SocketOptions().SetKeepAlive(true)
+	return gonet.NewTCPConn(&wq, ep), ep, nil
+}
+
+// dial dials dst from the host, if the gate lets it.
+func (n *Net) dial(dst netip.AddrPort) (net.Conn, error) {
+	if !policy.Gate(dst.Addr(), n.cfg.Site) {
+		return nil, errors.New("egress: gated address")
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.DialTimeout)
+	defer cancel()
+	return n.cfg.Dial(ctx, "tcp4", dst.String())
+}
+
+// dialName resolves host with the host's resolver and dials the first of
+// its addresses the gate lets through and that answers, at port.
+func (n *Net) dialName(host string, port uint16) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.DialTimeout)
+	defer cancel()
+	addrs, err := n.lookup(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	err = errors.New("egress: " + host + " has no address a sandbox may reach")
+	for _, a := range addrs {
+		if !policy.Gate(a, n.cfg.Site) {
+			continue
+		}
+		c, derr := n.cfg.Dial(ctx, "tcp4", net.JoinHostPort(a.String(), strconv.Itoa(int(port))))
+		if derr == nil {
+			return c, nil
+		}
+		err = derr
+	}
+	return nil, err
+}
+
+// lookup asks the resolver for host's IPv4 addresses.
+func (n *Net) lookup(ctx context.Context, host string) ([]netip.Addr, error) {
+	q := new(dns.Msg)
+	q.SetQuestion(dns.Fqdn(host), dns.TypeA)
+	resp, err := n.exchange(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	var addrs []netip.Addr
+	for _, rr := range resp.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			if ip, ok := netip.AddrFromSlice(a.A.To4()); ok {
+				addrs = append(addrs, ip)
+			}
+		}
+	}
+	return addrs, nil
+}
+
+// splice carries a connection both ways, head first to up, until both
+// directions end; it counts bytes and bounds their rate.
+func (n *Net) splice(guest, up net.Conn, head []byte) {
+	if !n.track(guest, up) {
+		return
+	}
+	defer n.untrack(guest, up)
+	if len(head) > 0 {
+		if err := n.wait(len(head)); err != nil {
+			return
+		}
+		if _, err := up.Write(head); err != nil {
+			return
+		}
+		n.out.Add(uint64(len(head)))
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.copy(guest, up, &n.in)
+	}()
+	n.copy(up, guest, &n.out)
+	<-done
+}
+
+// copy copies src to dst, counting into count, and closes dst's write
+// side at src's end (a half close goes through); on an error both are
+// closed.
+func (n *Net) copy(dst, src net.Conn, count interface{ Add(uint64) uint64 }) {
+	buf := make([]byte, 32<<10)
+	for {
+		k, err := src.Read(buf)
+		if k > 0 {
+			if werr := n.wait(k); werr != nil {
+				err = werr
+			} else if _, werr := dst.Write(buf[:k]); werr != nil {
+				err = werr
+			}
+			count.Add(uint64(k))
+		}
+		if err == io.EOF {
+			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+				cw.CloseWrite()
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			src.Close()
+			return
+		}
+	}
+}
+
+// wait takes k bytes from the rate bound.
+func (n *Net) wait(k int) error {
+	if n.limit == nil {
+		return nil
+	}
+	for k > 0 {
+		c := min(k, n.limit.Burst())
+		if err := n.limit.WaitN(n.ctx, c); err != nil {
+			return err
+		}
+		k -= c
+	}
+	return nil
+}
