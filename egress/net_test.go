@@ -28,6 +28,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 
 	"strata/egress/policy"
+	"strata/guestinit"
 )
 
 // world is what a test's sandbox can reach: an HTTP and an HTTPS server
@@ -380,5 +381,14 @@ func TestMaxConns(t *testing.T) {
 			t.Fatalf("no connection after the held ones closed: %+v", n.Usage())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestSameNetwork: the guest's side (guestinit, in strata-init) and the
+// host's have the same addresses.
+func TestSameNetwork(t *testing.T) {
+	g := guestinit.GuestNet
+	if g.Addr.Addr() != GuestAddr || g.Addr.Bits() != GuestBits || g.Gateway != Gateway || g.DNS != DNSAddr {
+		t.Fatalf("guestinit's network %+v; egress has %v/%d via %v, DNS %v", g, GuestAddr, GuestBits, Gateway, DNSAddr)
 	}
 }

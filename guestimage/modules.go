@@ -7,9 +7,9 @@ import (
 
 // WantedModules are the modules the guest needs at boot, each with its
 // dependencies: the virtio-mmio transport of QEMU's microvm, the disk, the
-// host channel, the root filesystem and guestd's overlays. Those built
-// into the kernel are skipped.
-var WantedModules = []string{"virtio_mmio", "virtio_blk", "virtio_console", "xfs", "overlay"}
+// host channel, the NIC, the root filesystem and guestd's overlays. Those
+// built into the kernel are skipped.
+var WantedModules = []string{"virtio_mmio", "virtio_blk", "virtio_console", "virtio_net", "xfs", "overlay"}
 
 // ShowDepends is what `modprobe --show-depends MOD` says: the module files
 // to load, in order, and the modules that are built in.

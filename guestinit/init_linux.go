@@ -429,6 +429,9 @@ func (s *system) stage2() error {
 	if err := loopbackUp(); err != nil {
 		s.logf("loopback: %v", err)
 	}
+	if err := s.netUp(); err != nil {
+		s.logf("network: %v", err)
+	}
 	s.growRoot()
 	// ctrl-alt-del sends SIGINT to PID 1 instead of rebooting at once.
 	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_CAD_OFF)

@@ -3,6 +3,9 @@ package guestinit
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
 	"path"
 	"strconv"
 	"strings"
@@ -106,6 +109,38 @@ func QuietSysctls() map[string]string {
 		// Per-CPU memory statistics folded every 10 s, not every second
 		// (vmstat_update): they are only read by tools.
 		"/proc/sys/vm/stat_interval": "10",
+	}
+}
+
+// GuestNet is the guest's network: its NIC, address and gateway, and
+// the DNS server it asks. The host's end (package egress) has the same
+// addresses; every sandbox has a network of its own, so all have these.
+var GuestNet = struct {
+	Interface string
+	Addr      netip.Prefix
+	Gateway   netip.Addr
+	DNS       netip.Addr
+}{
+	Interface: "eth0",
+	Addr:      netip.MustParsePrefix("10.0.2.15/24"),
+	Gateway:   netip.MustParseAddr("10.0.2.2"),
+	DNS:       netip.MustParseAddr("10.0.2.3"),
+}
+
+// ResolvConf is the guest's /etc/resolv.conf: the host's DNS server on
+// the guest's network, and nothing to search.
+func ResolvConf() string {
+	return "# Written by strata-init at every boot: the sandbox's DNS server,\n" +
+		"# answered by the host under the sandbox's network policy.\n" +
+		"nameserver " + GuestNet.DNS.String() + "\noptions timeout:2 attempts:2\n"
+}
+
+// NetSysctls turn IPv6 off on the guest's NIC: the host's end carries
+// IPv4 alone, and a guest that tried IPv6 first would wait on it.
+func NetSysctls() map[string]string {
+	return map[string]string{
+		"/proc/sys/net/ipv6/conf/all/disable_ipv6":     "1",
+		"/proc/sys/net/ipv6/conf/default/disable_ipv6": "1",
 	}
 }
 
@@ -260,4 +295,50 @@ func GrowBlocks(diskBytes uint64, blocksize uint32) uint64 {
 		return 0
 	}
 	return diskBytes / uint64(blocksize)
+}
+
+// RouteMessage is the rtnetlink request that adds the IPv4 default route
+// via gw on the interface of index index, asking for an acknowledgement.
+func RouteMessage(index int, gw [4]byte) []byte {
+	attr := func(typ uint16, data []byte) []byte {
+		b := make([]byte, unix.SizeofRtAttr+len(data))
+		binary.NativeEndian.PutUint16(b[0:2], uint16(len(b)))
+		binary.NativeEndian.PutUint16(b[2:4], typ)
+		copy(b[unix.SizeofRtAttr:], data)
+		for len(b)%4 != 0 {
+			b = append(b, 0)
+		}
+		return b
+	}
+	oif := make([]byte, 4)
+	binary.NativeEndian.PutUint32(oif, uint32(index))
+	body := []byte{
+		unix.AF_INET, 0, 0, 0, // family, dst_len, src_len, tos
+		unix.RT_TABLE_MAIN, unix.RTPROT_BOOT, unix.RT_SCOPE_UNIVERSE, unix.RTN_UNICAST,
+		0, 0, 0, 0, // flags
+	}
+	body = append(body, attr(unix.RTA_GATEWAY, gw[:])...)
+	body = append(body, attr(unix.RTA_OIF, oif)...)
+	msg := make([]byte, unix.SizeofNlMsghdr, unix.SizeofNlMsghdr+len(body))
+	binary.NativeEndian.PutUint32(msg[0:4], uint32(unix.SizeofNlMsghdr+len(body)))
+	binary.NativeEndian.PutUint16(msg[4:6], unix.RTM_NEWROUTE)
+	binary.NativeEndian.PutUint16(msg[6:8], unix.NLM_F_REQUEST|unix.NLM_F_ACK|unix.NLM_F_CREATE|unix.NLM_F_EXCL)
+	binary.NativeEndian.PutUint32(msg[8:12], 1) // sequence
+	return append(msg, body...)
+}
+
+// RouteAnswer reads rtnetlink's acknowledgement of RouteMessage: nil, or
+// the error it carries.
+func RouteAnswer(b []byte) error {
+	h := unix.SizeofNlMsghdr
+	if len(b) < h+4 {
+		return errors.New("rtnetlink: a short answer")
+	}
+	if t := binary.NativeEndian.Uint16(b[4:6]); t != unix.NLMSG_ERROR {
+		return fmt.Errorf("rtnetlink: an answer of type %d, want an acknowledgement", t)
+	}
+	if e := int32(binary.NativeEndian.Uint32(b[h : h+4])); e != 0 {
+		return unix.Errno(-e)
+	}
+	return nil
 }

@@ -12,7 +12,7 @@ import (
 // DeviceSet names the devices every machine gets, with their ids. Bump it
 // whenever Argv's devices change: a memory snapshot records it and can be
 // restored only into the same set.
-const DeviceSet = "microvm-2"
+const DeviceSet = "microvm-3"
 
 // ChannelPort is the name of the virtio-serial port of the host↔guest
 // channel, as the guest sees it in /sys/class/virtio-ports/*/name.
@@ -118,19 +118,25 @@ const (
 	qmpSocket     = "qmp.sock"
 	channelSocket = "channel.sock"
 	consoleSocket = "console.sock"
+	netSocket     = "net.sock"
 	consoleLog    = "console.log"
 	qemuLog       = "qemu.log"
 )
 
 // The descriptors QEMU inherits (Start opens them in this order): the
-// listening sockets of its monitor, channel and console, then the disk's
-// layers (diskFDs), then RAM in memory (ramFD).
+// listening sockets of its monitor, channel, console and NIC, then the
+// disk's layers (diskFDs), then RAM in memory (ramFD).
 const (
 	fdQMP = 3 + iota
 	fdChannel
 	fdConsole
+	fdNet
 	fdDisk
 )
+
+// NICMAC is the guest NIC's MAC address: every machine has the same, each
+// on a network of its own (package egress).
+const NICMAC = "52:54:00:12:34:56"
 
 // QMPSocket is the path of the machine's QMP socket.
 func (c Config) QMPSocket() string { return filepath.Join(c.Ctl, qmpSocket) }
@@ -138,6 +144,13 @@ func (c Config) QMPSocket() string { return filepath.Join(c.Ctl, qmpSocket) }
 // ChannelSocket is the path of the unix socket behind the machine's
 // virtio-serial channel port: one client at a time.
 func (c Config) ChannelSocket() string { return filepath.Join(c.Ctl, channelSocket) }
+
+// NetSocket is the path of the unix socket behind the machine's NIC
+// (virtio-net): QEMU listens, and takes one client at a time, which reads
+// and writes the guest's Ethernet frames, each after its length (4 bytes,
+// big-endian). A client that goes away can be replaced: the guest's
+// frames meanwhile are dropped.
+func (c Config) NetSocket() string { return filepath.Join(c.Ctl, netSocket) }
 
 // ConsoleLog is the log of the guest's serial console: LogBytes at most,
 // and the LogBytes before it in ConsoleLog()+".1" (ReadTail reads both).
@@ -308,6 +321,10 @@ func (c Config) Argv() ([]string, error) {
 		"-device", "virtio-serial-device,id=vser0",
 		"-chardev", fmt.Sprintf("socket,id=channel0,fd=%d,server=on,wait=off", fdChannel),
 		"-device", "virtserialport,bus=vser0.0,chardev=channel0,name="+ChannelPort,
+		// The NIC's only backend is the host's stack at the other end of
+		// the socket (package egress): QEMU itself reaches no network.
+		"-netdev", fmt.Sprintf("stream,id=net0,server=on,addr.type=fd,addr.str=%d", fdNet),
+		"-device", "virtio-net-device,netdev=net0,id=nic0,mac="+NICMAC,
 	)
 	for i := range c.Disk {
 		for _, fd := range diskFDs(i) {

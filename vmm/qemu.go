@@ -126,11 +126,11 @@ func (d *QEMU) Start(ctx context.Context, cfg Config) (Machine, error) {
 	// Nothing the caller holds may leak into a QEMU that outlives it:
 	// every descriptor beyond stdio becomes close-on-exec (Go's own are).
 	unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
-	// The monitor, channel and console sockets, in the order of the fd
-	// numbers Argv gives them (fdQMP, fdChannel, fdConsole).
+	// The monitor, channel, console and NIC sockets, in the order of the
+	// fd numbers Argv gives them (fdQMP, fdChannel, fdConsole, fdNet).
 	var socks []*os.File
 	defer func() { closeAll(socks) }()
-	for _, name := range []string{qmpSocket, channelSocket, consoleSocket} {
+	for _, name := range []string{qmpSocket, channelSocket, consoleSocket, netSocket} {
 		f, err := listenIn(ctl, name)
 		if err != nil {
 			return nil, err

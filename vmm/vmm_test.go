@@ -41,7 +41,9 @@ func TestArgvIsAPlan(t *testing.T) {
 		"-chardev socket,id=qmp0,fd=3,server=on,wait=off -mon chardev=qmp0,mode=control",
 		"-chardev socket,id=console0,fd=5,server=on,wait=off -serial chardev:console0",
 		"-chardev socket,id=channel0,fd=4,server=on,wait=off -device virtserialport,bus=vser0.0,chardev=channel0",
-		"-add-fd fd=6,set=1,opaque=l-top -add-fd fd=7,set=1,opaque=l-top -add-fd fd=8,set=2,opaque=l-base",
+		// The NIC: its backend an inherited listening socket too.
+		"-netdev stream,id=net0,server=on,addr.type=fd,addr.str=6 -device virtio-net-device,netdev=net0,id=nic0,mac=" + NICMAC,
+		"-add-fd fd=7,set=1,opaque=l-top -add-fd fd=8,set=1,opaque=l-top -add-fd fd=9,set=2,opaque=l-base",
 		`"filename":"/dev/fdset/1"`, `"backing":{"backing":null`, `"node-name":"l-base","read-only":true`,
 		"-device virtio-blk-device,drive=l-top,id=blk0",
 		"-m 512", "-smp 1",
@@ -57,7 +59,7 @@ func TestArgvIsAPlan(t *testing.T) {
 			t.Errorf("argv names a path of the machine's directories: %q", arg)
 		}
 	}
-	for _, never := range []string{"-runas", "-netdev", "-incoming", "-qmp", "file:", "path="} {
+	for _, never := range []string{"-runas", "-nic", "user,", "tap,", "-incoming", "-qmp", "file:", "path="} {
 		if strings.Contains(line, never) {
 			t.Errorf("argv has %q:\n%s", never, line)
 		}
@@ -82,7 +84,7 @@ func TestArgvIsAPlan(t *testing.T) {
 	}
 	// A fork of a mapped-ram state: the state's file from its RAM's
 	// pages; a template's RAM in memory: a memfd after the disk's
-	// descriptors (two layers: 6, 7, 8), shared.
+	// descriptors (two layers: 7, 8, 9), shared.
 	c.RAM = &RAMFile{Path: "/store/s.state", Offset: 1 << 20}
 	mapped, _ := c.Argv()
 	if l := strings.Join(mapped, " "); !strings.Contains(l, "mem-path=/store/s.state,offset=1048576,share=off,readonly=on,rom=off") {
@@ -90,7 +92,7 @@ func TestArgvIsAPlan(t *testing.T) {
 	}
 	c.RAM = &RAMFile{InMemory: true, Shared: true}
 	mem, _ := c.Argv()
-	if l := strings.Join(mem, " "); !strings.Contains(l, "mem-path=/proc/self/fd/9,share=on") || strings.Contains(l, "readonly") {
+	if l := strings.Join(mem, " "); !strings.Contains(l, "mem-path=/proc/self/fd/10,share=on") || strings.Contains(l, "readonly") {
 		t.Errorf("template in memory argv: %s", l)
 	}
 	c.RAM = nil
