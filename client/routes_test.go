@@ -50,6 +50,8 @@ func TestEveryRoute(t *testing.T) {
 		func() { c.ListSandboxes(ctx, ListOptions{Labels: map[string]string{"owner": "docs"}}) },
 		func() { c.Fork(ctx, sb, sn, "fork-1") },
 		func() { c.SetLabels(ctx, sb, map[string]string{"owner": "docs"}) },
+		func() { c.GetNetwork(ctx, sb) },
+		func() { c.SetNetwork(ctx, sb, NetworkSetting{Egress: "list", Allow: []string{"pypi.org"}}) },
 		func() { c.GetSandbox(ctx, sb) },
 		func() { c.SetAccess(ctx, sb, Access{None: true}) },
 		func() {

@@ -75,6 +75,22 @@ func (c *Client) SetLabels(ctx context.Context, id string, labels map[string]str
 	return sb, err
 }
 
+// GetNetwork returns the sandbox's network setting, with its usage while
+// its machine runs.
+func (c *Client) GetNetwork(ctx context.Context, id string, opts ...CallOption) (Network, error) {
+	var n Network
+	err := c.call(ctx, http.MethodGet, SandboxPath(id, "network"), nil, nil, &n, opts)
+	return n, err
+}
+
+// SetNetwork replaces the sandbox's network setting, for the connections
+// and DNS questions after it, and returns it as GetNetwork does.
+func (c *Client) SetNetwork(ctx context.Context, id string, setting NetworkSetting, opts ...CallOption) (Network, error) {
+	var n Network
+	err := c.call(ctx, http.MethodPut, SandboxPath(id, "network"), nil, setting, &n, opts)
+	return n, err
+}
+
 // GetSandbox returns the sandbox's record (id: its id or its name).
 func (c *Client) GetSandbox(ctx context.Context, id string, opts ...CallOption) (Sandbox, error) {
 	var sb Sandbox

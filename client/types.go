@@ -1,11 +1,17 @@
 package client
 
-import "strata/internal/api"
+import (
+	"strata/egress/policy"
+	"strata/internal/api"
+)
 
 // The API's records and requests, under names a program outside this
 // module can use (the package that defines them is internal).
 type (
 	SandboxCreateRequest = api.SandboxCreateRequest
+	Network              = api.Network
+	NetworkUsage         = api.NetworkUsage
+	NetworkSetting       = policy.Spec
 	SandboxList          = api.SandboxList
 	ExecRequest          = api.ExecRequest
 	SessionRequest       = api.SessionRequest

@@ -50,6 +50,11 @@ type Config struct {
 	BytesPerSecond int
 	// DialTimeout bounds a dial (DefaultDialTimeout when 0).
 	DialTimeout time.Duration
+	// Refused, when set, is told the reason of every refusal, and
+	// Carried every count of bytes carried, out (from the guest) or in
+	// (metrics).
+	Refused func(policy.Reason)
+	Carried func(out bool, n int)
 	// Dial dials from the host (a net.Dialer's when nil): tests see
 	// every address dialled through it.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -101,21 +106,17 @@ type Net struct {
 	err    error
 
 	out, in, connections, refused atomic.Uint64
-	// Refusal, when set, is told every refusal's reason (metrics).
-	refusal func(policy.Reason)
-
-	once sync.Once
-	mu   sync.Mutex
-	open map[net.Conn]struct{} // both sides of every open connection
+	once                          sync.Once
+	mu                            sync.Mutex
+	open                          map[net.Conn]struct{} // both sides of every open connection
 	// active counts the goroutines of connections, added under mu while
 	// open is not nil.
 	active sync.WaitGroup
 }
 
 // Start runs a sandbox's network on link, the host end of its NIC, under
-// p until Close or until link ends. refusal, when not nil, is told the
-// reason of every refusal.
-func Start(link net.Conn, p policy.Policy, cfg Config, refusal func(policy.Reason)) (*Net, error) {
+// p until Close or until link ends.
+func Start(link net.Conn, p policy.Policy, cfg Config) (*Net, error) {
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = DefaultMaxConns
 	}
@@ -132,7 +133,7 @@ func Start(link net.Conn, p policy.Policy, cfg Config, refusal func(policy.Reaso
 	n := &Net{
 		cfg: cfg, conns: make(chan struct{}, cfg.MaxConns), link: link,
 		ctx: ctx, cancel: cancel, done: make(chan struct{}),
-		refusal: refusal, open: map[net.Conn]struct{}{},
+		open: map[net.Conn]struct{}{},
 	}
 	if cfg.BytesPerSecond > 0 {
 		n.limit = rate.NewLimiter(rate.Limit(cfg.BytesPerSecond), max(cfg.BytesPerSecond, 64<<10))
@@ -278,7 +279,7 @@ func (n *Net) untrack(conns ...net.Conn) {
 
 func (n *Net) refuse(r policy.Reason) {
 	n.refused.Add(1)
-	if n.refusal != nil {
-		n.refusal(r)
+	if n.cfg.Refused != nil {
+		n.cfg.Refused(r)
 	}
 }

@@ -205,7 +205,7 @@ func start(t *testing.T, w *world, p policy.Policy, cfg Config) (*Net, *guest) {
 	cfg.Resolver = w.resolver
 	cfg.Dial = w.dial
 	cfg.Site = policy.Site{AllowPrivate: []netip.Prefix{netip.MustParsePrefix(testHost + "/32"), netip.MustParsePrefix(otherHost + "/32")}}
-	n, err := Start(host, p, cfg, nil)
+	n, err := Start(host, p, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -207,21 +207,33 @@ func (n *Net) splice(guest, up net.Conn, head []byte) {
 		if _, err := up.Write(head); err != nil {
 			return
 		}
-		n.out.Add(uint64(len(head)))
+		n.carried(true, len(head))
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		n.copy(guest, up, &n.in)
+		n.copy(guest, up, false)
 	}()
-	n.copy(up, guest, &n.out)
+	n.copy(up, guest, true)
 	<-done
 }
 
-// copy copies src to dst, counting into count, and closes dst's write
-// side at src's end (a half close goes through); on an error both are
-// closed.
-func (n *Net) copy(dst, src net.Conn, count interface{ Add(uint64) uint64 }) {
+// carried counts k bytes, out or in.
+func (n *Net) carried(out bool, k int) {
+	if out {
+		n.out.Add(uint64(k))
+	} else {
+		n.in.Add(uint64(k))
+	}
+	if n.cfg.Carried != nil {
+		n.cfg.Carried(out, k)
+	}
+}
+
+// copy copies src to dst, counting its bytes out or in, and closes dst's
+// write side at src's end (a half close goes through); on an error both
+// are closed.
+func (n *Net) copy(dst, src net.Conn, out bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		k, err := src.Read(buf)
@@ -231,7 +243,7 @@ func (n *Net) copy(dst, src net.Conn, count interface{ Add(uint64) uint64 }) {
 			} else if _, werr := dst.Write(buf[:k]); werr != nil {
 				err = werr
 			}
-			count.Add(uint64(k))
+			n.carried(out, k)
 		}
 		if err == io.EOF {
 			if cw, ok := dst.(interface{ CloseWrite() error }); ok {

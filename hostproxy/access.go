@@ -2,6 +2,7 @@ package hostproxy
 
 import (
 	"context"
+	"strata/egress/policy"
 
 	"github.com/labstack/echo/v4"
 
@@ -63,12 +64,13 @@ type takeKey struct{}
 type taken struct {
 	access      string
 	env, labels map[string]string
+	network     *policy.Spec
 }
 
 // withTaken carries rec's access setting, env and labels to
 // Registry.Take.
 func withTaken(ctx context.Context, rec Sandbox) context.Context {
-	return context.WithValue(ctx, takeKey{}, taken{access: rec.Access, env: rec.Env, labels: rec.Labels})
+	return context.WithValue(ctx, takeKey{}, taken{access: rec.Access, env: rec.Env, labels: rec.Labels, network: rec.Network})
 }
 
 // setAccess is PUT /v1/sandboxes/{id}/access: the body is the new setting
@@ -149,4 +151,58 @@ func (s *Server) setLabels(c echo.Context) (any, error) {
 		return nil, err
 	}
 	return sandboxView(rec), nil
+}
+
+// getNetwork is GET /v1/sandboxes/{id}/network: the sandbox's network
+// setting, with its usage while its machine runs.
+func (s *Server) getNetwork(c echo.Context) (any, error) {
+	sb := sandboxOf(c)
+	r := c.Request()
+	if err := jsend.RejectQuery(r); err != nil {
+		return nil, err
+	}
+	if err := jsend.RejectBody(r); err != nil {
+		return nil, err
+	}
+	if sb.Machine == nil {
+		return nil, sandbox.ErrNotAMachine
+	}
+	return s.withUsage(sandboxView(sb)).Network, nil
+}
+
+// setNetwork is PUT /v1/sandboxes/{id}/network: the body is the new
+// setting (api.ParseNetworkBody), which replaces the sandbox's for the
+// connections and DNS questions after it (a running machine's network
+// takes it at once; open connections keep theirs); the answer is the
+// setting as GET shows it.
+func (s *Server) setNetwork(c echo.Context) (any, error) {
+	sb := sandboxOf(c)
+	r := c.Request()
+	if err := jsend.RejectQuery(r); err != nil {
+		return nil, err
+	}
+	body, err := jsend.ReadBody(r, api.MaxNetworkBody, api.ErrNetworkBodyTooLarge)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := api.ParseNetworkBody(body)
+	if err != nil {
+		return nil, err
+	}
+	if sb.Machine == nil {
+		return nil, sandbox.ErrNotAMachine
+	}
+	rec, err := s.reg.Update(r.Context(), sb.ID, func(rec *Sandbox) error {
+		rec.Network = &spec
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if s.machines != nil {
+		if err := s.machines.RefreshNetwork(r.Context(), rec.ID); err != nil {
+			return nil, err
+		}
+	}
+	return s.withUsage(sandboxView(rec)).Network, nil
 }

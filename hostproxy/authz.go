@@ -155,6 +155,9 @@ var authTable = []route{
 	{http.MethodPost, sbRoute + "/stop", account},
 	{http.MethodPut, sbRoute + "/access", account},
 	{http.MethodPut, sbRoute + "/labels", account},
+	// The network: a token must not widen its own sandbox's reach.
+	{http.MethodGet, sbRoute + "/network", account},
+	{http.MethodPut, sbRoute + "/network", account},
 	{http.MethodPost, sbRoute + "/access-token", account},
 	{http.MethodGet, sbRoute + "/access-token", account},
 	{http.MethodDelete, sbRoute + "/access-token", account},

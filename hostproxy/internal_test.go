@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"path"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -193,16 +194,30 @@ func TestExampleConfig(t *testing.T) {
 // parse into their fields (unknown ones are still refused).
 func TestVMsConfigAdmissionKeys(t *testing.T) {
 	c, err := ParseConfig([]byte(`{"vms": {"dir": "/v", "image": "/i", "uid_base": 600000, "id_claims": "/run/ids.json",
-	  "store_reserve_mib": 2048, "snapshot_quota_gib": 20, "memory_reserve_mib": 1024, "memory_overcommit": 1.5, "disk_overcommit": 2}}`))
+	  "store_reserve_mib": 2048, "snapshot_quota_gib": 20, "memory_reserve_mib": 1024, "memory_overcommit": 1.5, "disk_overcommit": 2,
+	  "egress": {"resolver": "10.1.2.3", "allow_private": ["10.213.0.0/16", "192.168.1.5"], "max_connections": 64, "bytes_per_second": 1000000}}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := VMsConfig{Dir: "/v", Image: "/i", UIDBase: 600000, IDClaims: "/run/ids.json", StoreReserveMiB: 2048, SnapshotQuotaGiB: 20, MemoryReserveMiB: 1024, MemoryOvercommit: 1.5, DiskOvercommit: 2}
-	if c.VMs == nil || *c.VMs != want {
+	want := VMsConfig{Dir: "/v", Image: "/i", UIDBase: 600000, IDClaims: "/run/ids.json", StoreReserveMiB: 2048, SnapshotQuotaGiB: 20, MemoryReserveMiB: 1024, MemoryOvercommit: 1.5, DiskOvercommit: 2,
+		Egress: EgressConfig{Resolver: "10.1.2.3", AllowPrivate: []string{"10.213.0.0/16", "192.168.1.5"}, MaxConnections: 64, BytesPerSecond: 1000000}}
+	if c.VMs == nil || !reflect.DeepEqual(*c.VMs, want) {
 		t.Errorf("parsed %+v, want %+v", c.VMs, want)
 	}
 	if _, err := ParseConfig([]byte(`{"vms": {"dir": "/v", "store_reserve": 1}}`)); err == nil {
 		t.Error("an unknown vms key was accepted")
+	}
+	eg, err := egressConfig(c.VMs.Egress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eg.Resolver != "10.1.2.3:53" || len(eg.Site.AllowPrivate) != 2 || eg.Site.AllowPrivate[1].String() != "192.168.1.5/32" || eg.MaxConns != 64 || len(eg.Site.HostAddrs) == 0 {
+		t.Errorf("egress configuration %+v", eg)
+	}
+	for _, bad := range []EgressConfig{{Resolver: "resolver.example"}, {AllowPrivate: []string{"10.0.0.0/33"}}, {MaxConnections: -1}} {
+		if _, err := egressConfig(bad); err == nil {
+			t.Errorf("egress configuration %+v accepted", bad)
+		}
 	}
 }
 

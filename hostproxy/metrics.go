@@ -6,8 +6,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"strata/egress/policy"
 )
 
 // metrics are the server's Prometheus series. Labels are route templates,
@@ -19,6 +21,21 @@ type metrics struct {
 	duration *prometheus.HistogramVec
 	inFlight prometheus.Gauge
 	guest    *prometheus.HistogramVec
+	refused  *prometheus.CounterVec
+	carried  *prometheus.CounterVec
+}
+
+// egressRefused counts a connection or DNS question a sandbox's network
+// refused, by its reason (a fixed set: policy.Reasons and egress's own).
+func (m *metrics) egressRefused(r policy.Reason) { m.refused.WithLabelValues(string(r)).Inc() }
+
+// egressCarried counts bytes through sandboxes' networks.
+func (m *metrics) egressCarried(out bool, n int) {
+	dir := "in"
+	if out {
+		dir = "out"
+	}
+	m.carried.WithLabelValues(dir).Add(float64(n))
 }
 
 // poolReady registers strata_hostproxy_pool_ready: the pooled sandboxes
@@ -61,8 +78,16 @@ func newMetrics() *metrics {
 			Help:    "Calls to guest daemons by operation and outcome (ok, fail, error).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}, []string{"operation", "outcome"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "strata", Subsystem: "egress", Name: "refused_total",
+			Help: "Connections and DNS questions sandboxes' networks refused, by reason.",
+		}, []string{"reason"}),
+		carried: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "strata", Subsystem: "egress", Name: "bytes_total",
+			Help: "Bytes carried through sandboxes' networks: out (from the guests) and in.",
+		}, []string{"direction"}),
 	}
-	m.registry.MustRegister(m.requests, m.duration, m.inFlight, m.guest,
+	m.registry.MustRegister(m.requests, m.duration, m.inFlight, m.guest, m.refused, m.carried,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

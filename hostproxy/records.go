@@ -73,7 +73,7 @@ func (r *Registry) update(ctx context.Context, id string, fn func(*Sandbox) erro
 			return err
 		}
 		if t, ok := ctx.Value(takeKey{}).(taken); ok && inserted {
-			sb.Access, sb.Env, sb.Labels = t.access, t.env, t.labels
+			sb.Access, sb.Env, sb.Labels, sb.Network = t.access, t.env, t.labels, t.network
 		}
 		if inserted {
 			if err := insertChecks(ctx, tx, b, *sb); err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"strconv"
@@ -17,6 +18,8 @@ import (
 	"github.com/labstack/echo/v4"
 	"golang.org/x/net/netutil"
 
+	"strata/egress"
+	"strata/egress/policy"
 	"strata/internal/api"
 	"strata/internal/fault"
 	"strata/internal/httpx"
@@ -86,6 +89,73 @@ type VMsConfig struct {
 	// snapshot is taken: no template QEMU for snapshots never forked,
 	// and a first fork slower by that QEMU's load (default false).
 	LazyTemplates bool `json:"lazy_templates,omitempty"`
+	// Egress is what every sandbox's network may reach (API.md,
+	// "Network").
+	Egress EgressConfig `json:"egress,omitzero"`
+}
+
+// EgressConfig is the deployment's part of every sandbox's network.
+type EgressConfig struct {
+	// Resolver is the DNS server the host asks for sandboxes' names,
+	// "address" or "address:port" (default: the host's own, the first
+	// nameserver of /etc/resolv.conf).
+	Resolver string `json:"resolver,omitempty"`
+	// AllowPrivate are CIDRs (or addresses) sandboxes may reach although
+	// they are private, loopback, link-local or the host's own: the
+	// deployment's own services, test hosts.
+	AllowPrivate []string `json:"allow_private,omitempty"`
+	// MaxConnections is the most TCP connections one sandbox has open
+	// at a time (default 256); BytesPerSecond bounds one sandbox's bytes
+	// in and out together (default 0: no bound).
+	MaxConnections int `json:"max_connections,omitempty"`
+	BytesPerSecond int `json:"bytes_per_second,omitempty"`
+}
+
+// egressConfig is c as package egress takes it, with the host's own
+// addresses.
+func egressConfig(c EgressConfig) (*egress.Config, error) {
+	cfg := &egress.Config{MaxConns: c.MaxConnections, BytesPerSecond: c.BytesPerSecond}
+	if c.MaxConnections < 0 || c.BytesPerSecond < 0 {
+		return nil, errors.New("vms.egress: max_connections and bytes_per_second must be 0 or more")
+	}
+	for _, a := range c.AllowPrivate {
+		p, err := netip.ParsePrefix(a)
+		if err != nil {
+			addr, aerr := netip.ParseAddr(a)
+			if aerr != nil {
+				return nil, fmt.Errorf("vms.egress.allow_private: %q is neither a CIDR nor an address", a)
+			}
+			p = netip.PrefixFrom(addr, addr.BitLen())
+		}
+		cfg.Site.AllowPrivate = append(cfg.Site.AllowPrivate, p.Masked())
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("vms.egress: the host's addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if addr, ok := netip.AddrFromSlice(ipn.IP); ok {
+				addr = addr.Unmap()
+				cfg.Site.HostAddrs = append(cfg.Site.HostAddrs, netip.PrefixFrom(addr, addr.BitLen()))
+			}
+		}
+	}
+	switch r := c.Resolver; {
+	case r == "":
+		if cfg.Resolver, err = egress.HostResolver(); err != nil {
+			return nil, fmt.Errorf("vms.egress.resolver: none given, and the host's: %w", err)
+		}
+	default:
+		if _, err := netip.ParseAddr(r); err == nil {
+			r = net.JoinHostPort(r, "53")
+		}
+		if _, err := netip.ParseAddrPort(r); err != nil {
+			return nil, fmt.Errorf("vms.egress.resolver: %q: want an address, or address:port", c.Resolver)
+		}
+		cfg.Resolver = r
+	}
+	return cfg, nil
 }
 
 var (
@@ -122,7 +192,13 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 	if _, err := vmm.CheckVersion(version); err != nil {
 		return err
 	}
+	eg, err := egressConfig(mc.Egress)
+	if err != nil {
+		return err
+	}
+	eg.Refused, eg.Carried = s.metrics.egressRefused, s.metrics.egressCarried
 	m, err := sandbox.New(sandbox.Config{
+		Egress:      eg,
 		QEMUVersion: version,
 		Dir:         mc.Dir, Image: img, Accel: probe, Records: s.reg, Log: s.log,
 		Driver:            driver,
@@ -232,6 +308,29 @@ func sandboxView(sb Sandbox) api.Sandbox {
 	if sb.Machine != nil {
 		a := accessOf(sb)
 		v.Access = &a
+		v.Network = &api.Network{Spec: networkOf(sb)}
+	}
+	return v
+}
+
+// networkOf is sandbox sb's network setting in its canonical form.
+func networkOf(sb Sandbox) policy.Spec {
+	if sb.Network == nil {
+		return policy.Default().Spec()
+	}
+	return *sb.Network
+}
+
+// withUsage is v with its sandbox's network usage, while its machine
+// runs.
+func (s *Server) withUsage(v api.Sandbox) api.Sandbox {
+	if v.Network == nil || s.machines == nil {
+		return v
+	}
+	if u, ok := s.machines.NetworkUsage(v.ID); ok {
+		n := *v.Network
+		n.Usage = &api.NetworkUsage{BytesOut: u.BytesOut, BytesIn: u.BytesIn, Connections: u.Connections, Refused: u.Refused}
+		v.Network = &n
 	}
 	return v
 }
@@ -305,6 +404,16 @@ func (s *Server) createSandbox(c echo.Context) error {
 		CreatedAt: s.now().UTC().Truncate(time.Second),
 		Access:    recordAccess(req.Access),
 		Env:       req.Env, Labels: req.Labels,
+		Network: req.Network,
+	}
+	if req.From != nil && req.Network == nil {
+		// A fork keeps its source's network unless it gives its own:
+		// a fork of a restricted sandbox is restricted too.
+		src, err := s.reg.Sandbox(r.Context(), forkSrc)
+		if err != nil {
+			return err
+		}
+		rec.Network = src.Network
 	}
 	if req.From == nil {
 		rec.MemoryMiB, rec.VCPUs, rec.DiskGiB = *req.MemoryMiB, *req.VCPUs, *req.DiskGiB
@@ -429,6 +538,11 @@ func (s *Server) listSandboxes(c echo.Context) (any, error) {
 		if sb.Account == p.Account && sel.Matches(sb.Labels) {
 			v := sandboxView(sb)
 			v.Env = nil
+			if v.Network != nil {
+				// Its mode alone: a page of 500 records with two lists
+				// of 256 rules each would be 130 MB.
+				v.Network = &api.Network{Spec: policy.Spec{Egress: v.Network.Egress}}
+			}
 			mine = append(mine, v)
 		}
 	}
@@ -507,7 +621,7 @@ func (s *Server) getSandbox(c echo.Context) (any, error) {
 				if r.Context().Err() != nil {
 					return nil, r.Context().Err()
 				}
-				return sandboxView(sb), nil
+				return s.withUsage(sandboxView(sb)), nil
 			case <-t.C:
 			}
 			if sb, err = s.reg.Sandbox(r.Context(), sb.ID); err != nil {
@@ -515,7 +629,7 @@ func (s *Server) getSandbox(c echo.Context) (any, error) {
 			}
 		}
 	}
-	return sandboxView(sb), nil
+	return s.withUsage(sandboxView(sb)), nil
 }
 
 // waitQuery reads GET /v1/sandboxes/{id}'s one query parameter, wait_s

@@ -257,6 +257,8 @@ func (s *Server) routes() http.Handler {
 	add(http.MethodPost, sb+"/stop", s.data(s.stopSandbox))
 	add(http.MethodPut, sb+"/access", s.data(s.setAccess))
 	add(http.MethodPut, sb+"/labels", s.data(s.setLabels))
+	add(http.MethodGet, sb+"/network", s.data(s.getNetwork))
+	add(http.MethodPut, sb+"/network", s.data(s.setNetwork))
 	add(http.MethodPost, sb+"/exec", s.data(s.execInSandbox))
 	add(http.MethodPost, sb+"/sessions", s.startSession)
 	add(http.MethodGet, sb+"/sessions", s.data(s.sessionCall(http.MethodGet, false)))

@@ -453,12 +453,16 @@ func (m *Manager) adopt(id string, vm vmm.Machine, cfg vmm.Config, handshake boo
 	if m.cfg.ServeGuest != nil {
 		go m.cfg.ServeGuest(id, mc.guestLn)
 	}
+	m.startNetwork(mc, cfg.NetSocket())
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
 		select {
 		case <-vm.Done():
 		case <-m.ctx.Done():
+			if n := mc.network(); n != nil {
+				n.Close()
+			}
 			return
 		}
 		m.mu.Lock()
@@ -468,6 +472,9 @@ func (m *Manager) adopt(id string, vm vmm.Machine, cfg vmm.Config, handshake boo
 		m.mu.Unlock()
 		mc.guestLn.Close()
 		mc.ch.Close()
+		if n := mc.network(); n != nil {
+			n.Close()
+		}
 		vm.Close()
 		if mc.exitExpected() {
 			return

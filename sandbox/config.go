@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"strata/egress"
 	"time"
 
 	"strata/vmm"
@@ -43,6 +44,9 @@ type Config struct {
 	// Booted is called once guestd answers after each boot, before the
 	// sandbox is running (hostproxy hands the guest its credentials).
 	Booted func(ctx context.Context, r Record) error
+	// Egress is the deployment's network settings for every sandbox
+	// (package egress); nil: sandboxes' NICs are connected to nothing.
+	Egress *egress.Config
 	// ServeGuest serves the calls processes in the sandbox make through
 	// its channel, until ln is closed.
 	ServeGuest func(id string, ln net.Listener)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strata/egress"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -125,6 +126,9 @@ type machine struct {
 	// delete), so that the watcher does not call it a failure.
 	mu       sync.Mutex
 	expected bool
+	// net is the guest's network (startNetwork), under mu; nil when it
+	// has none.
+	net *egress.Net
 }
 
 func (m *machine) expectExit() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strata/egress/policy"
 	"time"
 
 	"strata/internal/fault"
@@ -88,6 +89,10 @@ type Record struct {
 	// only keeps them (and never logs Env).
 	Env    map[string]string `json:"env,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// Network is the sandbox's network setting in its canonical form
+	// (policy.Spec), as hostproxy writes it; nil is the default.
+	// NetworkPolicy reads it.
+	Network *policy.Spec `json:"network,omitempty"`
 	// Snapshots are the sandbox's VM snapshots, oldest first.
 	Snapshots []Snapshot `json:"snapshots,omitempty"`
 	// SnapshotSeq and AutoSeq are the numbers of the last snapshot ids

@@ -3,6 +3,8 @@ package api
 import (
 	"encoding/json"
 	"fmt"
+	"strata/egress/policy"
+	"strata/internal/fault"
 	"strings"
 
 	"strata/internal/jsend"
@@ -81,6 +83,53 @@ type Sandbox struct {
 	// guest is handed (its channel key) may do. A configured sandbox
 	// has none (it has no channel).
 	Access *Access `json:"access,omitempty"`
+	// Network is a microVM sandbox's network setting, with its usage
+	// while it runs.
+	Network *Network `json:"network,omitempty"`
+}
+
+// Network is a sandbox's network setting (API.md, "Network"), as GET and
+// PUT …/network and the record show it: the setting in its canonical
+// form, and the traffic since its machine last started.
+type Network struct {
+	policy.Spec
+	Usage *NetworkUsage `json:"usage,omitempty"`
+}
+
+// NetworkUsage is a sandbox's traffic since its machine last started:
+// bytes out (from the guest) and in, TCP connections carried, and the
+// connections and DNS questions refused.
+type NetworkUsage struct {
+	BytesOut    uint64 `json:"bytes_out"`
+	BytesIn     uint64 `json:"bytes_in"`
+	Connections uint64 `json:"connections"`
+	Refused     uint64 `json:"refused"`
+}
+
+// MaxNetworkBody bounds the body of PUT …/network: two lists of
+// policy.MaxRules rules of policy.MaxName bytes, every byte escaped
+// (six), with their quotes and commas.
+const MaxNetworkBody = 1 << 20
+
+// ErrNetworkBodyTooLarge is body_too_large for a network body over
+// MaxNetworkBody.
+var ErrNetworkBodyTooLarge = fault.New(fault.TooLarge, "body_too_large", "the request body is larger than 1 MiB").With("limit", MaxNetworkBody)
+
+// ParseNetworkBody decodes and checks the body of PUT …/network (a
+// network setting: policy.Parse) and returns it in its canonical form.
+func ParseNetworkBody(body []byte) (policy.Spec, error) {
+	if len(body) > MaxNetworkBody {
+		return policy.Spec{}, ErrNetworkBodyTooLarge
+	}
+	var s policy.Spec
+	if err := jsend.DecodeBytes(body, &s); err != nil {
+		return policy.Spec{}, err
+	}
+	p, err := policy.Parse(s)
+	if err != nil {
+		return policy.Spec{}, err
+	}
+	return p.Spec(), nil
 }
 
 // FailedOperation is an operation on a sandbox that failed after it was
@@ -134,6 +183,9 @@ type SandboxCreateRequest struct {
 	// takes its own, never its source's.
 	Env    map[string]string `json:"env,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// Network is the sandbox's network setting (policy.Parse), left out
+	// for the default (all) or, for a fork, its source's.
+	Network *policy.Spec `json:"network,omitempty"`
 }
 
 // SetAccess sets the request's access setting.
@@ -200,6 +252,14 @@ func (req SandboxCreateRequest) Validate() (SandboxCreateRequest, error) {
 	access, err := ParseAccess("access", req.Access)
 	if err != nil {
 		return SandboxCreateRequest{}, err
+	}
+	if req.Network != nil {
+		p, err := policy.Parse(*req.Network)
+		if err != nil {
+			return SandboxCreateRequest{}, err
+		}
+		spec := p.Spec()
+		req.Network = &spec
 	}
 	req.Access = nil
 	if access.String() != DefaultAccess().String() {
