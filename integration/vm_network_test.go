@@ -1,0 +1,167 @@
+package integration
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestVMNetwork is issue 32's network, end to end: a sandbox reaches a
+// test host (in a network namespace of the test's, listed in
+// vms.egress.allow_private) by name through the host's resolver, with
+// curl, getent and git; never an address the configuration does not
+// list, whatever root in the guest does; a list policy reaches its names
+// only, and not their addresses without the names; none reaches and
+// resolves nothing; a live change, a fork and a restore keep the policy.
+// Each refusal is a refusal (curl's exit 6, 7, 52 or 56), never a
+// time-out (28).
+func TestVMNetwork(t *testing.T) {
+	h := newTestHost(t)
+	// A listener on the host's end of the veth: a host address, private,
+	// not listed. Nothing from a sandbox may reach it.
+	side, err := net.Listen("tcp4", h.Side+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer side.Close()
+	var sideHits atomic.Int64
+	go func() {
+		for {
+			c, err := side.Accept()
+			if err != nil {
+				return
+			}
+			sideHits.Add(1)
+			c.Close()
+		}
+	}()
+	sideURL := "http://" + side.Addr().String() + "/"
+	s := startVMStackWith(t, "60s", map[string]any{"egress": map[string]any{
+		"resolver": h.Addr, "allow_private": []string{h.Addr + "/32"},
+	}})
+	web := fmt.Sprintf("http://web.test:%d", h.Port)
+	curl := func(id, args string) (int, string, time.Duration) {
+		t.Helper()
+		t0 := time.Now()
+		r := s.exec(id, "sh", "-c", "curl -sS --max-time 30 "+args)
+		return r.ExitCode, r.Stdout + r.Stderr, time.Since(t0)
+	}
+	refused := func(id, what, args string) {
+		t.Helper()
+		code, out, took := curl(id, args)
+		switch code {
+		case 6, 7, 52, 56, 35:
+			t.Logf("%s: refused (curl %d) in %v (exec included)", what, code, took.Round(time.Millisecond))
+		default:
+			t.Fatalf("%s: curl exit %d (%s), want a refusal (6, 7, 52, 56 or 35), not a time-out or an answer", what, code, out)
+		}
+	}
+	a := s.create(s.key, `{"name":"net-all"}`)
+	if n := s.must(200, "GET", "/v1/sandboxes/"+a+"/network", "").data(); n["egress"] != "all" {
+		t.Fatalf("default network: %v", n)
+	}
+
+	// Default (all): names through the host's resolver, HTTP, git.
+	if out := s.sh(a, "getent hosts web.test"); !strings.HasPrefix(out, h.Addr) {
+		t.Fatalf("getent hosts web.test: %q", out)
+	}
+	if out := s.sh(a, "curl -sS --max-time 30 "+web+"/hello"); out != "hello from the test host" {
+		t.Fatalf("curl: %q", out)
+	}
+	if out := s.sh(a, "git clone -q "+web+"/repo.git /tmp/repo && cat /tmp/repo/README"); out != "cloned from the test host\n" {
+		t.Fatalf("git clone: %q", out)
+	}
+	if out := s.sh(a, `python3 -c 'import socket; print(socket.gethostbyname("web.test"))'`); strings.TrimSpace(out) != h.Addr {
+		t.Fatalf("Python's resolver: %q", out)
+	}
+	// A private address the configuration does not list (the host's own
+	// end of the veth), and the host's loopback.
+	refused(a, "a host address", sideURL)
+	refused(a, "the gateway", "http://10.0.2.2:22/")
+
+	// Root in the guest: its own resolver (UDP is carried to the host's
+	// DNS server alone), direct and raw connections.
+	res := s.exec(a, "sh", "-c", "cp /etc/resolv.conf /tmp/resolv && echo nameserver "+h.Addr+" > /etc/resolv.conf && getent hosts web.test; rc=$?; cp /tmp/resolv /etc/resolv.conf; exit $rc")
+	if res.ExitCode == 0 {
+		t.Fatalf("a resolver of the guest's own answered: %s", res.Stdout)
+	}
+	raw := fmt.Sprintf(`
+import socket, struct
+dst = %q
+port = %d
+def csum(b):
+    if len(b) %% 2: b += b"\0"
+    s = sum(struct.unpack("!%%dH" %% (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xffff); s += s >> 16
+    return ~s & 0xffff
+src = "10.0.2.15"
+tcp = struct.pack("!HHLLBBHHH", 40000, port, 1, 0, 5 << 4, 0x02, 64240, 0, 0)
+pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, 6, len(tcp))
+tcp = tcp[:16] + struct.pack("!H", csum(pseudo + tcp)) + tcp[18:]
+r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+for _ in range(5):
+    r.sendto(tcp, (dst, 0))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(5):
+    u.sendto(b"hello", (dst, port))
+c = socket.socket()
+c.settimeout(20)
+try:
+    c.connect((dst, port))
+    print("connected")
+except ConnectionRefusedError:
+    print("refused")
+`, h.Side, side.Addr().(*net.TCPAddr).Port)
+	if out := s.sh(a, "python3 -c '"+strings.ReplaceAll(raw, "'", `'"'"'`)+"'"); strings.TrimSpace(out) != "refused" {
+		t.Fatalf("root's direct connection: %q", out)
+	}
+
+	// A live change to a list.
+	if n := s.must(200, "PUT", "/v1/sandboxes/"+a+"/network", `{"egress":"list","allow":["web.test"]}`).data(); n["egress"] != "list" {
+		t.Fatalf("PUT network: %v", n)
+	}
+	if out := s.sh(a, "curl -sS --max-time 30 "+web+"/hello"); out != "hello from the test host" {
+		t.Fatalf("curl of an allowed name: %q", out)
+	}
+	if r := s.exec(a, "getent", "hosts", "other.test"); r.ExitCode == 0 {
+		t.Fatalf("a name the list does not allow resolved: %s", r.Stdout)
+	}
+	other := fmt.Sprintf("--resolve other.test:%d:%s http://other.test:%d/hello", h.Port, h.Addr, h.Port)
+	refused(a, "another name at an allowed name's address", other)
+	refused(a, "an allowed name's address without the name", fmt.Sprintf("http://%s:%d/hello", h.Addr, h.Port))
+	if n := h.asked(fmt.Sprintf("other.test:%d", h.Port)) + h.asked(fmt.Sprintf("%s:%d", h.Addr, h.Port)); n != 0 {
+		t.Fatalf("the test host answered %d requests the list refuses", n)
+	}
+	usage := s.must(200, "GET", "/v1/sandboxes/"+a+"/network", "").data()["usage"].(map[string]any)
+	if usage["bytes_out"].(float64) == 0 || usage["bytes_in"].(float64) == 0 || usage["refused"].(float64) < 4 {
+		t.Fatalf("usage: %v", usage)
+	}
+
+	// A fork keeps its source's list.
+	s.waitSnapshot("/v1/sandboxes/" + a + "/snapshots/" + s.must(200, "POST", "/v1/sandboxes/"+a+"/snapshots", `{}`).data()["id"].(string))
+	f := s.create(s.key, `{"name":"net-fork","from":{"sandbox":"net-all","snapshot":"v1"}}`)
+	if n := s.must(200, "GET", "/v1/sandboxes/"+f+"/network", "").data(); n["egress"] != "list" {
+		t.Fatalf("the fork's network: %v", n)
+	}
+	if out := s.sh(f, "curl -sS --max-time 30 "+web+"/hello"); out != "hello from the test host" {
+		t.Fatalf("curl in the fork: %q", out)
+	}
+	refused(f, "the fork: an address without the name", fmt.Sprintf("http://%s:%d/hello", h.Addr, h.Port))
+
+	// None, then a restore: the sandbox's setting holds in the restored
+	// machine.
+	s.must(200, "PUT", "/v1/sandboxes/"+a+"/network", `{"egress":"none"}`)
+	if r := s.exec(a, "getent", "hosts", "web.test"); r.ExitCode == 0 {
+		t.Fatalf("none resolved web.test: %s", r.Stdout)
+	}
+	refused(a, "none", web+"/hello")
+	s.must(200, "POST", "/v1/sandboxes/"+a+"/snapshots/v1/restore", `{}`)
+	s.waitState(s.key, a, "running", 4*time.Minute)
+	refused(a, "none, after a restore", web+"/hello")
+	if n := sideHits.Load(); n != 0 {
+		t.Fatalf("the host's own address was reached %d times", n)
+	}
+}
