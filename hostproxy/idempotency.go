@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"strata/egress/policy"
 	"strconv"
 	"strings"
 	"time"
@@ -155,6 +156,8 @@ type forkRequest struct {
 	// hashes as it did before they existed.
 	Env    map[string]string `json:"env,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// Network likewise.
+	Network *policy.Spec `json:"network,omitempty"`
 }
 
 // checkForkKey fails with idempotency_key_reused when account's key

@@ -242,10 +242,16 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 		return err
 	}
 	access := recordAccess(req.Access)
+	// The forks keep their source's network unless the request gives
+	// one.
+	network := sb.Network
+	if req.Network != nil {
+		network = req.Network
+	}
 	var request string
 	now := s.now()
 	if key != "" {
-		request = requestHash(forkRequest{Sandbox: sb.ID, Snapshot: sn.ID, Count: req.Count, NamePrefix: req.NamePrefix, Access: access, Env: req.Env, Labels: req.Labels})
+		request = requestHash(forkRequest{Sandbox: sb.ID, Snapshot: sn.ID, Count: req.Count, NamePrefix: req.NamePrefix, Access: access, Env: req.Env, Labels: req.Labels, Network: req.Network})
 		if err := s.reg.checkForkKey(r.Context(), p.Account, key, request, now); err != nil {
 			return err
 		}
@@ -270,7 +276,7 @@ func (s *Server) forkSnapshot(c echo.Context) error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			rec, err := s.fork(ctx, p, sb.ID, sn.ID, Sandbox{Name: name, Access: access, Env: req.Env, Labels: req.Labels})
+			rec, err := s.fork(ctx, p, sb.ID, sn.ID, Sandbox{Name: name, Access: access, Env: req.Env, Labels: req.Labels, Network: network})
 			if errors.Is(err, errClaimed) {
 				views[i], errs[i] = s.claimedFork(r.Context(), claim.prior)
 				return

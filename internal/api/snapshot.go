@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"fmt"
+	"strata/egress/policy"
 	"strings"
 	"unicode/utf8"
 
@@ -123,6 +124,9 @@ type ForkRequest struct {
 	// ValidateLabels), never the source's.
 	Env    map[string]string `json:"env,omitempty"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// Network is every fork's network setting (policy.Parse); left out,
+	// the source's: a fork of a restricted sandbox is restricted too.
+	Network *policy.Spec `json:"network,omitempty"`
 }
 
 // ParseFork decodes and checks a fork body of at most MaxCreateBody
@@ -161,6 +165,14 @@ func ParseFork(body []byte) (ForkRequest, error) {
 	}
 	if len(req.Labels) == 0 {
 		req.Labels = nil
+	}
+	if req.Network != nil {
+		p, err := policy.Parse(*req.Network)
+		if err != nil {
+			return ForkRequest{}, err
+		}
+		spec := p.Spec()
+		req.Network = &spec
 	}
 	return req, nil
 }

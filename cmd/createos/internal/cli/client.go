@@ -17,6 +17,7 @@ type (
 	Checkpoint            = client.Checkpoint
 	Restored              = client.Restored
 	Sandbox               = client.Sandbox
+	NetworkUsage          = client.NetworkUsage
 	SandboxState          = client.SandboxState
 	ExecResult            = client.ExecResult
 	Snapshot              = client.Snapshot

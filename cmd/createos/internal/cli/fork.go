@@ -22,6 +22,7 @@ func (a *app) forkCommand() *cobra.Command {
 	var count int
 	var access string
 	var env, labels []string
+	var nf networkFlags
 	var w waitFlags
 	cmd := &cobra.Command{
 		Use:   "fork SANDBOX SNAPSHOT [NAME] [--count N] [--env K=V]... [--label k=v]... [--access none|SCOPE,…] [--no-wait]",
@@ -66,6 +67,10 @@ whole deployment.`,
 			if len(args) == 3 {
 				name = &args[2]
 			}
+			network, err := nf.setting(cmd)
+			if err != nil {
+				return err
+			}
 			var raw json.RawMessage
 			if cmd.Flags().Changed("access") {
 				acc, err := parseAccess("--access", access)
@@ -80,17 +85,18 @@ whole deployment.`,
 						return err
 					}
 				}
-				return a.createSandbox(cmd.Context(), api.SandboxCreateRequest{Name: name, From: from, Access: raw, Env: envs, Labels: lbls}, &w)
+				return a.createSandbox(cmd.Context(), api.SandboxCreateRequest{Name: name, From: from, Access: raw, Env: envs, Labels: lbls, Network: network}, &w)
 			}
 			if from.Sandbox == "" {
 				return errors.New("--count needs SANDBOX given: the many-forks route is the sandbox's")
 			}
-			return a.forkMany(cmd.Context(), from, ForkRequest{Count: count, NamePrefix: name, Access: raw, Env: envs, Labels: lbls}, &w)
+			return a.forkMany(cmd.Context(), from, ForkRequest{Count: count, NamePrefix: name, Access: raw, Env: envs, Labels: lbls, Network: network}, &w)
 		},
 	}
 	cmd.Flags().IntVar(&count, "count", 1, "make N forks in one call (1 to 100); NAME is then their name prefix")
 	cmd.Flags().StringVar(&access, "access", "", "what the key handed to each fork's guest may do: none, or scopes joined by commas (default checkpoints,snapshots)")
 	addEnvAndLabels(cmd, &env, &labels)
+	nf.add(cmd)
 	w.add(cmd, "runs")
 	cmd.ValidArgsFunction = a.completeSnapshot
 	return cmd

@@ -38,7 +38,7 @@ func (a *app) sandboxCommands() []*cobra.Command {
 	} {
 		cmds = append(cmds, a.sandboxOpCommand(o.op, o.target, o.short))
 	}
-	return append(cmds, a.execCommand(), a.sessionCommand(), a.cpCommand(), a.forkCommand(), a.accessCommand(), a.labelsCommand())
+	return append(cmds, a.execCommand(), a.sessionCommand(), a.cpCommand(), a.forkCommand(), a.accessCommand(), a.labelsCommand(), a.networkCommand())
 }
 
 // waitFlags are --no-wait and --wait-timeout.
@@ -111,8 +111,9 @@ func (a *app) sandboxCreateCommand() *cobra.Command {
 	var access string
 	var env, labels []string
 	var w waitFlags
+	var nf networkFlags
 	cmd := &cobra.Command{
-		Use:   "create [NAME] [--memory-mib N] [--vcpus N] [--disk-gib N] [--env K=V]... [--label k=v]... [--access none|SCOPE,…] [--no-wait]",
+		Use:   "create [NAME] [--memory-mib N] [--vcpus N] [--disk-gib N] [--env K=V]... [--label k=v]... [--access none|SCOPE,…] [--egress all|none|list] [--allow RULE]... [--deny RULE]... [--no-wait]",
 		Short: "Create a sandbox (a microVM) and wait until it runs",
 		Long: `Create a sandbox: a microVM booted from the guest image. Resources the
 flags leave out take the API's defaults (512 MiB of memory, 1 vCPU, a 4 GiB
@@ -133,10 +134,14 @@ sandbox labels').
 --access is what processes inside may do with the key their guest is
 handed: scopes joined by commas (checkpoints, snapshots, exec, files, ports,
 watch; default checkpoints,snapshots), or none for no key at all (see
-'createos sandbox access').`,
+'createos sandbox access').
+
+--egress, --allow and --deny are its network (see 'createos sandbox
+network'): all by default; --allow alone makes a list.`,
 		Example: "  createos sandbox create web-1 --memory-mib 1024 --vcpus 2\n" +
 			"  createos sandbox create scratch --env CI=1 --label owner=docs\n" +
 			"  createos sandbox create ci --access none\n" +
+			"  createos sandbox create build --egress list --allow pypi.org --allow '*.github.com'\n" +
 			"  id=$(createos sandbox create --no-wait -o json | jq -r .id)",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -170,6 +175,9 @@ watch; default checkpoints,snapshots), or none for no key at all (see
 				}
 				req.SetAccess(acc)
 			}
+			if req.Network, err = nf.setting(cmd); err != nil {
+				return err
+			}
 			return a.createSandbox(cmd.Context(), req, &w)
 		},
 	}
@@ -178,6 +186,7 @@ watch; default checkpoints,snapshots), or none for no key at all (see
 	cmd.Flags().IntVar(&disk, "disk-gib", api.DefaultDiskGiB, fmt.Sprintf("disk in GiB (%d to %d)", api.MinDiskGiB, api.MaxDiskGiB))
 	cmd.Flags().StringVar(&access, "access", "", "what the key handed to the guest may do: none, or scopes joined by commas (default checkpoints,snapshots)")
 	addEnvAndLabels(cmd, &env, &labels)
+	nf.add(cmd)
 	w.add(cmd, "runs")
 	return cmd
 }
