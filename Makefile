@@ -186,7 +186,7 @@ run:
 	  [ -s $(STATE)/api-key ] || (umask 077; $(BIN)/hostproxy --print-new-key > $(STATE)/api-key); \
 	  KEY="$$(cat $(STATE)/api-key)"; \
 	fi; \
-	CREATEOS_API_KEY="$$KEY" $(BIN)/hostproxy --listen $(LISTEN) --data $(STATE)/hostproxy $(if $(DEBUG),--debug) \
+	CREATEOS_API_KEY="$$KEY" $(BIN)/hostproxy $(if $(CONFIG),--config $(abspath $(CONFIG))) --listen $(LISTEN) --data $(STATE)/hostproxy $(if $(DEBUG),--debug) \
 	  --account local --key-env CREATEOS_API_KEY --vms $(STATE)/vms --image $$image & H=$$!; \
 	trap 'kill -TERM $$H 2>/dev/null' INT TERM; \
 	until serving; do kill -0 $$H 2>/dev/null || exit 1; sleep 0.1; done; \

@@ -166,6 +166,11 @@ var (
 // openVMs starts the lifecycle manager and adopts the sandboxes an
 // earlier hostproxy left running.
 func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbox.Manager)) error {
+	eg, err := egressConfig(mc.Egress)
+	if err != nil {
+		return err
+	}
+	eg.Refused, eg.Carried = s.metrics.egressRefused, s.metrics.egressCarried
 	img, err := sandbox.LoadImage(mc.Image)
 	if err != nil {
 		return err
@@ -192,11 +197,6 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 	if _, err := vmm.CheckVersion(version); err != nil {
 		return err
 	}
-	eg, err := egressConfig(mc.Egress)
-	if err != nil {
-		return err
-	}
-	eg.Refused, eg.Carried = s.metrics.egressRefused, s.metrics.egressCarried
 	m, err := sandbox.New(sandbox.Config{
 		Egress:      eg,
 		QEMUVersion: version,

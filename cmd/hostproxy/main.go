@@ -127,7 +127,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		if *forksAhead < 0 || *forksAhead > sandbox.MaxForksAhead {
 			return fmt.Errorf("--forks-ahead %d: want 0 to %d", *forksAhead, sandbox.MaxForksAhead)
 		}
-		cfg.VMs = &hostproxy.VMsConfig{Dir: *vmDir, Image: *image, Accel: *accel, Pool: *pool, ForksAhead: *forksAhead}
+		// Over the configuration's vms, if it has them (make run's
+		// CONFIG=path): the flags win, its other keys (egress, limits)
+		// stay.
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		vms := cfg.VMs
+		if vms == nil {
+			vms = &hostproxy.VMsConfig{Pool: *pool, ForksAhead: *forksAhead}
+		}
+		vms.Dir, vms.Image = *vmDir, *image
+		if *accel != "" {
+			vms.Accel = *accel
+		}
+		if set["pool"] {
+			vms.Pool = *pool
+		}
+		if set["forks-ahead"] {
+			vms.ForksAhead = *forksAhead
+		}
+		cfg.VMs = vms
 	}
 	if *publicURL != "" {
 		cfg.PublicURL = *publicURL

@@ -128,3 +128,19 @@ func (w *syncWriter) String() string {
 	defer w.mu.Unlock()
 	return w.buf.String()
 }
+
+// TestRunConfigUnderFlags: --vms and --image go over the configuration's
+// vms and keep its other keys (make run's CONFIG=path): a broken
+// vms.egress in the file is still read, and refused.
+func TestRunConfigUnderFlags(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "hostproxy.json")
+	if err := os.WriteFile(cfg, []byte(`{"vms":{"dir":"/nowhere","image":"/nowhere","egress":{"resolver":"not an address"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--config", cfg, "--data", filepath.Join(dir, "data"), "--key-env", "K", "--vms", filepath.Join(dir, "vms"), "--image", filepath.Join(dir, "img")}
+	err := run(context.Background(), args, &bytes.Buffer{}, &bytes.Buffer{}, func(string) string { return "sk_" + strings.Repeat("a", 43) })
+	if err == nil || !strings.Contains(err.Error(), "vms.egress.resolver") {
+		t.Fatalf("run %v: %v, want the configuration's vms.egress.resolver refused", args, err)
+	}
+}
