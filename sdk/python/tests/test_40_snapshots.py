@@ -50,6 +50,13 @@ def test_seed_aliases_and_forks(sb: Sandbox, name: str) -> None:
     snapshot's ref): a fork of it needs no sandbox; forks take their own env
     and labels, are found by them and by their names."""
     sb.exec.run("echo forked > /root/forkfile")
+    # The source's network, which a fork without one keeps.
+    n = sb.network.set("list", allow=["PyPI.org.", "*.github.com"])
+    assert n["egress"] == "list" and n["allow"] == ["pypi.org", "*.github.com"]  # the canonical form
+    assert n["usage"]["refused"] >= 0 and sb.network.get()["egress"] == "list"
+    with pytest.raises(StrataError) as bad:
+        sb.network.set("all", allow=["pypi.org"])
+    assert bad.value.status == 400 and bad.value.code == "invalid_field"
     cp = sb.create_checkpoint(f"{name}-after-build", kind="disk_only")
     try:
         assert cp["id"].startswith("sn-") and cp["sandboxId"] == sb.id and cp["status"] == "ready" and cp["kind"] == "disk_only"
@@ -59,6 +66,7 @@ def test_seed_aliases_and_forks(sb: Sandbox, name: str) -> None:
         try:
             assert fork.info.state == "running" and fork.info["from"] == {"sandbox": sb.id, "snapshot": cp["snapshotId"]}
             assert fork.exec.run("cat /root/forkfile").stdout == "forked\n"
+            assert fork.network.get()["egress"] == "list"  # its source's
             # The fork's env under the call's own; by its name wherever its id goes.
             byname = Sandbox.connect(f"{name}-one", client=sb.client)
             assert byname.exec.run("echo $SEED $X", env={"X": "call"}).stdout == "loam call\n"
@@ -69,9 +77,10 @@ def test_seed_aliases_and_forks(sb: Sandbox, name: str) -> None:
             assert fork.refresh()["env"] == {"SEED": "loam"}
         finally:
             fork.kill()
-        forks = sb.fork(f"{name}-after-build", name=name, count=1)
+        forks = sb.fork(f"{name}-after-build", name=name, count=1, network={"egress": "none"})
         try:
             assert len(forks) == 1 and not forks.failed
+            assert forks[0].network.get()["egress"] == "none"  # its own
             assert forks[0].info.name == f"{name}-1" and forks[0].info.state == "running"
             assert forks[0].exec.run("cat /root/forkfile").stdout == "forked\n"
         finally:
@@ -92,3 +101,4 @@ def test_seed_aliases_and_forks(sb: Sandbox, name: str) -> None:
             delete_when_ready(sb, auto.id)
     finally:
         sb.delete_checkpoint(cp["id"])
+        sb.network.set("all")

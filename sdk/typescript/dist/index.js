@@ -22,5 +22,6 @@ export { Files } from "./files.js";
 export { Checkpoints } from "./checkpoints.js";
 export { Snapshots, checkpointInfo } from "./snapshots.js";
 export { AccessTokens } from "./tokens.js";
+export { Network } from "./network.js";
 export { ROUTES } from "./routes.js";
 //# sourceMappingURL=index.js.map

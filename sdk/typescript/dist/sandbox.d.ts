@@ -9,6 +9,8 @@ import { Exec } from "./exec.js";
 import { Files } from "./files.js";
 import { Snapshots, type SnapshotCreateOptions } from "./snapshots.js";
 import { AccessTokens } from "./tokens.js";
+import { Network } from "./network.js";
+import type { NetworkSetting } from "./types.js";
 import type { Access, CheckpointInfo, ForkRefusal, Labels, SandboxInfo, SandboxRecord, SandboxState, Snapshot, SnapshotRestored } from "./types.js";
 /** Whether to wait for the sandbox's state. */
 export interface WaitOptions {
@@ -20,8 +22,10 @@ export interface ClientOptions {
     /** The client (default: {@link Strata.default}). */
     client?: Strata;
 }
-/** A sandbox's own env and labels, given by a create or a fork (never the source's). */
+/** A sandbox's own env and labels, given by a create or a fork (never the source's); its network (a fork without one keeps its source's). */
 export interface EnvAndLabels {
+    /** Its network (default `{ egress: "all" }`; a fork: its source's): see {@link Network}. */
+    network?: NetworkSetting;
     /** The environment of every exec and session of the sandbox, under each call's own `env` (at most 64 entries, with a call's; names `[A-Za-z_][A-Za-z0-9_]*`; name and value at most 4 KiB). Not a secret store: `GET` shows it. */
     env?: Record<string, string>;
     /** Its labels (see {@link Labels}): {@link Sandbox.list} finds sandboxes by them. */
@@ -113,6 +117,8 @@ export declare class Sandbox {
     readonly snapshots: Snapshots;
     /** The sandbox's access token. */
     readonly accessToken: AccessTokens;
+    /** Its network setting and usage ({@link Network}). */
+    readonly network: Network;
     /**
      * Wraps a record; use {@link Sandbox.create} or {@link Sandbox.connect} instead.
      *

@@ -10,6 +10,7 @@ import { Exec } from "./exec.js";
 import { Files } from "./files.js";
 import { Snapshots, checkpointInfo } from "./snapshots.js";
 import { AccessTokens } from "./tokens.js";
+import { Network } from "./network.js";
 /** States on the way to another. */
 const TRANSITIONAL = new Set(["creating", "pausing", "resuming", "stopping", "destroying", "unresponsive"]);
 /** e, with the sandbox's id added to its data (so that the caller can find, and kill, what was made). */
@@ -65,6 +66,8 @@ export class Sandbox {
     snapshots;
     /** The sandbox's access token. */
     accessToken;
+    /** Its network setting and usage ({@link Network}). */
+    network;
     /**
      * Wraps a record; use {@link Sandbox.create} or {@link Sandbox.connect} instead.
      *
@@ -82,6 +85,7 @@ export class Sandbox {
         // (it may not restore either, today) does without.
         this.snapshots = new Snapshots(client, this.id, () => this.refresh().catch((e) => (forbidden(e) ? undefined : Promise.reject(e))));
         this.accessToken = new AccessTokens(client, this.id);
+        this.network = new Network(client, this.id);
     }
     /**
      * Creates a sandbox and, unless `wait: false`, returns once it runs.
@@ -105,6 +109,7 @@ export class Sandbox {
                 access: options.access,
                 env: options.env,
                 labels: options.labels,
+                network: options.network,
             },
             idempotent: true,
         });
@@ -198,7 +203,7 @@ export class Sandbox {
     }
     static async forkOne(client, from, options) {
         const { data } = await client.call("POST", "/v1/sandboxes", {
-            json: { name: options.name, from, access: options.access, env: options.env, labels: options.labels },
+            json: { name: options.name, from, access: options.access, env: options.env, labels: options.labels, network: options.network },
             idempotent: true,
         });
         const sb = new Sandbox(client, camel(data));
@@ -210,7 +215,7 @@ export class Sandbox {
         if (options.count === undefined)
             return Sandbox.forkOne(this.client, { sandbox: this.id, snapshot }, options);
         const { data } = await this.client.call("POST", sandboxPath(this.id, "snapshots", snapshot, "fork"), {
-            json: { count: options.count, name_prefix: options.name, access: options.access, env: options.env, labels: options.labels },
+            json: { count: options.count, name_prefix: options.name, access: options.access, env: options.env, labels: options.labels, network: options.network },
             idempotent: true,
         });
         const set = camel(data.sandboxes).map((r) => new Sandbox(this.client, r));

@@ -63,6 +63,40 @@ export interface SandboxRecord {
     labels?: Labels;
     /** The environment of every exec and session, under each call's own `env`: in a create's answer and a read of the sandbox, never in lists. */
     env?: Record<string, string>;
+    /** A microVM's network setting (lists show its `egress` alone), with its usage while it runs. */
+    network?: NetworkInfo;
+}
+/**
+ * A sandbox's network setting: `egress` `"all"` (default), `"none"` or
+ * `"list"`; `allow` (with `"list"`) and `deny` rules: host names
+ * (`pypi.org`), wildcards (`*.github.com`: any name below, not the name
+ * itself) or CIDRs; at most 256 per list; `deny` wins.
+ */
+export interface NetworkSetting {
+    /** Where it reaches: `"all"` (default), `"none"` or `"list"`. */
+    egress?: "all" | "none" | "list";
+    /** With `"list"`: what it may reach. */
+    allow?: string[];
+    /** What it may never reach, over `allow`. */
+    deny?: string[];
+}
+/** A sandbox's traffic since its machine last started. */
+export interface NetworkUsage {
+    /** Bytes the guest sent through its connections. */
+    bytesOut: number;
+    /** Bytes that came back to it. */
+    bytesIn: number;
+    /** TCP connections carried. */
+    connections: number;
+    /** Connections and DNS questions refused. */
+    refused: number;
+}
+/** A sandbox's network setting in its canonical form, with its usage while it runs. */
+export interface NetworkInfo extends NetworkSetting {
+    /** Where it reaches. */
+    egress: "all" | "none" | "list";
+    /** Its traffic since the machine last started, while it runs. */
+    usage?: NetworkUsage;
 }
 /**
  * A sandbox's labels: at most 32; keys of 1–63 lowercase letters, digits,

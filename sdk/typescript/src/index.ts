@@ -38,5 +38,6 @@ export type { CheckpointCreateOptions } from "./checkpoints.js";
 export { Snapshots, checkpointInfo } from "./snapshots.js";
 export type { SnapshotCreateOptions } from "./snapshots.js";
 export { AccessTokens } from "./tokens.js";
+export { Network } from "./network.js";
 export { ROUTES } from "./routes.js";
 export type * from "./types.js";

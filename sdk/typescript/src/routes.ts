@@ -24,6 +24,8 @@ export const ROUTES: Readonly<Record<string, readonly string[]>> = {
   "Sandbox.kill": ["DELETE /v1/sandboxes/{id}"],
   "Sandbox.setAccess": ["PUT /v1/sandboxes/{id}/access"],
   "Sandbox.setLabels": ["PUT /v1/sandboxes/{id}/labels"],
+  "Network.get": ["GET /v1/sandboxes/{id}/network"],
+  "Network.set": ["PUT /v1/sandboxes/{id}/network"],
   "Sandbox.pause": ["POST /v1/sandboxes/{id}/pause", "GET /v1/sandboxes/{id}"],
   "Sandbox.resume": ["POST /v1/sandboxes/{id}/resume", "GET /v1/sandboxes/{id}"],
   "Sandbox.stop": ["POST /v1/sandboxes/{id}/stop"],

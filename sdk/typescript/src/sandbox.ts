@@ -10,6 +10,8 @@ import { Exec } from "./exec.js";
 import { Files } from "./files.js";
 import { Snapshots, checkpointInfo, type SnapshotCreateOptions } from "./snapshots.js";
 import { AccessTokens } from "./tokens.js";
+import { Network } from "./network.js";
+import type { NetworkSetting } from "./types.js";
 import type { Access, CheckpointInfo, ForkRefusal, Labels, SandboxInfo, SandboxRecord, SandboxState, Snapshot, SnapshotRestored } from "./types.js";
 
 /** Whether to wait for the sandbox's state. */
@@ -24,8 +26,10 @@ export interface ClientOptions {
   client?: Strata;
 }
 
-/** A sandbox's own env and labels, given by a create or a fork (never the source's). */
+/** A sandbox's own env and labels, given by a create or a fork (never the source's); its network (a fork without one keeps its source's). */
 export interface EnvAndLabels {
+  /** Its network (default `{ egress: "all" }`; a fork: its source's): see {@link Network}. */
+  network?: NetworkSetting;
   /** The environment of every exec and session of the sandbox, under each call's own `env` (at most 64 entries, with a call's; names `[A-Za-z_][A-Za-z0-9_]*`; name and value at most 4 KiB). Not a secret store: `GET` shows it. */
   env?: Record<string, string>;
   /** Its labels (see {@link Labels}): {@link Sandbox.list} finds sandboxes by them. */
@@ -139,6 +143,8 @@ export class Sandbox {
   readonly snapshots: Snapshots;
   /** The sandbox's access token. */
   readonly accessToken: AccessTokens;
+  /** Its network setting and usage ({@link Network}). */
+  readonly network: Network;
 
   /**
    * Wraps a record; use {@link Sandbox.create} or {@link Sandbox.connect} instead.
@@ -157,6 +163,7 @@ export class Sandbox {
     // (it may not restore either, today) does without.
     this.snapshots = new Snapshots(client, this.id, () => this.refresh().catch((e: unknown) => (forbidden(e) ? undefined : Promise.reject(e))));
     this.accessToken = new AccessTokens(client, this.id);
+    this.network = new Network(client, this.id);
   }
 
   /**
@@ -181,6 +188,7 @@ export class Sandbox {
         access: options.access,
         env: options.env,
         labels: options.labels,
+        network: options.network,
       },
       idempotent: true,
     });
@@ -277,7 +285,7 @@ export class Sandbox {
     options: { name?: string; access?: Access; timeoutMs?: number } & EnvAndLabels & WaitOptions,
   ): Promise<Sandbox> {
     const { data } = await client.call("POST", "/v1/sandboxes", {
-      json: { name: options.name, from, access: options.access, env: options.env, labels: options.labels },
+      json: { name: options.name, from, access: options.access, env: options.env, labels: options.labels, network: options.network },
       idempotent: true,
     });
     const sb = new Sandbox(client, camel<SandboxRecord>(data));
@@ -310,7 +318,7 @@ export class Sandbox {
   async fork(snapshot: string, options: ForkOptions = {}): Promise<Sandbox | ForkSet> {
     if (options.count === undefined) return Sandbox.forkOne(this.client, { sandbox: this.id, snapshot }, options);
     const { data } = await this.client.call<{ sandboxes: unknown[]; failed?: ForkRefusal[] }>("POST", sandboxPath(this.id, "snapshots", snapshot, "fork"), {
-      json: { count: options.count, name_prefix: options.name, access: options.access, env: options.env, labels: options.labels },
+      json: { count: options.count, name_prefix: options.name, access: options.access, env: options.env, labels: options.labels, network: options.network },
       idempotent: true,
     });
     const set = camel<SandboxRecord[]>(data.sandboxes).map((r) => new Sandbox(this.client, r)) as ForkSet;

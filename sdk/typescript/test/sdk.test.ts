@@ -448,12 +448,18 @@ if (!API_URL || !API_KEY) {
 
     test("fork one, fork many, createFromCheckpoint", async () => {
       await sb.files.write("/workspace/origin", sb.id);
+      // The source's network, which a fork without one keeps.
+      const set = await sb.network.set({ egress: "list", allow: ["PyPI.org.", "*.github.com"] });
+      assert.deepEqual([set.egress, set.allow], ["list", ["pypi.org", "*.github.com"]], "the canonical form");
+      assert.ok(set.usage && set.usage.bytesOut >= 0 && set.usage.refused >= 0, "usage while it runs");
+      await rejectsWith(sb.network.set({ egress: "all", allow: ["pypi.org"] }), 400, "invalid_field");
       const snap = await sb.snapshots.create({ comment: "fork source" });
       const one = await sb.fork(snap.id, { name: `${prefix}-fork`, env: { SEED: "loam" }, labels: { owner: prefix } });
       made.push(one);
       assert.equal(one.info.state, "running");
       assert.deepEqual(one.info.from, { sandbox: sb.id, snapshot: snap.id });
       assert.equal(await one.files.readText("/workspace/origin"), sb.id);
+      assert.equal((await one.network.get()).egress, "list", "a fork keeps its source's network");
       // Its own env under each call's, and labels; found by its name wherever its id goes.
       const byName = await Sandbox.connect(`${prefix}-fork`);
       assert.equal(byName.id, one.id);
@@ -466,13 +472,14 @@ if (!API_URL || !API_KEY) {
       await one.kill();
       await rejectsWith(Sandbox.connect(`${prefix}-fork`), 404, "sandbox_not_found");
 
-      const many = await sb.fork(snap.id, { count: 2, name: `${prefix}-many` });
+      const many = await sb.fork(snap.id, { count: 2, name: `${prefix}-many`, network: { egress: "none" } });
       made.push(...many);
       assert.equal(many.length, 2);
       assert.deepEqual(many.failed, []);
       assert.deepEqual(many.map((f) => f.info.name), [`${prefix}-many-1`, `${prefix}-many-2`]);
       assert.deepEqual(many.map((f) => f.info.state), ["running", "running"]);
       for (const f of many) assert.equal((await f.exec.run("cat /workspace/origin")).stdout, sb.id);
+      for (const f of many) assert.equal((await f.network.get()).egress, "none", "a fork's own network");
       await Promise.all(many.map((f) => f.kill()));
 
       const seedStyle = await Sandbox.createFromCheckpoint(snap, { name: `${prefix}-seed` });
@@ -490,6 +497,7 @@ if (!API_URL || !API_KEY) {
       await byRef.kill();
       await sb.snapshots.delete(snap.id);
       await sb.files.remove("/workspace/origin");
+      assert.equal((await sb.network.set({ egress: "all" })).egress, "all");
     });
   });
 

@@ -27,16 +27,19 @@ Every failure is a ``StrataError`` (``.code``, ``.message``, ``.status``,
 from ._client import Strata, configure, default_client, __version__
 from ._errors import StrataError
 from ._records import Record
-from .aio import AsyncAccessToken, AsyncCheckpoints, AsyncExec, AsyncFiles, AsyncSandbox, AsyncSession, AsyncSnapshots
+from .aio import AsyncAccessToken, AsyncNetwork, AsyncCheckpoints, AsyncExec, AsyncFiles, AsyncSandbox, AsyncSession, AsyncSnapshots
 from .checkpoints import Checkpoints
 from .exec import Exec, ExecResult, Output, Session
 from .files import Files, FileStream
 from .sandbox import ForkList, Sandbox
 from .snapshots import Snapshots, checkpoint_info
+from .network import Network
 from .tokens import AccessToken
 
 __all__ = [
     "AccessToken",
+    "Network",
+    "AsyncNetwork",
     "AsyncAccessToken",
     "AsyncCheckpoints",
     "AsyncExec",

@@ -26,6 +26,8 @@ ROUTES: dict[str, list[tuple[str, str]]] = {
     "Sandbox.kill": [("DELETE", S)],
     "Sandbox.set_access": [("PUT", S + "/access")],
     "Sandbox.set_labels": [("PUT", S + "/labels")],
+    "Network.get": [("GET", S + "/network")],
+    "Network.set": [("PUT", S + "/network")],
     "Sandbox.pause": [("POST", S + "/pause"), ("GET", S)],
     "Sandbox.resume": [("POST", S + "/resume"), ("GET", S)],
     "Sandbox.stop": [("POST", S + "/stop")],

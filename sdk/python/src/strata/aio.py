@@ -31,6 +31,7 @@ from ._records import Record
 from .checkpoints import Checkpoints, Retention
 from .exec import Command, Exec, ExecResult, Output, Session
 from .files import Files, FileStream
+from .network import Network
 from .sandbox import ForkList, Sandbox, WAIT_TIMEOUT
 from .snapshots import Snapshots
 from .tokens import AccessToken
@@ -349,6 +350,16 @@ class AsyncAccessToken:
     revoke = _threaded(AccessToken.revoke)
 
 
+class AsyncNetwork:
+    """``sb.network`` of an AsyncSandbox (see ``Network``)."""
+
+    def __init__(self, sync: Network) -> None:
+        self._sync = sync
+
+    get = _threaded(Network.get)
+    set = _threaded(Network.set)
+
+
 class AsyncSandbox:
     """A sandbox for asyncio: the API of ``Sandbox``, every call awaitable
     (run in a worker thread with ``asyncio.to_thread``; see the module
@@ -362,6 +373,7 @@ class AsyncSandbox:
         self.checkpoints = AsyncCheckpoints(sync.checkpoints)
         self.snapshots = AsyncSnapshots(sync.snapshots)
         self.access_token = AsyncAccessToken(sync.access_token)
+        self.network = AsyncNetwork(sync.network)
 
     def __repr__(self) -> str:
         return f"Async{self._sync!r}"

@@ -24,6 +24,7 @@ from ._records import Record
 from .checkpoints import Checkpoints, Retention
 from .exec import Exec
 from .files import Files
+from .network import Network, NetworkSetting
 from .snapshots import Snapshots, checkpoint_info
 from .tokens import Access, AccessToken
 
@@ -60,6 +61,7 @@ class Sandbox:
     checkpoints: Checkpoints
     snapshots: Snapshots
     access_token: AccessToken
+    network: Network
 
     def __init__(self, id: str, *, client: Strata | None = None, info: Record | None = None) -> None:
         self.id = id
@@ -70,6 +72,7 @@ class Sandbox:
         self.checkpoints = Checkpoints(self)
         self.snapshots = Snapshots(self)
         self.access_token = AccessToken(self)
+        self.network = Network(self)
 
     def __repr__(self) -> str:
         state = self._info.get("state") if self._info else None
@@ -97,6 +100,7 @@ class Sandbox:
         access: Access | None = None,
         env: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
+        network: NetworkSetting | None = None,
         wait: bool = True,
         timeout: float = WAIT_TIMEOUT,
         client: Strata | None = None,
@@ -110,10 +114,12 @@ class Sandbox:
         ``set_access``; default ``{"scopes": ["checkpoints", "snapshots"]}``);
         ``env``: the environment of every exec and session, under each
         call's own (at most 64 entries with a call's; not a secret store);
-        ``labels``: the sandbox's labels (``Sandbox.list(labels=…)``).
-        Sent with an Idempotency-Key, retried safely."""
+        ``labels``: the sandbox's labels (``Sandbox.list(labels=…)``);
+        ``network``: its network setting (see ``Network``; default
+        ``{"egress": "all"}``). Sent with an Idempotency-Key, retried
+        safely."""
         body: dict[str, Any] = {}
-        for k, v in (("name", name), ("memory_mib", memory_mib), ("vcpus", vcpus), ("disk_gib", disk_gib), ("access", access), ("env", env), ("labels", labels)):
+        for k, v in (("name", name), ("memory_mib", memory_mib), ("vcpus", vcpus), ("disk_gib", disk_gib), ("access", access), ("env", env), ("labels", labels), ("network", network)):
             if v is not None:
                 body[k] = v
         return cls._create(body, wait, timeout, resolve(client))
@@ -140,6 +146,7 @@ class Sandbox:
         access: Access | None = None,
         env: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
+        network: NetworkSetting | None = None,
         wait: bool = True,
         timeout: float = WAIT_TIMEOUT,
         client: Strata | None = None,
@@ -152,7 +159,8 @@ class Sandbox:
         or snapshot dict, or a snapshot's ``v1``-style id or name of
         sandbox ``sandbox`` (default: the configured
         ``CREATEOS_SANDBOX_ID``). Its ``access``, ``env`` and ``labels``
-        are its own, never its source's."""
+        are its own, never its source's; its ``network`` is its source's
+        unless given."""
         c = resolve(client)
         if isinstance(snapshot_id, dict):
             ref = snapshot_id.get("ref") or (snapshot_id.get("id") if "sandboxId" in snapshot_id else None)
@@ -173,7 +181,7 @@ class Sandbox:
                 )
             source = {"sandbox": src, "snapshot": snapshot_id}
         body: dict[str, Any] = {"from": source}
-        for k, v in (("name", name), ("access", access), ("env", env), ("labels", labels)):
+        for k, v in (("name", name), ("access", access), ("env", env), ("labels", labels), ("network", network)):
             if v is not None:
                 body[k] = v
         return cls._create(body, wait, timeout, c)
@@ -338,13 +346,13 @@ class Sandbox:
     @overload
     def fork(
         self, snapshot: str, *, name: str | None = ..., count: None = ..., access: Access | None = ...,
-        env: dict[str, str] | None = ..., labels: dict[str, str] | None = ..., wait: bool = ..., timeout: float = ...,
+        env: dict[str, str] | None = ..., labels: dict[str, str] | None = ..., network: NetworkSetting | None = ..., wait: bool = ..., timeout: float = ...,
     ) -> "Sandbox": ...
 
     @overload
     def fork(
         self, snapshot: str, *, name: str | None = ..., count: int, access: Access | None = ...,
-        env: dict[str, str] | None = ..., labels: dict[str, str] | None = ..., wait: bool = ..., timeout: float = ...,
+        env: dict[str, str] | None = ..., labels: dict[str, str] | None = ..., network: NetworkSetting | None = ..., wait: bool = ..., timeout: float = ...,
     ) -> ForkList: ...
 
     def fork(
@@ -356,6 +364,7 @@ class Sandbox:
         access: Access | None = None,
         env: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
+        network: NetworkSetting | None = None,
         wait: bool = True,
         timeout: float = WAIT_TIMEOUT,
     ) -> "Sandbox | ForkList":
@@ -370,15 +379,16 @@ class Sandbox:
         ``running`` (or the single fork does not), StrataError: its
         ``data`` has ``ids``, every fork made (``id`` for a single fork),
         so the caller can kill them. ``access``: each fork's access setting
-        (see ``set_access``; default, never the source's)."""
+        (see ``set_access``; default, never the source's). ``network``:
+        each fork's network setting (default: the source's)."""
         if count is None:
             body: dict[str, Any] = {"from": {"sandbox": self.id, "snapshot": snapshot}}
-            for k, v in (("name", name), ("access", access), ("env", env), ("labels", labels)):
+            for k, v in (("name", name), ("access", access), ("env", env), ("labels", labels), ("network", network)):
                 if v is not None:
                     body[k] = v
             return self._create(body, wait, timeout, self.client)
         req: dict[str, Any] = {"count": count}
-        for k, v in (("name_prefix", name), ("access", access), ("env", env), ("labels", labels)):
+        for k, v in (("name_prefix", name), ("access", access), ("env", env), ("labels", labels), ("network", network)):
             if v is not None:
                 req[k] = v
         resp = self.client.request("POST", self._path("snapshots", snapshot, "fork"), body=req, idempotent=True, timeout=timeout)
