@@ -596,8 +596,36 @@ func writeInitramfs(path, initBin, guestd, createos string, python []pyFile, bas
 	if err == nil {
 		err = w.Close()
 	}
+	if err == nil {
+		err = padInitramfs(f)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
+	}
+	return err
+}
+
+// InitrdAlign is the size an initramfs is padded to a multiple of, with
+// NULs after its trailer (the kernel skips them). QEMU puts the initrd
+// at the top of the guest's low memory, its start rounded down to a page,
+// so that its end lies 4095 - (size mod 4096) bytes below a fixed mark; the
+// firmware's ACPI tables of a microvm sit just below that mark, and an
+// initrd whose end came within about 200 bytes of it overwrote them (the
+// MADT's IRQ 0 override gone: the kernel panicked, "IO-APIC + timer
+// doesn't work", after a minute in ACPI's set-up). Seen on 2026-12-08 when
+// three modules more made the initramfs 27,881,300 bytes (3,924 mod
+// 4096); 2,492 mod 4096 booted. A multiple of 4096 ends a whole page
+// below the mark: as far from the tables as the alignment allows.
+const InitrdAlign = 4096
+
+// padInitramfs pads f, written to its end, to a multiple of InitrdAlign.
+func padInitramfs(f *os.File) error {
+	end, err := f.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return err
+	}
+	if pad := (InitrdAlign - end%InitrdAlign) % InitrdAlign; pad > 0 {
+		_, err = f.Write(make([]byte, pad))
 	}
 	return err
 }

@@ -13,7 +13,7 @@ import (
 // LayoutVersion names the build's recipe: bump it whenever the build
 // changes what it produces (another mmdebstrap option, a rootfs edit, a new
 // initramfs entry...), so that every cached base and image is rebuilt.
-const LayoutVersion = 1
+const LayoutVersion = 2
 
 // BaseInputs are everything a base is built from; BaseKey hashes them.
 type BaseInputs struct {

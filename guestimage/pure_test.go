@@ -501,3 +501,48 @@ func TestPythonPackage(t *testing.T) {
 		t.Fatal("a symlink in the package was taken")
 	}
 }
+
+// TestInitramfsPadded: the initramfs is a multiple of InitrdAlign, its
+// entries read back whole before the NULs (see InitrdAlign: an initrd
+// that ends too close to the top of low memory overwrote a microvm's
+// ACPI tables).
+func TestInitramfsPadded(t *testing.T) {
+	dir := t.TempDir()
+	base := &Base{Dir: filepath.Join(dir, "base"), Modules: []string{"xfs"}}
+	os.MkdirAll(filepath.Join(base.Dir, ModulesDir), 0o755)
+	for name, size := range map[string]int{"init": 1000, "guestd": 3001, "createos": 77} {
+		os.WriteFile(filepath.Join(dir, name), bytes.Repeat([]byte{'x'}, size), 0o755)
+	}
+	os.WriteFile(filepath.Join(base.Dir, ModulesOrder), []byte("/modules/xfs.ko\n"), 0o644)
+	os.WriteFile(filepath.Join(base.Dir, ModulesDir, "xfs.ko"), []byte("module"), 0o644)
+	out := filepath.Join(dir, "initramfs.cpio")
+	if err := writeInitramfs(out, filepath.Join(dir, "init"), filepath.Join(dir, "guestd"), filepath.Join(dir, "createos"), nil, base); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b)%InitrdAlign != 0 {
+		t.Fatalf("initramfs of %d bytes: not a multiple of %d", len(b), InitrdAlign)
+	}
+	// The archive ends after the trailer's name, aligned to 4; NULs
+	// after it are the padding.
+	i := bytes.LastIndex(b, []byte("TRAILER!!!\x00"))
+	if i < 0 {
+		t.Fatal("no trailer")
+	}
+	archive := (i + len("TRAILER!!!\x00") + 3) &^ 3
+	if len(bytes.Trim(b[archive:], "\x00")) != 0 {
+		t.Fatal("bytes other than NULs after the trailer")
+	}
+	var names []string
+	for _, e := range readCpio(t, b[:archive]) {
+		names = append(names, e.name)
+	}
+	for _, want := range []string{"init", "guestd", "createos", ModulesOrder, ModulesDir + "/xfs.ko"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("the initramfs lacks %s: %v", want, names)
+		}
+	}
+}
