@@ -73,7 +73,7 @@ const (
 	maxPending = 64
 	// bufferBytes bounds each connection's send and receive buffers in
 	// the stack.
-	bufferBytes = 256 << 10
+	bufferBytes = 128 << 10
 	// dnsInFlight is the most DNS questions forwarded at a time.
 	dnsInFlight = 32
 )
@@ -173,8 +173,8 @@ func (n *Net) makeStack() error {
 	})
 	sack := tcpip.TCPSACKEnabled(true)
 	n.stack.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
-	n.stack.SetTransportProtocolOption(tcp.ProtocolNumber, &tcpip.TCPReceiveBufferSizeRangeOption{Min: 4096, Default: 128 << 10, Max: bufferBytes})
-	n.stack.SetTransportProtocolOption(tcp.ProtocolNumber, &tcpip.TCPSendBufferSizeRangeOption{Min: 4096, Default: 128 << 10, Max: bufferBytes})
+	n.stack.SetTransportProtocolOption(tcp.ProtocolNumber, &tcpip.TCPReceiveBufferSizeRangeOption{Min: 4096, Default: 64 << 10, Max: bufferBytes})
+	n.stack.SetTransportProtocolOption(tcp.ProtocolNumber, &tcpip.TCPSendBufferSizeRangeOption{Min: 4096, Default: 64 << 10, Max: bufferBytes})
 	n.ep = channel.New(512, MTU, gatewayMAC)
 	if err := n.stack.CreateNIC(nicID, ethernet.New(n.ep)); err != nil {
 		return errors.New("egress: create NIC: " + err.String())

@@ -36,6 +36,7 @@ import (
 // alone and records every address dialled.
 type world struct {
 	http, https *httptest.Server
+	banner      net.Listener // a server that speaks first, as SSH does
 	resolver    string
 	hits        sync.Map // Host header → count
 	mu          sync.Mutex
@@ -55,6 +56,21 @@ func newWorld(t *testing.T) *world {
 	w.https = httptest.NewTLSServer(h)
 	t.Cleanup(w.http.Close)
 	t.Cleanup(w.https.Close)
+	var err error
+	if w.banner, err = net.Listen("tcp4", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.banner.Close() })
+	go func() {
+		for {
+			c, err := w.banner.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprint(c, "SSH-2.0-test\r\n")
+			c.Close()
+		}
+	}()
 	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -351,6 +367,39 @@ func TestList(t *testing.T) {
 	}
 	if rc, _ := g.lookup(t, "other.test"); rc != dns.RcodeNameError {
 		t.Fatalf("lookup of another name: rcode %d, want NXDOMAIN", rc)
+	}
+}
+
+// TestDenyNames: a policy that denies names reads each connection's name,
+// even one its address allows: a denied name is refused, another passes,
+// and a connection that sends nothing (its server speaks first) is
+// carried after nameWait, without one. Under list, a connection its
+// CIDR allows passes whatever name it carries, unless a deny rule has it.
+func TestDenyNames(t *testing.T) {
+	w := newWorld(t)
+	for _, spec := range []policy.Spec{
+		{Egress: "all", Deny: []string{"bad.test"}},
+		{Egress: "list", Allow: []string{testHost + "/32", "named.test"}, Deny: []string{"bad.test"}},
+	} {
+		t.Run(spec.Egress, func(t *testing.T) {
+			_, g := start(t, w, mustPolicy(t, spec), Config{})
+			to := fmt.Sprintf("%s:%d", testHost, w.port(w.http))
+			if body, err := g.get(t, to, "good.test"); err != nil || body != "hello good.test" {
+				t.Fatalf("a name no rule denies: %q, %v", body, err)
+			}
+			_, err := g.get(t, to, "bad.test")
+			refused(t, "a denied name", err)
+			c, err := g.dial(t, fmt.Sprintf("%s:%d", testHost, netip.MustParseAddrPort(w.banner.Addr().String()).Port()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(20 * time.Second))
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil || line != "SSH-2.0-test\r\n" {
+				t.Fatalf("a server that speaks first: %q, %v", line, err)
+			}
+		})
 	}
 }
 

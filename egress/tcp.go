@@ -24,8 +24,13 @@ import (
 const (
 	reasonTooMany     policy.Reason = "too_many_connections"
 	reasonUnreachable policy.Reason = "unreachable"
-	reasonNoAddress   policy.Reason = "no_address"
 )
+
+// nameWait is how long a connection allowed by its address waits for
+// the first bytes that might carry a denied name (a policy that denies
+// names): a protocol whose server speaks first (SSH, SMTP) starts that
+// much later, and is then carried without a name.
+const nameWait = time.Second
 
 // handleTCP decides one connection the guest opens (a SYN the stack
 // holds) and carries it when allowed. It runs in a goroutine of its own,
@@ -43,7 +48,8 @@ func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
 	}
 	p := n.Policy()
 	d := p.Decide(policy.Conn{Dst: dst}, n.cfg.Site)
-	if d.Allow && !deniesNames(p) {
+	byAddr := d.Allow
+	if byAddr && !deniesNames(p) {
 		up, err := n.dial(dst)
 		if err != nil {
 			n.refuse(reasonUnreachable)
@@ -59,13 +65,14 @@ func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
 		n.splice(guest, up, nil)
 		return
 	}
-	if d.Reason != policy.ReasonNoName && !d.Allow {
+	if !byAddr && d.Reason != policy.ReasonNoName {
 		n.refuse(d.Reason)
 		r.Complete(true)
 		return
 	}
 	// The decision needs the connection's name: take the connection, and
-	// read what it sends first.
+	// read what it sends first. One allowed by its address needs it only
+	// to find a denied name, and waits for it briefly.
 	guest, ep, err := accept(r)
 	if err != nil {
 		return
@@ -74,26 +81,43 @@ func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	defer n.untrack(guest)
-	guest.SetReadDeadline(time.Now().Add(SniffTimeout))
+	wait := SniffTimeout
+	if byAddr {
+		wait = nameWait
+	}
+	guest.SetReadDeadline(time.Now().Add(wait))
 	name, head, err := Sniff(guest)
 	guest.SetReadDeadline(time.Time{})
-	if err != nil && len(head) == 0 {
+	var ne net.Error
+	timedOut := errors.As(err, &ne) && ne.Timeout()
+	if err != nil && len(head) == 0 && !(byAddr && timedOut) {
+		// Nothing came: the guest closed it, or sent no name in time.
 		n.refuse(policy.ReasonNoName)
 		ep.Abort()
 		return
 	}
 	p = n.Policy()
-	d = p.Decide(policy.Conn{Dst: dst, Name: name}, n.cfg.Site)
-	if !d.Allow {
-		n.refuse(d.Reason)
-		ep.Abort()
-		return
-	}
 	var up net.Conn
-	if host, byName := dialName(p, name); byName {
-		up, err = n.dialName(host, dst.Port())
-	} else {
+	if byAddr {
+		// Allowed by its address: only a deny rule can refuse it now.
+		deny := policy.Policy{Mode: policy.All, Deny: p.Deny}
+		if d := deny.Decide(policy.Conn{Dst: dst, Name: name}, n.cfg.Site); !d.Allow {
+			n.refuse(d.Reason)
+			ep.Abort()
+			return
+		}
 		up, err = n.dial(dst)
+	} else {
+		if d := p.Decide(policy.Conn{Dst: dst, Name: name}, n.cfg.Site); !d.Allow {
+			n.refuse(d.Reason)
+			ep.Abort()
+			return
+		}
+		if host, byName := dialName(p, name); byName {
+			up, err = n.dialName(host, dst.Port())
+		} else {
+			up, err = n.dial(dst)
+		}
 	}
 	if err != nil {
 		n.refuse(reasonUnreachable)
@@ -204,10 +228,10 @@ func (n *Net) splice(guest, up net.Conn, head []byte) {
 		if err := n.wait(len(head)); err != nil {
 			return
 		}
+		n.carried(true, len(head))
 		if _, err := up.Write(head); err != nil {
 			return
 		}
-		n.carried(true, len(head))
 	}
 	done := make(chan struct{})
 	go func() {
@@ -238,12 +262,14 @@ func (n *Net) copy(dst, src net.Conn, out bool) {
 	for {
 		k, err := src.Read(buf)
 		if k > 0 {
+			// Counted as read, before the write: once the other side
+			// has the bytes, Usage has them.
+			n.carried(out, k)
 			if werr := n.wait(k); werr != nil {
 				err = werr
 			} else if _, werr := dst.Write(buf[:k]); werr != nil {
 				err = werr
 			}
-			n.carried(out, k)
 		}
 		if err == io.EOF {
 			if cw, ok := dst.(interface{ CloseWrite() error }); ok {

@@ -30,6 +30,9 @@ type testHost struct {
 	mu         sync.Mutex
 	hosts      map[string]int // HTTP requests by Host
 	dnsAsked   atomic.Int64
+	// open and peak count the HTTP server's connections open now and
+	// at most.
+	open, peak atomic.Int64
 }
 
 func newTestHost(t *testing.T) *testHost {
@@ -94,7 +97,16 @@ func newTestHost(t *testing.T) *testHost {
 		pc, err = net.ListenPacket("udp4", h.Addr+":53")
 		return err
 	})
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := &http.Server{ConnState: func(_ net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			n := h.open.Add(1)
+			for p := h.peak.Load(); n > p && !h.peak.CompareAndSwap(p, n); p = h.peak.Load() {
+			}
+		case http.StateClosed, http.StateHijacked:
+			h.open.Add(-1)
+		}
+	}, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.mu.Lock()
 		h.hosts[r.Host]++
 		h.mu.Unlock()

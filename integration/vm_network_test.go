@@ -165,3 +165,130 @@ except ConnectionRefusedError:
 		t.Fatalf("the host's own address was reached %d times", n)
 	}
 }
+
+// TestVMNetworkFlood: a guest's root opens connections in a loop, holds
+// as many as it can, and floods SYNs from a raw socket to addresses all
+// over the internet; its network holds at most vms.egress.max_connections
+// at a time (the test host never sees more), every other connection is
+// refused at once, nothing reaches an address the policy refuses, and
+// hostproxy's goroutines, descriptors and memory stay within bounds
+// fixed by that limit, and come back once the guest stops.
+func TestVMNetworkFlood(t *testing.T) {
+	const maxConns = 64
+	h := newTestHost(t)
+	s := startVMStackWith(t, "60s", map[string]any{"egress": map[string]any{
+		"resolver": h.Addr, "allow_private": []string{h.Addr + "/32"}, "max_connections": maxConns,
+	}})
+	// A list of the test host's address alone: a SYN to any other
+	// address is decided without a dial (no traffic leaves the host).
+	a := s.create(s.key, fmt.Sprintf(`{"name":"flood","network":{"egress":"list","allow":[%q]}}`, h.Addr+"/32"))
+	base := sampleProxy(t, s)
+	var peak proxyStats
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			if st, err := readProxy(s); err == nil {
+				peak = peak.max(st)
+			}
+		}
+	}()
+	flood := fmt.Sprintf(`
+import errno, random, socket, struct, time
+host, port = %q, %d
+held, refused = [], 0
+for _ in range(400):
+    c = socket.socket()
+    c.settimeout(30)
+    try:
+        c.connect((host, port))
+        held.append(c)
+    except ConnectionRefusedError:
+        refused += 1
+        c.close()
+print("held", len(held), "refused", refused)
+loops = 0
+end = time.monotonic() + 5
+while time.monotonic() < end:
+    for dst in (("10.0.2.2", 80), ("192.168.1.1", 443), ("169.254.169.254", 80)):
+        c = socket.socket()
+        c.settimeout(30)
+        try:
+            c.connect(dst)
+            print("connected to", dst)
+        except OSError:
+            loops += 1
+        c.close()
+print("refusals in a loop", loops)
+def csum(b):
+    s = sum(struct.unpack("!%%dH" %% (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xffff); s += s >> 16
+    return ~s & 0xffff
+r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+sent = 0
+end = time.monotonic() + 5
+while time.monotonic() < end:
+    dst = socket.inet_ntoa(struct.pack("!I", random.randrange(1 << 24, 223 << 24)))
+    tcp = struct.pack("!HHLLBBHHH", random.randrange(1024, 65535), 443, 1, 0, 5 << 4, 0x02, 64240, 0, 0)
+    pseudo = socket.inet_aton("10.0.2.15") + socket.inet_aton(dst) + struct.pack("!BBH", 0, 6, len(tcp))
+    tcp = tcp[:16] + struct.pack("!H", csum(pseudo + tcp)) + tcp[18:]
+    r.sendto(tcp, (dst, 0))
+    sent += 1
+print("syns", sent)
+for c in held:
+    c.close()
+`, h.Addr, h.Port)
+	res := s.execFor(a, 120, "python3", "-c", flood)
+	close(stop)
+	<-sampled
+	t.Logf("flood: exit %d\n%s%s", res.ExitCode, res.Stdout, res.Stderr)
+	if res.ExitCode != 0 || strings.Contains(res.Stdout, "connected to") {
+		t.Fatalf("the flood reached what it may not, or failed")
+	}
+	var held, refusedN int
+	fmt.Sscanf(strings.SplitN(res.Stdout, "\n", 2)[0], "held %d refused %d", &held, &refusedN)
+	if held > maxConns || held+refusedN != 400 || refusedN == 0 {
+		t.Fatalf("held %d connections and %d were refused: want at most %d held, the rest refused", held, refusedN, maxConns)
+	}
+	if p := h.peak.Load(); p > maxConns {
+		t.Fatalf("the test host saw %d connections at once from one sandbox: the bound is %d", p, maxConns)
+	}
+	t.Logf("hostproxy before %+v, at most %+v during the flood", base, peak)
+	// Each connection costs hostproxy two goroutines (one each way) and
+	// a descriptor (the host's side); handshakes waiting in the stack
+	// are bounded apart (64).
+	if g := peak.Goroutines - base.Goroutines; g > 3*maxConns+200 {
+		t.Fatalf("hostproxy's goroutines grew by %d during the flood (bound %d)", g, 3*maxConns+200)
+	}
+	if f := peak.FDs - base.FDs; f > maxConns+hostileFDs {
+		t.Fatalf("hostproxy's descriptors grew by %d during the flood (bound %d)", f, maxConns+hostileFDs)
+	}
+	if r := peak.RSS - base.RSS; r > hostileRSS {
+		t.Fatalf("hostproxy's memory grew by %d MiB during the flood (bound %d MiB)", r>>20, hostileRSS>>20)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st := sampleProxy(t, s)
+		if st.Goroutines <= base.Goroutines+20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hostproxy's goroutines did not come back after the flood: %d, %d before", st.Goroutines, base.Goroutines)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	// The sandbox's network still works, and says what it refused.
+	if out := s.sh(a, fmt.Sprintf("curl -sS --max-time 30 http://%s:%d/hello", h.Addr, h.Port)); out != "hello from the test host" {
+		t.Fatalf("after the flood: %q", out)
+	}
+	u := s.must(200, "GET", "/v1/sandboxes/"+a+"/network", "").data()["usage"].(map[string]any)
+	if u["refused"].(float64) < float64(refusedN) {
+		t.Fatalf("usage %v: want at least the %d refusals", u, refusedN)
+	}
+}

@@ -140,10 +140,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		if *accel != "" {
 			vms.Accel = *accel
 		}
-		if set["pool"] {
+		// --pool and --forks-ahead, given or by their defaults, unless
+		// the configuration sets them and the flag is not given.
+		if set["pool"] || vms.Pool == 0 {
 			vms.Pool = *pool
 		}
-		if set["forks-ahead"] {
+		if set["forks-ahead"] || vms.ForksAhead == 0 {
 			vms.ForksAhead = *forksAhead
 		}
 		cfg.VMs = vms

@@ -25,7 +25,7 @@ func (a *app) forkCommand() *cobra.Command {
 	var nf networkFlags
 	var w waitFlags
 	cmd := &cobra.Command{
-		Use:   "fork SANDBOX SNAPSHOT [NAME] [--count N] [--env K=V]... [--label k=v]... [--access none|SCOPE,…] [--no-wait]",
+		Use:   "fork SANDBOX SNAPSHOT [NAME] [--count N] [--env K=V]... [--label k=v]... [--access none|SCOPE,…] [--egress all|none|list] [--allow RULE]... [--deny RULE]... [--no-wait]",
 		Short: "Make new sandboxes from a snapshot and wait until they run",
 		Long: `Make a new, independent sandbox from a snapshot of SANDBOX: its disk, and
 its memory when it has one, so that its processes run on. The fork takes

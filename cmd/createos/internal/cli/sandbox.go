@@ -303,6 +303,16 @@ func (a *app) sandboxGetCommand() *cobra.Command {
 			if sb.Access != nil {
 				fmt.Fprintf(a.stdout, "access: %s\n", sb.Access)
 			}
+			if n := sb.Network; n != nil {
+				fmt.Fprintf(a.stdout, "network: %s", n.Egress)
+				if len(n.Allow) > 0 {
+					fmt.Fprintf(a.stdout, ", allow %s", strings.Join(n.Allow, ","))
+				}
+				if len(n.Deny) > 0 {
+					fmt.Fprintf(a.stdout, ", deny %s", strings.Join(n.Deny, ","))
+				}
+				fmt.Fprintln(a.stdout)
+			}
 			if sb.From != nil {
 				fmt.Fprintf(a.stdout, "from: snapshot %s of %s\n", sb.From.Snapshot, sb.From.Sandbox)
 			}
