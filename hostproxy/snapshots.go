@@ -339,6 +339,6 @@ func (s *Server) fork(ctx context.Context, p Principal, src, snap string, own Sa
 		return Sandbox{}, err
 	}
 	rec := Sandbox{ID: id, Account: p.Account, Name: own.Name, Guest: guestAddress(id), CreatedAt: s.now().UTC().Truncate(1e9),
-		Access: own.Access, Env: own.Env, Labels: own.Labels}
+		Access: own.Access, Env: own.Env, Labels: own.Labels, Network: own.Network}
 	return s.machines.Fork(withTaken(ctx, rec), src, snap, rec)
 }

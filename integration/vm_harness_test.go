@@ -455,8 +455,13 @@ func (s *vmStack) checkConfined(id string) {
 	if route, _ := os.ReadFile(fmt.Sprintf("/proc/%d/net/route", pid)); strings.Count(string(route), "\n") > 1 {
 		s.t.Fatalf("QEMU of %s has routes:\n%s", id, route)
 	}
+	// Its one network backend is the inherited socket of the host's
+	// stack (package egress): no user networking, tap, bridge or socket
+	// by address.
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if !bytes.Contains(cmdline, []byte("-sandbox\x00on,")) || bytes.Contains(cmdline, []byte("-netdev")) {
+	netdevs := bytes.Count(cmdline, []byte("-netdev\x00"))
+	if !bytes.Contains(cmdline, []byte("-sandbox\x00on,")) || netdevs != 1 ||
+		!bytes.Contains(cmdline, []byte("-netdev\x00stream,id=net0,server=on,addr.type=fd,addr.str=")) || bytes.Contains(cmdline, []byte("-nic\x00")) {
 		s.t.Fatalf("QEMU of %s: command line %q", id, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
 	}
 	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))

@@ -15,7 +15,8 @@ import (
 // curl, getent and git; never an address the configuration does not
 // list, whatever root in the guest does; a list policy reaches its names
 // only, and not their addresses without the names; none reaches and
-// resolves nothing; a live change, a fork and a restore keep the policy.
+// resolves nothing; a live change, a restart of hostproxy, a fork and a
+// restore keep the policy.
 // Each refusal is a refusal (curl's exit 6, 7, 52 or 56), never a
 // time-out (28).
 func TestVMNetwork(t *testing.T) {
@@ -139,6 +140,15 @@ except ConnectionRefusedError:
 	if usage["bytes_out"].(float64) == 0 || usage["bytes_in"].(float64) == 0 || usage["refused"].(float64) < 4 {
 		t.Fatalf("usage: %v", usage)
 	}
+
+	// A restart of hostproxy: the network ends with it, and the adopted
+	// machine's starts again under the record's list.
+	s.stop()
+	s.start()
+	if out := s.sh(a, "curl -sS --max-time 30 "+web+"/hello"); out != "hello from the test host" {
+		t.Fatalf("curl after a restart of hostproxy: %q", out)
+	}
+	refused(a, "after a restart: an address without the name", fmt.Sprintf("http://%s:%d/hello", h.Addr, h.Port))
 
 	// A fork keeps its source's list.
 	s.waitSnapshot("/v1/sandboxes/" + a + "/snapshots/" + s.must(200, "POST", "/v1/sandboxes/"+a+"/snapshots", `{}`).data()["id"].(string))

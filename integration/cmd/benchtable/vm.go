@@ -34,6 +34,8 @@ type vmBench struct {
 	base, url, key string
 	proxy          *exec.Cmd
 	client         *http.Client
+	// net is the test host sandboxes' networks reach (vmnet.go).
+	net *netHost
 }
 
 // vmRows boots sandboxes and measures them through the public API.
@@ -45,8 +47,15 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 	os.Chmod(base, 0o711)
 	b := &vmBench{base: base, key: "sk_bench_key_0123456789abcdefghij", client: &http.Client{Timeout: 10 * time.Minute}}
 	defer b.close()
+	if b.net, err = startNetHost(); err != nil {
+		return nil, err
+	}
+	defer b.net.close()
 	if err := b.start(bin); err != nil {
 		return nil, err
+	}
+	if *vmNetOnly {
+		return b.netRows(ctx)
 	}
 	if *vmSnapOnly {
 		return b.snapshotRows()
@@ -184,6 +193,11 @@ func vmRows(ctx context.Context, bin string) (rows []row, err error) {
 	}
 	rows = append(rows, row{fmt.Sprintf("create to running beside %d idle sandboxes", len(ids)), dur(extra), "", fmt.Sprintf("%.1fx the boot alone (goal: under 2x)", float64(extra)/float64(median(alone))), "", ""})
 	rows = append(rows, inOne...)
+	netr, err := b.netRows(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows = append(rows, netr...)
 	if !*vmSnapshots {
 		// The idle ones stay for the pool's creates: b.close ends them.
 		pool, err := b.poolRows(bin)
@@ -229,7 +243,7 @@ func (b *vmBench) startWith(bin string, pool int) error {
 		"listen": addr, "data_dir": filepath.Join(b.base, "data"),
 		"accounts":   []any{map[string]any{"id": "bench", "keys": []any{map[string]any{"id": "bench", "env": "BENCH_KEY"}}}},
 		"rate_limit": map[string]any{"per_second": 10000, "burst": 10000},
-		"vms":        map[string]any{"dir": filepath.Join(b.base, "vms"), "image": *vmImage, "pool": pool, "forks_ahead": 1},
+		"vms":        b.vmsConfig(pool),
 	})
 	cfgPath := filepath.Join(b.base, "hostproxy.json")
 	if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
@@ -253,6 +267,15 @@ func (b *vmBench) startWith(bin string, pool int) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("hostproxy did not listen (log in %s)", logf.Name())
+}
+
+// vmsConfig is hostproxy's vms section, with a pool of that many.
+func (b *vmBench) vmsConfig(pool int) map[string]any {
+	vms := map[string]any{"dir": filepath.Join(b.base, "vms"), "image": *vmImage, "pool": pool, "forks_ahead": 1}
+	if b.net != nil {
+		vms["egress"] = b.net.egress()
+	}
+	return vms
 }
 
 // close deletes every sandbox, stops hostproxy and removes the state.
