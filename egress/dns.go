@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 
 	"strata/egress/policy"
 )
@@ -77,7 +80,13 @@ func udpSize(q []byte) int {
 }
 
 // answer is the answer to the question q, packed; nil when q is not a
-// question worth one.
+// question worth one. Only class IN is asked on; a single-label name or
+// one under .local (which a host's resolver may ask its LAN about:
+// LLMNR, mDNS) is NXDOMAIN, and so is a reverse lookup of an address
+// the gate refuses (it would tell the host's private names). The
+// question goes out with an id of its own, and the answer loses every
+// address the gate refuses; the addresses left are noted (saw) for
+// the connections that need a name.
 func (n *Net) answer(q []byte, size int) []byte {
 	m := new(dns.Msg)
 	if err := m.Unpack(q); err != nil || m.Response {
@@ -92,19 +101,45 @@ func (n *Net) answer(q []byte, size int) []byte {
 	if m.Opcode != dns.OpcodeQuery || len(m.Question) != 1 {
 		return reply(dns.RcodeNotImplemented)
 	}
-	name := strings.TrimSuffix(strings.ToLower(m.Question[0].Name), ".")
+	question := m.Question[0]
+	if question.Qclass != dns.ClassINET {
+		return reply(dns.RcodeRefused)
+	}
+	name := strings.TrimSuffix(strings.ToLower(question.Name), ".")
 	p := n.Policy()
-	if !p.Name(name) {
+	if !p.Name(name) || !strings.Contains(name, ".") || name == "local" || strings.HasSuffix(name, ".local") || !n.reverseAllowed(name) {
 		n.refuse(reasonDNS)
 		return reply(dns.RcodeNameError)
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, dnsTimeout)
 	defer cancel()
-	resp, err := n.exchange(ctx, m)
+	out := m.Copy()
+	out.Id = dns.Id()
+	resp, err := n.exchange(ctx, out)
 	if err != nil {
 		return reply(dns.RcodeServerFailure)
 	}
 	resp.Id = m.Id
+	var seen []netip.Addr
+	kept := resp.Answer[:0]
+	for _, rr := range resp.Answer {
+		var a netip.Addr
+		switch rr := rr.(type) {
+		case *dns.A:
+			a, _ = netip.AddrFromSlice(rr.A.To4())
+		case *dns.AAAA:
+			a, _ = netip.AddrFromSlice(rr.AAAA)
+		default:
+			kept = append(kept, rr)
+			continue
+		}
+		if policy.Gate(a, n.cfg.Site) {
+			kept = append(kept, rr)
+			seen = append(seen, a)
+		}
+	}
+	resp.Answer = kept
+	n.saw(seen)
 	resp.Truncate(size)
 	b, err := resp.Pack()
 	if err != nil {
@@ -113,9 +148,76 @@ func (n *Net) answer(q []byte, size int) []byte {
 	return b
 }
 
+// reverseAllowed tells whether name, when it is a reverse lookup of an
+// IPv4 address (in-addr.arpa), is of one the gate lets through; IPv6
+// reverse lookups are refused (the guest has no IPv6); any other name is
+// allowed here.
+func (n *Net) reverseAllowed(name string) bool {
+	if strings.HasSuffix(name, ".ip6.arpa") || name == "ip6.arpa" {
+		return false
+	}
+	rest, ok := strings.CutSuffix(name, ".in-addr.arpa")
+	if !ok {
+		return name != "in-addr.arpa"
+	}
+	labels := strings.Split(rest, ".")
+	if len(labels) != 4 {
+		return false
+	}
+	var b [4]byte
+	for i, l := range labels {
+		v, err := strconv.ParseUint(l, 10, 8)
+		if err != nil {
+			return false
+		}
+		b[3-i] = byte(v)
+	}
+	return policy.Gate(netip.AddrFrom4(b), n.cfg.Site)
+}
+
+// serveDNSConn answers DNS over TCP on DNSAddr:53, for answers too long
+// for UDP: questions one after another, each within dnsTimeout, until the
+// guest closes the connection. It takes a place among the connections.
+func (n *Net) serveDNSConn(r *tcp.ForwarderRequest) {
+	release, ok := n.admit()
+	if !ok {
+		n.refuse(reasonTooMany)
+		r.Complete(true)
+		return
+	}
+	defer release()
+	guest, _, err := accept(r)
+	if err != nil {
+		return
+	}
+	if !n.track(guest) {
+		return
+	}
+	defer n.untrack(guest)
+	c := &dns.Conn{Conn: guest}
+	for {
+		guest.SetDeadline(time.Now().Add(dnsTimeout))
+		q, err := c.ReadMsg()
+		if err != nil {
+			return
+		}
+		b, _ := q.Pack()
+		a := n.answer(b, dns.MaxMsgSize)
+		if a == nil {
+			return
+		}
+		if _, err := c.Write(a); err != nil {
+			return
+		}
+	}
+}
+
 // exchange asks the host's resolver q, over UDP and again over TCP when
 // the answer was truncated.
 func (n *Net) exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
+	if n.cfg.Resolver == "" {
+		return nil, errors.New("egress: no resolver")
+	}
 	c := &dns.Client{Net: "udp", Timeout: dnsTimeout}
 	resp, _, err := c.ExchangeContext(ctx, q, n.cfg.Resolver)
 	if err == nil && resp.Truncated {

@@ -13,34 +13,46 @@
 // What it does:
 //   - a TCP connection the guest opens to any address is decided by its
 //     destination (policy.Decide). One that the policy cannot decide
-//     without a name (a list sandbox to an address no CIDR allows, or a
-//     policy that denies names) is accepted, and its first bytes read for
-//     the name it carries: the SNI of a TLS ClientHello or the Host of an
-//     HTTP request (Sniff), for at most SniffTimeout and SniffBytes. A
-//     connection allowed by its name under list is dialled at the
-//     addresses the host resolves for that name, never at the
-//     destination the guest chose; every dial passes policy.Gate again
-//     on the exact address (a name that resolves to a private address is
-//     refused as the address would be). A refused connection is reset at
-//     once (the guest sees ECONNREFUSED, or a reset after its first
-//     bytes), never left to time out;
-//   - DNS on DNSAddr:53 (UDP): a question about a name the policy refuses
-//     (policy.Name) is answered NXDOMAIN, any other is forwarded to the
-//     host's resolver (Config.Resolver) and its answer relayed. UDP to
-//     anything else, ICMP and IPv6 are not carried;
+//     without a name is accepted, and its first bytes read for the name
+//     it carries: the SNI of a TLS ClientHello or the Host of an HTTP
+//     request (Sniff), for at most SniffTimeout and SniffBytes. Under
+//     list, that is only a destination this network's DNS server gave
+//     the guest for an allowed name (answered); any other is refused at
+//     once. Under a policy that denies names, a connection its address
+//     allows waits nameWait for a first byte, and is carried without a
+//     name when none comes. After the read the policy in force decides
+//     again, whole. A connection allowed by its name under list is
+//     dialled at the addresses the host resolves for that name that the
+//     policy allows for it, never at the destination the guest chose;
+//     every dial passes policy.Gate again on the exact address. The
+//     guest's own network is never dialled: TCP to DNSAddr:53 is the DNS
+//     server, the rest is refused. A refused connection is reset at once
+//     (the guest sees ECONNREFUSED, or a reset after its first bytes),
+//     never left to time out;
+//   - DNS on DNSAddr:53, over UDP and TCP: a question about a name the
+//     policy refuses (policy.Name), a single-label name, one under
+//     .local, or a reverse lookup of an address the gate refuses is
+//     answered NXDOMAIN; any other is forwarded to the host's resolver
+//     (Config.Resolver) with an id of its own, and its answer relayed
+//     without the addresses the gate refuses. UDP to anything else and
+//     IPv6 are not carried; an ICMP echo is answered by the stack itself,
+//     whatever its destination (a ping says nothing of reachability);
 //   - SetPolicy replaces the policy for the connections and questions
 //     decided after it; open connections keep theirs;
 //   - Usage counts bytes out (guest to the world) and in, connections
-//     and refusals.
+//     carried, and refusals.
 //
 // Bounds (a guest is hostile): frames are at most MaxFrame bytes, else
-// the link is dropped; at most Config.MaxConns connections are open or
-// being dialled at a time (more are reset), at most maxPending handshakes
-// wait in the stack, at most dnsInFlight questions are forwarded at a
-// time (more are dropped, as a loaded resolver would); each TCP
-// connection's buffers are bounded by the stack's buffer sizes
-// (bufferBytes); bytes per second through all of a sandbox's connections
-// are at most Config.BytesPerSecond when set.
+// the link is dropped (Err says why); at most Config.MaxConns
+// connections are open or being dialled at a time, at most
+// Config.ConnsPerSecond are opened per second, and at most Shared's bound
+// on the whole host (more are reset); at most maxPending handshakes wait
+// in the stack; a closed connection's endpoint lingers 5 s; at most
+// dnsInFlight questions are forwarded at a time (more are dropped, as a
+// loaded resolver would); each TCP connection's buffers are bounded by
+// the stack's buffer sizes (bufferBytes); bytes per second through all
+// of a sandbox's connections are at most Config.BytesPerSecond when set;
+// the addresses remembered for names are at most maxSeen.
 //
 // What it does not do: carry UDP other than DNS; listen for connections
 // into the guest (ports are carried over the channel); touch the host's

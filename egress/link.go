@@ -22,9 +22,8 @@ const MaxFrame = 1600
 const MTU = 1500
 
 // readFrames reads the guest's frames from r (each after its 4-byte
-// big-endian length) and hands them to ep, until r ends or fails. It
-// counts every frame's bytes in out.
-func readFrames(r io.Reader, ep *channel.Endpoint, out func(int)) error {
+// big-endian length) and hands them to ep, until r ends or fails.
+func readFrames(r io.Reader, ep *channel.Endpoint) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var hdr [4]byte
 	for {
@@ -39,7 +38,6 @@ func readFrames(r io.Reader, ep *channel.Endpoint, out func(int)) error {
 		if _, err := io.ReadFull(br, b); err != nil {
 			return err
 		}
-		out(int(n))
 		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(b)})
 		ep.InjectInbound(0, pkt)
 		pkt.DecRef()

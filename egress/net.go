@@ -32,6 +32,7 @@ var (
 	Gateway    = netip.MustParseAddr("10.0.2.2")
 	DNSAddr    = netip.MustParseAddr("10.0.2.3")
 	gatewayMAC = tcpip.LinkAddress("\x52\x55\x0a\x00\x02\x02")
+	guestNet   = netip.PrefixFrom(GuestAddr, GuestBits).Masked()
 )
 
 // Config is what a deployment sets for every sandbox's network.
@@ -48,6 +49,13 @@ type Config struct {
 	// BytesPerSecond bounds a sandbox's bytes in and out together, over
 	// all its connections; 0 is no bound.
 	BytesPerSecond int
+	// ConnsPerSecond bounds the connections a sandbox opens per second
+	// (DefaultConnsPerSecond when 0; twice that at once): each closed
+	// connection holds a port of the host's for a while (TIME_WAIT).
+	ConnsPerSecond int
+	// Shared, when set, bounds what all the sandboxes of the host hold
+	// together.
+	Shared *Shared
 	// DialTimeout bounds a dial (DefaultDialTimeout when 0).
 	DialTimeout time.Duration
 	// Refused, when set, is told the reason of every refusal, and
@@ -62,9 +70,18 @@ type Config struct {
 
 // The defaults of Config.
 const (
-	DefaultMaxConns    = 256
-	DefaultDialTimeout = 10 * time.Second
+	DefaultMaxConns       = 256
+	DefaultConnsPerSecond = 200
+	DefaultDialTimeout    = 10 * time.Second
 )
+
+// Shared is what the networks of one host share: a bound on their
+// connections together, so that many sandboxes cannot take all of
+// hostproxy's descriptors.
+type Shared struct{ conns chan struct{} }
+
+// NewShared bounds the connections of all the networks given it to max.
+func NewShared(max int) *Shared { return &Shared{conns: make(chan struct{}, max)} }
 
 const (
 	nicID = 1
@@ -95,7 +112,8 @@ type Net struct {
 	cfg    Config
 	policy atomic.Pointer[policy.Policy]
 	conns  chan struct{} // a token per connection open or being dialled
-	limit  *rate.Limiter // nil: no bound
+	limit  *rate.Limiter // bytes per second; nil: no bound
+	rate   *rate.Limiter // new connections per second
 	stack  *stack.Stack
 	ep     *channel.Endpoint
 	link   net.Conn
@@ -107,8 +125,12 @@ type Net struct {
 
 	out, in, connections, refused atomic.Uint64
 	once                          sync.Once
-	mu                            sync.Mutex
-	open                          map[net.Conn]struct{} // both sides of every open connection
+	// seen are the addresses the DNS server gave the guest for allowed
+	// names, and when (answered): at most maxSeen.
+	seenMu sync.Mutex
+	seen   map[netip.Addr]time.Time
+	mu     sync.Mutex
+	open   map[net.Conn]struct{} // both sides of every open connection
 	// active counts the goroutines of connections, added under mu while
 	// open is not nil.
 	active sync.WaitGroup
@@ -123,11 +145,11 @@ func Start(link net.Conn, p policy.Policy, cfg Config) (*Net, error) {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = DefaultDialTimeout
 	}
+	if cfg.ConnsPerSecond <= 0 {
+		cfg.ConnsPerSecond = DefaultConnsPerSecond
+	}
 	if cfg.Dial == nil {
 		cfg.Dial = (&net.Dialer{}).DialContext
-	}
-	if cfg.Resolver == "" {
-		return nil, errors.New("egress: no resolver")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Net{
@@ -135,6 +157,8 @@ func Start(link net.Conn, p policy.Policy, cfg Config) (*Net, error) {
 		ctx: ctx, cancel: cancel, done: make(chan struct{}),
 		open: map[net.Conn]struct{}{},
 	}
+	n.rate = rate.NewLimiter(rate.Limit(cfg.ConnsPerSecond), 2*cfg.ConnsPerSecond)
+	n.seen = map[netip.Addr]time.Time{}
 	if cfg.BytesPerSecond > 0 {
 		n.limit = rate.NewLimiter(rate.Limit(cfg.BytesPerSecond), max(cfg.BytesPerSecond, 64<<10))
 	}
@@ -152,7 +176,7 @@ func Start(link net.Conn, p policy.Policy, cfg Config) (*Net, error) {
 	n.wg.Add(2)
 	go func() {
 		defer n.wg.Done()
-		errs <- readFrames(link, n.ep, func(int) {})
+		errs <- readFrames(link, n.ep)
 	}()
 	go func() {
 		defer n.wg.Done()
@@ -173,6 +197,10 @@ func (n *Net) makeStack() error {
 	})
 	sack := tcpip.TCPSACKEnabled(true)
 	n.stack.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
+	// A closed connection's endpoint lingers 5 s, not a minute: a guest
+	// that opens and closes connections in a loop holds fewer.
+	tw := tcpip.TCPTimeWaitTimeoutOption(5 * time.Second)
+	n.stack.SetTransportProtocolOption(tcp.ProtocolNumber, &tw)
 	n.stack.SetTransportProtocolOption(tcp.ProtocolNumber, &tcpip.TCPReceiveBufferSizeRangeOption{Min: 4096, Default: 64 << 10, Max: bufferBytes})
 	n.stack.SetTransportProtocolOption(tcp.ProtocolNumber, &tcpip.TCPSendBufferSizeRangeOption{Min: 4096, Default: 64 << 10, Max: bufferBytes})
 	n.ep = channel.New(512, MTU, gatewayMAC)
@@ -221,6 +249,49 @@ func (n *Net) Usage() Usage {
 
 // Done is closed once the Net has stopped: Close, or its link ended.
 func (n *Net) Done() <-chan struct{} { return n.done }
+
+// Err is why the Net stopped, once Done is closed: its link's error (a
+// frame too long, the QEMU gone), or nil for a Close.
+func (n *Net) Err() error {
+	<-n.done
+	if errors.Is(n.err, context.Canceled) || errors.Is(n.err, net.ErrClosed) {
+		return nil
+	}
+	return n.err
+}
+
+// maxSeen bounds the addresses answered remembers; seenFor is how long.
+const (
+	maxSeen = 4096
+	seenFor = 30 * time.Minute
+)
+
+// saw notes addresses the DNS server gave the guest for an allowed name.
+func (n *Net) saw(addrs []netip.Addr) {
+	now := time.Now()
+	n.seenMu.Lock()
+	defer n.seenMu.Unlock()
+	for _, a := range addrs {
+		if len(n.seen) >= maxSeen {
+			// Full: the stale ones go, then any, to three quarters.
+			for old, at := range n.seen {
+				if now.Sub(at) > seenFor || len(n.seen) > maxSeen*3/4 {
+					delete(n.seen, old)
+				}
+			}
+		}
+		n.seen[a.Unmap()] = now
+	}
+}
+
+// answered tells whether the DNS server gave the guest a, for an allowed
+// name, within seenFor.
+func (n *Net) answered(a netip.Addr) bool {
+	n.seenMu.Lock()
+	defer n.seenMu.Unlock()
+	at, ok := n.seen[a.Unmap()]
+	return ok && time.Since(at) < seenFor
+}
 
 // Close stops the network: its link, its connections, its stack.
 func (n *Net) Close() error {

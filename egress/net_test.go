@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -79,10 +80,17 @@ func newWorld(t *testing.T) *world {
 		r := new(dns.Msg)
 		r.SetReply(q)
 		name := strings.ToLower(q.Question[0].Name)
+		addr := testHost
+		switch name {
+		case "alt.test.":
+			addr = otherHost
+		case "rebind.test.":
+			addr = "127.0.0.1"
+		}
 		if !strings.HasSuffix(name, ".test.") {
 			r.Rcode = dns.RcodeNameError
 		} else if q.Question[0].Qtype == dns.TypeA {
-			rr, _ := dns.NewRR(name + " 60 IN A " + testHost)
+			rr, _ := dns.NewRR(name + " 60 IN A " + addr)
 			r.Answer = append(r.Answer, rr)
 		}
 		rw.WriteMsg(r)
@@ -112,6 +120,13 @@ func (w *world) dial(ctx context.Context, network, addr string) (net.Conn, error
 	}
 	var d net.Dialer
 	return d.DialContext(ctx, network, "127.0.0.1:"+port)
+}
+
+// dials are the addresses dialled so far.
+func (w *world) dials() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.dialled)
 }
 
 func (w *world) port(s *httptest.Server) uint16 {
@@ -145,7 +160,7 @@ func newGuest(t *testing.T, link net.Conn) *guest {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); readFrames(link, ep, func(int) {}) }()
+	go func() { defer wg.Done(); readFrames(link, ep) }()
 	go func() { defer wg.Done(); writeFrames(ctx, link, ep) }()
 	t.Cleanup(func() {
 		cancel()
@@ -287,7 +302,7 @@ func TestAll(t *testing.T) {
 	if u.Connections != 1 || u.Refused != 2 || u.BytesOut == 0 || u.BytesIn == 0 {
 		t.Fatalf("usage %+v: want 1 connection, 2 refused, bytes both ways", u)
 	}
-	for _, a := range w.dialled {
+	for _, a := range w.dials() {
 		if a != httpAddr {
 			t.Fatalf("dialled %s: want only %s", a, httpAddr)
 		}
@@ -303,10 +318,23 @@ func TestAll(t *testing.T) {
 
 func TestList(t *testing.T) {
 	w := newWorld(t)
-	_, g := start(t, w, mustPolicy(t, policy.Spec{Egress: "list", Allow: []string{"allowed.test", "*.wild.test"}, Deny: []string{"no.wild.test"}}), Config{})
-	// An address the guest chose that the site would refuse is refused
-	// whatever the name; one it allows is dialled by the name alone.
+	_, g := start(t, w, mustPolicy(t, policy.Spec{Egress: "list", Allow: []string{"allowed.test", "*.wild.test", "alt.test", "rebind.test"}, Deny: []string{"no.wild.test"}}), Config{})
+	// An address no allow CIDR matches is read for a name only when the
+	// DNS server gave it for an allowed name: alt.test's, otherHost. A
+	// connection allowed by its name is dialled at the name's own
+	// addresses (testHost), never at the guest's destination.
 	public := otherHost
+	raw, err := g.dial(t, fmt.Sprintf("%s:%d", public, w.port(w.http)))
+	refused(t, "an address the DNS server never gave", err)
+	_ = raw
+	if rc, addrs := g.lookup(t, "alt.test"); rc != dns.RcodeSuccess || len(addrs) != 1 || addrs[0] != public {
+		t.Fatalf("alt.test: rcode %d, %v", rc, addrs)
+	}
+	// A name that resolves to the host's loopback: the guest is not told
+	// the address, and a connection by the name is not dialled.
+	if rc, addrs := g.lookup(t, "rebind.test"); rc != dns.RcodeSuccess || len(addrs) != 0 {
+		t.Fatalf("rebind.test: rcode %d, %v: want its loopback address dropped", rc, addrs)
+	}
 	httpTo := fmt.Sprintf("%s:%d", public, w.port(w.http))
 	for _, tc := range []struct {
 		host string
@@ -316,6 +344,7 @@ func TestList(t *testing.T) {
 		{"a.b.wild.test", true},
 		{"no.wild.test", false},
 		{"other.test", false},
+		{"rebind.test", false},
 		{public, false},
 	} {
 		body, err := g.get(t, httpTo, tc.host)
@@ -326,9 +355,9 @@ func TestList(t *testing.T) {
 			refused(t, "Host "+tc.host, err)
 		}
 	}
-	for _, a := range w.dialled {
-		if strings.HasPrefix(a, public) {
-			t.Fatalf("dialled %s, the guest's destination: want the name's address", a)
+	for _, a := range w.dials() {
+		if strings.HasPrefix(a, public) || strings.HasPrefix(a, "127.") {
+			t.Fatalf("dialled %s: want the allowed names' addresses alone", a)
 		}
 	}
 	// TLS by its SNI, the certificate being the upstream's.
@@ -403,6 +432,22 @@ func TestDenyNames(t *testing.T) {
 	}
 }
 
+// TestDenyCIDRByName: a deny CIDR holds for the addresses of an allowed
+// name, which the host dials: an allowed name does not open a denied
+// range.
+func TestDenyCIDRByName(t *testing.T) {
+	w := newWorld(t)
+	_, g := start(t, w, mustPolicy(t, policy.Spec{Egress: "list", Allow: []string{"*.test"}, Deny: []string{testHost + "/32"}}), Config{})
+	if rc, addrs := g.lookup(t, "alt.test"); rc != dns.RcodeSuccess || len(addrs) != 1 {
+		t.Fatalf("alt.test: rcode %d, %v", rc, addrs)
+	}
+	_, err := g.get(t, fmt.Sprintf("%s:%d", otherHost, w.port(w.http)), "allowed.test")
+	refused(t, "an allowed name whose address a deny CIDR has", err)
+	if d := w.dials(); len(d) != 0 {
+		t.Fatalf("dialled %v", d)
+	}
+}
+
 func TestMaxConns(t *testing.T) {
 	w := newWorld(t)
 	n, g := start(t, w, policy.Default(), Config{MaxConns: 2})
@@ -439,5 +484,56 @@ func TestSameNetwork(t *testing.T) {
 	g := guestinit.GuestNet
 	if g.Addr.Addr() != GuestAddr || g.Addr.Bits() != GuestBits || g.Gateway != Gateway || g.DNS != DNSAddr {
 		t.Fatalf("guestinit's network %+v; egress has %v/%d via %v, DNS %v", g, GuestAddr, GuestBits, Gateway, DNSAddr)
+	}
+}
+
+// TestDNS: over TCP too; a single-label name, one under .local and a
+// reverse lookup of a private address are NXDOMAIN under every policy
+// (a host's resolver would ask its LAN, or tell its private names).
+func TestDNS(t *testing.T) {
+	w := newWorld(t)
+	_, g := start(t, w, policy.Default(), Config{})
+	for _, name := range []string{"printer", "nas.local", "1.0.168.192.in-addr.arpa", "1.0.0.127.in-addr.arpa"} {
+		if rc, _ := g.lookup(t, name); rc != dns.RcodeNameError {
+			t.Errorf("%s: rcode %d, want NXDOMAIN", name, rc)
+		}
+	}
+	c, err := g.dial(t, DNSAddr.String()+":53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	conn := &dns.Conn{Conn: c}
+	q := new(dns.Msg)
+	q.SetQuestion("web.test.", dns.TypeA)
+	if err := conn.WriteMsg(q); err != nil {
+		t.Fatal(err)
+	}
+	r, err := conn.ReadMsg()
+	if err != nil || r.Id != q.Id || len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != testHost {
+		t.Fatalf("DNS over TCP: %v, %v", r, err)
+	}
+}
+
+// TestFrameTooLong: a frame longer than MaxFrame ends the network, with
+// an error that says so.
+func TestFrameTooLong(t *testing.T) {
+	w := newWorld(t)
+	host, guestEnd := socketpair(t)
+	n, err := Start(host, policy.Default(), Config{Resolver: w.resolver, Dial: w.dial})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	defer guestEnd.Close()
+	guestEnd.Write([]byte{0, 0, 0x10, 0})
+	select {
+	case <-n.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatal("a frame of 4096 bytes did not end the network")
+	}
+	if err := n.Err(); err == nil || !strings.Contains(err.Error(), "4096 bytes") {
+		t.Fatalf("Err: %v", err)
 	}
 }

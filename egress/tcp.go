@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -18,18 +19,20 @@ import (
 	"strata/egress/policy"
 )
 
-// reasonTooMany is the refusal of a connection past Config.MaxConns;
-// reasonUnreachable of one whose dial failed (the guest sees it refused,
-// as it would the upstream's own refusal).
+// reasonTooMany is the refusal of a connection past Config.MaxConns,
+// Config.ConnsPerSecond or the host's Shared bound; reasonUnreachable of
+// one whose dial failed (the guest sees it refused, as it would the
+// upstream's own refusal).
 const (
 	reasonTooMany     policy.Reason = "too_many_connections"
 	reasonUnreachable policy.Reason = "unreachable"
 )
 
 // nameWait is how long a connection allowed by its address waits for
-// the first bytes that might carry a denied name (a policy that denies
+// the first byte of what might carry a denied name (a policy that denies
 // names): a protocol whose server speaks first (SSH, SMTP) starts that
-// much later, and is then carried without a name.
+// much later, and is then carried without a name. Once a byte came, the
+// name must come whole within SniffTimeout, or the connection is refused.
 const nameWait = time.Second
 
 // handleTCP decides one connection the guest opens (a SYN the stack
@@ -38,14 +41,24 @@ const nameWait = time.Second
 func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
 	id := r.ID()
 	dst := netip.AddrPortFrom(netip.AddrFrom4(id.LocalAddress.As4()), id.LocalPort)
-	select {
-	case n.conns <- struct{}{}:
-		defer func() { <-n.conns }()
-	default:
+	if guestNet.Contains(dst.Addr()) {
+		// The guest's own network: the DNS server over TCP (answers
+		// too long for UDP), else nothing, whatever allow_private says.
+		if dst == netip.AddrPortFrom(DNSAddr, 53) {
+			n.serveDNSConn(r)
+			return
+		}
+		n.refuse(policy.ReasonPrivateAddress)
+		r.Complete(true)
+		return
+	}
+	release, ok := n.admit()
+	if !ok {
 		n.refuse(reasonTooMany)
 		r.Complete(true)
 		return
 	}
+	defer release()
 	p := n.Policy()
 	d := p.Decide(policy.Conn{Dst: dst}, n.cfg.Site)
 	byAddr := d.Allow
@@ -65,14 +78,18 @@ func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
 		n.splice(guest, up, nil)
 		return
 	}
-	if !byAddr && d.Reason != policy.ReasonNoName {
+	// Under list, a destination that no allow CIDR matches is worth
+	// reading for a name only when this network's DNS server gave it for
+	// an allowed name: anything else (raw TCP to an address the guest
+	// found itself, a SYN flood) is refused at once.
+	if !byAddr && (d.Reason != policy.ReasonNoName || !n.answered(dst.Addr())) {
 		n.refuse(d.Reason)
 		r.Complete(true)
 		return
 	}
 	// The decision needs the connection's name: take the connection, and
 	// read what it sends first. One allowed by its address needs it only
-	// to find a denied name, and waits for it briefly.
+	// to find a denied name, and waits for a first byte briefly.
 	guest, ep, err := accept(r)
 	if err != nil {
 		return
@@ -81,24 +98,38 @@ func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
 		return
 	}
 	defer n.untrack(guest)
-	wait := SniffTimeout
+	first := SniffTimeout
 	if byAddr {
-		wait = nameWait
+		first = nameWait
 	}
-	guest.SetReadDeadline(time.Now().Add(wait))
-	name, head, err := Sniff(guest)
-	guest.SetReadDeadline(time.Time{})
-	var ne net.Error
-	timedOut := errors.As(err, &ne) && ne.Timeout()
-	if err != nil && len(head) == 0 && !(byAddr && timedOut) {
-		// Nothing came: the guest closed it, or sent no name in time.
+	guest.SetReadDeadline(time.Now().Add(first))
+	one := make([]byte, 1)
+	k, err := guest.Read(one)
+	var name string
+	var head []byte
+	switch {
+	case k == 0 && byAddr && timeout(err):
+		// Nothing sent: carried without a name.
+	case k == 0:
 		n.refuse(policy.ReasonNoName)
 		ep.Abort()
 		return
+	default:
+		guest.SetReadDeadline(time.Now().Add(SniffTimeout))
+		name, head, err = Sniff(io.MultiReader(bytes.NewReader(one[:k]), guest))
+		if err != nil {
+			// Cut short, or too slow to name itself: no decision
+			// can be made on it.
+			n.refuse(policy.ReasonNoName)
+			ep.Abort()
+			return
+		}
 	}
+	guest.SetReadDeadline(time.Time{})
+	// The policy may have changed meanwhile: decided again, whole.
 	p = n.Policy()
 	var up net.Conn
-	if byAddr {
+	if d := p.Decide(policy.Conn{Dst: dst}, n.cfg.Site); d.Allow {
 		// Allowed by its address: only a deny rule can refuse it now.
 		deny := policy.Policy{Mode: policy.All, Deny: p.Deny}
 		if d := deny.Decide(policy.Conn{Dst: dst, Name: name}, n.cfg.Site); !d.Allow {
@@ -114,7 +145,7 @@ func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
 			return
 		}
 		if host, byName := dialName(p, name); byName {
-			up, err = n.dialName(host, dst.Port())
+			up, err = n.dialName(p, host, dst.Port())
 		} else {
 			up, err = n.dial(dst)
 		}
@@ -126,6 +157,36 @@ func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
 	}
 	n.connections.Add(1)
 	n.splice(guest, up, head)
+}
+
+// timeout tells whether err is a read's deadline passing.
+func timeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// admit takes a place for one more connection: within Config.MaxConns,
+// Config.ConnsPerSecond and the host's Shared bound; release gives the
+// places back.
+func (n *Net) admit() (release func(), ok bool) {
+	if n.rate != nil && !n.rate.Allow() {
+		return nil, false
+	}
+	select {
+	case n.conns <- struct{}{}:
+	default:
+		return nil, false
+	}
+	if sh := n.cfg.Shared; sh != nil {
+		select {
+		case sh.conns <- struct{}{}:
+		default:
+			<-n.conns
+			return nil, false
+		}
+		return func() { <-sh.conns; <-n.conns }, true
+	}
+	return func() { <-n.conns }, true
 }
 
 // deniesNames tells whether p has deny rules of names, which a decision
@@ -176,8 +237,10 @@ func (n *Net) dial(dst netip.AddrPort) (net.Conn, error) {
 }
 
 // dialName resolves host with the host's resolver and dials the first of
-// its addresses the gate lets through and that answers, at port.
-func (n *Net) dialName(host string, port uint16) (net.Conn, error) {
+// its addresses that p allows for the name (the gate, and the deny CIDRs:
+// an allowed name must not open a denied range) and that answers, at
+// port.
+func (n *Net) dialName(p policy.Policy, host string, port uint16) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.DialTimeout)
 	defer cancel()
 	addrs, err := n.lookup(ctx, host)
@@ -186,7 +249,7 @@ func (n *Net) dialName(host string, port uint16) (net.Conn, error) {
 	}
 	err = errors.New("egress: " + host + " has no address a sandbox may reach")
 	for _, a := range addrs {
-		if !policy.Gate(a, n.cfg.Site) {
+		if !p.Decide(policy.Conn{Dst: netip.AddrPortFrom(a, port), Name: host}, n.cfg.Site).Allow {
 			continue
 		}
 		c, derr := n.cfg.Dial(ctx, "tcp4", net.JoinHostPort(a.String(), strconv.Itoa(int(port))))

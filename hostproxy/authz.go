@@ -155,9 +155,10 @@ var authTable = []route{
 	{http.MethodPost, sbRoute + "/stop", account},
 	{http.MethodPut, sbRoute + "/access", account},
 	{http.MethodPut, sbRoute + "/labels", account},
-	// The network: a token must not widen its own sandbox's reach.
+	// The network: a token must not widen its own sandbox's reach, nor
+	// an account key from inside the sandbox it would widen.
 	{http.MethodGet, sbRoute + "/network", account},
-	{http.MethodPut, sbRoute + "/network", account},
+	{http.MethodPut, sbRoute + "/network", accountOutside},
 	{http.MethodPost, sbRoute + "/access-token", account},
 	{http.MethodGet, sbRoute + "/access-token", account},
 	{http.MethodDelete, sbRoute + "/access-token", account},

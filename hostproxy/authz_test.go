@@ -57,6 +57,8 @@ var (
 	contractOutside = []string{
 		"GET /metrics", "POST /v1/sandboxes", "GET /v1/sandboxes",
 		"POST /v1/sandboxes/:id/snapshots/:snapshot/restore", "POST /v1/sandboxes/:id/snapshots/:snapshot/fork",
+		// A sandbox's network, which an account key inside it would widen.
+		"PUT /v1/sandboxes/:id/network",
 	}
 )
 

@@ -105,19 +105,31 @@ type EgressConfig struct {
 	// deployment's own services, test hosts.
 	AllowPrivate []string `json:"allow_private,omitempty"`
 	// MaxConnections is the most TCP connections one sandbox has open
-	// at a time (default 256); BytesPerSecond bounds one sandbox's bytes
-	// in and out together (default 0: no bound).
-	MaxConnections int `json:"max_connections,omitempty"`
-	BytesPerSecond int `json:"bytes_per_second,omitempty"`
+	// at a time (default 256), ConnectionsPerSecond the most it opens
+	// per second (default 200), HostConnections the most all sandboxes
+	// have open together (default 4096); BytesPerSecond bounds one
+	// sandbox's bytes in and out together (default 0: no bound).
+	MaxConnections       int `json:"max_connections,omitempty"`
+	ConnectionsPerSecond int `json:"connections_per_second,omitempty"`
+	HostConnections      int `json:"host_connections,omitempty"`
+	BytesPerSecond       int `json:"bytes_per_second,omitempty"`
 }
+
+// DefaultHostConnections is vms.egress.host_connections' default.
+const DefaultHostConnections = 4096
 
 // egressConfig is c as package egress takes it, with the host's own
 // addresses.
 func egressConfig(c EgressConfig) (*egress.Config, error) {
-	cfg := &egress.Config{MaxConns: c.MaxConnections, BytesPerSecond: c.BytesPerSecond}
-	if c.MaxConnections < 0 || c.BytesPerSecond < 0 {
-		return nil, errors.New("vms.egress: max_connections and bytes_per_second must be 0 or more")
+	cfg := &egress.Config{MaxConns: c.MaxConnections, ConnsPerSecond: c.ConnectionsPerSecond, BytesPerSecond: c.BytesPerSecond}
+	if c.MaxConnections < 0 || c.ConnectionsPerSecond < 0 || c.HostConnections < 0 || c.BytesPerSecond < 0 {
+		return nil, errors.New("vms.egress: max_connections, connections_per_second, host_connections and bytes_per_second must be 0 or more")
 	}
+	host := c.HostConnections
+	if host == 0 {
+		host = DefaultHostConnections
+	}
+	cfg.Shared = egress.NewShared(host)
 	for _, a := range c.AllowPrivate {
 		p, err := netip.ParsePrefix(a)
 		if err != nil {

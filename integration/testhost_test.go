@@ -43,7 +43,9 @@ func newTestHost(t *testing.T) *testHost {
 		Port: 8000 + rand.IntN(1000), ns: fmt.Sprintf("strata-t%d-%d", os.Getpid(), n),
 		hosts: map[string]int{},
 	}
-	veth := fmt.Sprintf("st%dh", n)
+	// Named by the test binary's pid too: two runs at once, or one
+	// killed before its clean-up, never collide.
+	veth := fmt.Sprintf("s%d-%d", os.Getpid()%10000000, n)
 	run := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {

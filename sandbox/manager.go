@@ -127,8 +127,9 @@ type machine struct {
 	mu       sync.Mutex
 	expected bool
 	// net is the guest's network (startNetwork), under mu; nil when it
-	// has none.
-	net *egress.Net
+	// has none. netMu serializes the applications of its setting.
+	net   *egress.Net
+	netMu sync.Mutex
 }
 
 func (m *machine) expectExit() {

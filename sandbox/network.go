@@ -57,6 +57,13 @@ func (m *Manager) startNetwork(mc *machine, socket string) {
 	mc.mu.Lock()
 	mc.net = n
 	mc.mu.Unlock()
+	// A change written between the read above and now is applied here.
+	m.applyNetwork(mc)
+	go func() {
+		if err := n.Err(); err != nil {
+			m.log.Warn("sandbox's network ended", "sandbox", mc.id, "err", err)
+		}
+	}()
 }
 
 // network is a running machine's network, nil when it has none.
@@ -71,24 +78,37 @@ func (mc *machine) network() *egress.Net {
 // questions after it. A sandbox not running has nothing to apply it to;
 // it takes it at its next start.
 func (m *Manager) RefreshNetwork(ctx context.Context, id string) error {
-	r, err := m.cfg.Records.Get(ctx, id)
-	if err != nil {
-		return err
+	m.mu.Lock()
+	mc := m.live[id]
+	m.mu.Unlock()
+	if mc != nil {
+		m.applyNetwork(mc)
 	}
-	m.refreshNetwork(r)
 	return nil
 }
 
-func (m *Manager) refreshNetwork(r Record) {
-	m.mu.Lock()
-	mc := m.live[r.ID]
-	m.mu.Unlock()
-	if mc == nil {
+// refreshNetwork is RefreshNetwork for a record just written (a take).
+func (m *Manager) refreshNetwork(r Record) { m.RefreshNetwork(m.ctx, r.ID) }
+
+// applyNetwork reads the machine's record and applies its setting, one
+// at a time per machine, so that the last record read is the one that
+// holds whatever the order of concurrent changes. A record that cannot
+// be read leaves the policy as it was, and says so.
+func (m *Manager) applyNetwork(mc *machine) {
+	n := mc.network()
+	if n == nil {
 		return
 	}
-	if n := mc.network(); n != nil {
-		n.SetPolicy(NetworkPolicy(r))
+	mc.netMu.Lock()
+	defer mc.netMu.Unlock()
+	ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
+	defer cancel()
+	r, err := m.cfg.Records.Get(ctx, mc.id)
+	if err != nil {
+		m.log.Warn("sandbox's network setting not applied: no record", "sandbox", mc.id, "err", err)
+		return
 	}
+	n.SetPolicy(NetworkPolicy(r))
 }
 
 // NetworkUsage is the traffic of sandbox id's network since its machine
