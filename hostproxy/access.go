@@ -2,10 +2,10 @@ package hostproxy
 
 import (
 	"context"
-	"strata/egress/policy"
 
 	"github.com/labstack/echo/v4"
 
+	"strata/egress/policy"
 	"strata/internal/api"
 	"strata/internal/jsend"
 	"strata/sandbox"

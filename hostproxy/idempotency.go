@@ -7,13 +7,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"strata/egress/policy"
 	"strconv"
 	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
+	"strata/egress/policy"
 	"strata/internal/boltjson"
 	"strata/internal/fault"
 )

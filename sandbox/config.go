@@ -4,9 +4,9 @@ import (
 	"context"
 	"log/slog"
 	"net"
-	"strata/egress"
 	"time"
 
+	"strata/egress"
 	"strata/vmm"
 )
 

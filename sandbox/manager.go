@@ -8,13 +8,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strata/egress"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"strata/channel"
+	"strata/egress"
 	"strata/internal/guestclient"
 	"strata/vmm"
 )

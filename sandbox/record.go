@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strata/egress/policy"
 	"time"
 
+	"strata/egress/policy"
 	"strata/internal/fault"
 	"strata/vmm"
 )

@@ -3,10 +3,10 @@ package api
 import (
 	"encoding/json"
 	"fmt"
-	"strata/egress/policy"
-	"strata/internal/fault"
 	"strings"
 
+	"strata/egress/policy"
+	"strata/internal/fault"
 	"strata/internal/jsend"
 )
 

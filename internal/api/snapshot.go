@@ -3,10 +3,10 @@ package api
 import (
 	"encoding/json"
 	"fmt"
-	"strata/egress/policy"
 	"strings"
 	"unicode/utf8"
 
+	"strata/egress/policy"
 	"strata/internal/jsend"
 )
 
