@@ -1,8 +1,8 @@
 """OpenComputer's "Checkpoints" page, its first Python example, with the
 synchronous client: the page's lines without ``await``, transliterated as
 ``opencomputer_checkpoints_async.py`` is (docs/sdk.md, "The seeds'
-examples"): the import, the npm commands (a local project: no network in
-sandboxes yet), and the lines as the body of ``main()``.
+examples"): the import, the npm commands (a local project: the machines these
+examples are tested on reach no npm project), and the lines as the body of ``main()``.
 
     CREATEOS_API_URL=… CREATEOS_API_KEY=… python3 examples/opencomputer_checkpoints.py
 """

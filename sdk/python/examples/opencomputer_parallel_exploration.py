@@ -2,8 +2,8 @@
 there in TypeScript), in Python for asyncio: ``asyncio.gather`` for
 ``Promise.all``, the same calls in snake_case (docs/sdk.md, "The seeds'
 examples"). Changed as in TypeScript: the clone of
-``https://github.com/user/repo`` is of a local repository (no network in
-sandboxes yet). Right after a clone there is nothing to merge (exit 0),
+``https://github.com/user/repo`` is of a local repository (the machines
+these examples are tested on reach no such host). Right after a clone there is nothing to merge (exit 0),
 and git has no strategy ``theirs`` (exit 1).
 
     CREATEOS_API_URL=… CREATEOS_API_KEY=… python3 examples/opencomputer_parallel_exploration.py

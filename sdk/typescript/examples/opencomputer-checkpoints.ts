@@ -5,7 +5,8 @@
  *
  * - the import: `@strata/sdk`, not `@opencomputer/sdk`;
  * - `npm install && npm run build` and `npm run test:unit|e2e` need the
- *   network (and Node.js in the guest): sandboxes have no network yet, so
+ *   network (and Node.js in the guest): the machines these examples are
+ *   tested on reach no such host (a sandbox reaches what its host does), so
  *   a small local project at /app (written first: the page's sandbox has
  *   its project there) stands in, built and tested with `sh`.
  *

@@ -1,8 +1,9 @@
 /**
  * OpenComputer's "Checkpoints" page, "Example: Parallel Exploration",
  * transliterated (docs/sdk.md, "The seeds' examples"). Changed: the
- * import, and the clone of `https://github.com/user/repo`: sandboxes have
- * no network yet, so a local repository (made first, in the sandbox)
+ * import, and the clone of `https://github.com/user/repo`: the machines
+ * these examples are tested on reach no such host, so a local repository
+ * (made first, in the sandbox)
  * stands in, cloned the same way. The page's merges run as written: right
  * after a clone there is nothing to merge (`Already up to date.`, exit 0),
  * and git has no strategy `theirs` (exit 1). Exports the page's values,
