@@ -133,7 +133,7 @@ func (n *Net) answer(q []byte, size int) []byte {
 			kept = append(kept, rr)
 			continue
 		}
-		if policy.Gate(a, n.cfg.Site) {
+		if policy.Gate(a, n.site()) {
 			kept = append(kept, rr)
 			seen = append(seen, a)
 		}
@@ -172,7 +172,7 @@ func (n *Net) reverseAllowed(name string) bool {
 		}
 		b[3-i] = byte(v)
 	}
-	return policy.Gate(netip.AddrFrom4(b), n.cfg.Site)
+	return policy.Gate(netip.AddrFrom4(b), n.site())
 }
 
 // serveDNSConn answers DNS over TCP on DNSAddr:53, for answers too long

@@ -77,11 +77,29 @@ const (
 
 // Shared is what the networks of one host share: a bound on their
 // connections together, so that many sandboxes cannot take all of
-// hostproxy's descriptors.
-type Shared struct{ conns chan struct{} }
+// hostproxy's descriptors, and the site as it is now (SetSite: the
+// host's addresses change).
+type Shared struct {
+	conns chan struct{}
+	site  atomic.Pointer[policy.Site]
+}
 
 // NewShared bounds the connections of all the networks given it to max.
 func NewShared(max int) *Shared { return &Shared{conns: make(chan struct{}, max)} }
+
+// SetSite replaces the site of every network given s, in place of their
+// Config.Site, for what they decide after it.
+func (s *Shared) SetSite(site policy.Site) { s.site.Store(&site) }
+
+// site is the site decisions are made with: the Shared one when set.
+func (n *Net) site() policy.Site {
+	if sh := n.cfg.Shared; sh != nil {
+		if s := sh.site.Load(); s != nil {
+			return *s
+		}
+	}
+	return n.cfg.Site
+}
 
 const (
 	nicID = 1

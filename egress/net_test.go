@@ -537,3 +537,23 @@ func TestFrameTooLong(t *testing.T) {
 		t.Fatalf("Err: %v", err)
 	}
 }
+
+// TestSharedSite: a site set on Shared replaces every network's own, for
+// what is decided after it (hostproxy reads the host's addresses again).
+func TestSharedSite(t *testing.T) {
+	w := newWorld(t)
+	sh := NewShared(16)
+	n, g := start(t, w, policy.Default(), Config{Shared: sh})
+	to := fmt.Sprintf("%s:%d", testHost, w.port(w.http))
+	if body, err := g.get(t, to, "x.test"); err != nil || body != "hello x.test" {
+		t.Fatalf("before: %q, %v", body, err)
+	}
+	// A site that no longer allows the test host's address (and holds it
+	// as one of the host's own).
+	sh.SetSite(policy.Site{HostAddrs: []netip.Prefix{netip.MustParsePrefix(testHost + "/32")}})
+	_, err := g.get(t, to, "x.test")
+	refused(t, "a host address after SetSite", err)
+	if n.site().AllowPrivate != nil {
+		t.Fatalf("the network's site: %+v", n.site())
+	}
+}

@@ -60,7 +60,7 @@ func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
 	}
 	defer release()
 	p := n.Policy()
-	d := p.Decide(policy.Conn{Dst: dst}, n.cfg.Site)
+	d := p.Decide(policy.Conn{Dst: dst}, n.site())
 	byAddr := d.Allow
 	if byAddr && !deniesNames(p) {
 		up, err := n.dial(dst)
@@ -129,17 +129,17 @@ func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
 	// The policy may have changed meanwhile: decided again, whole.
 	p = n.Policy()
 	var up net.Conn
-	if d := p.Decide(policy.Conn{Dst: dst}, n.cfg.Site); d.Allow {
+	if d := p.Decide(policy.Conn{Dst: dst}, n.site()); d.Allow {
 		// Allowed by its address: only a deny rule can refuse it now.
 		deny := policy.Policy{Mode: policy.All, Deny: p.Deny}
-		if d := deny.Decide(policy.Conn{Dst: dst, Name: name}, n.cfg.Site); !d.Allow {
+		if d := deny.Decide(policy.Conn{Dst: dst, Name: name}, n.site()); !d.Allow {
 			n.refuse(d.Reason)
 			ep.Abort()
 			return
 		}
 		up, err = n.dial(dst)
 	} else {
-		if d := p.Decide(policy.Conn{Dst: dst, Name: name}, n.cfg.Site); !d.Allow {
+		if d := p.Decide(policy.Conn{Dst: dst, Name: name}, n.site()); !d.Allow {
 			n.refuse(d.Reason)
 			ep.Abort()
 			return
@@ -228,7 +228,7 @@ func accept(r *tcp.ForwarderRequest) (net.Conn, tcpip.Endpoint, error) {
 
 // dial dials dst from the host, if the gate lets it.
 func (n *Net) dial(dst netip.AddrPort) (net.Conn, error) {
-	if !policy.Gate(dst.Addr(), n.cfg.Site) {
+	if !policy.Gate(dst.Addr(), n.site()) {
 		return nil, errors.New("egress: gated address")
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.DialTimeout)
@@ -249,7 +249,7 @@ func (n *Net) dialName(p policy.Policy, host string, port uint16) (net.Conn, err
 	}
 	err = errors.New("egress: " + host + " has no address a sandbox may reach")
 	for _, a := range addrs {
-		if !p.Decide(policy.Conn{Dst: netip.AddrPortFrom(a, port), Name: host}, n.cfg.Site).Allow {
+		if !p.Decide(policy.Conn{Dst: netip.AddrPortFrom(a, port), Name: host}, n.site()).Allow {
 			continue
 		}
 		c, derr := n.cfg.Dial(ctx, "tcp4", net.JoinHostPort(a.String(), strconv.Itoa(int(port))))

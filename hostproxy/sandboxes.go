@@ -118,6 +118,48 @@ type EgressConfig struct {
 // DefaultHostConnections is vms.egress.host_connections' default.
 const DefaultHostConnections = 4096
 
+// hostAddrs are the addresses of the host's interfaces, each its own
+// prefix.
+func hostAddrs() ([]netip.Prefix, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("vms.egress: the host's addresses: %w", err)
+	}
+	var out []netip.Prefix
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if addr, ok := netip.AddrFromSlice(ipn.IP); ok {
+				addr = addr.Unmap()
+				out = append(out, netip.PrefixFrom(addr, addr.BitLen()))
+			}
+		}
+	}
+	return out, nil
+}
+
+// hostAddrsEvery is how often the host's addresses are read again for the
+// sandboxes' networks (an interface that came up since).
+const hostAddrsEvery = 30 * time.Second
+
+// watchHostAddrs reads the host's addresses again every hostAddrsEvery
+// and gives every sandbox's network the site with them, until ctx ends.
+func watchHostAddrs(ctx context.Context, eg *egress.Config) {
+	t := time.NewTicker(hostAddrsEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if addrs, err := hostAddrs(); err == nil {
+			site := eg.Site
+			site.HostAddrs = addrs
+			eg.Shared.SetSite(site)
+		}
+	}
+}
+
 // egressConfig is c as package egress takes it, with the host's own
 // addresses.
 func egressConfig(c EgressConfig) (*egress.Config, error) {
@@ -141,18 +183,11 @@ func egressConfig(c EgressConfig) (*egress.Config, error) {
 		}
 		cfg.Site.AllowPrivate = append(cfg.Site.AllowPrivate, p.Masked())
 	}
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, fmt.Errorf("vms.egress: the host's addresses: %w", err)
+	var err error
+	if cfg.Site.HostAddrs, err = hostAddrs(); err != nil {
+		return nil, err
 	}
-	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok {
-			if addr, ok := netip.AddrFromSlice(ipn.IP); ok {
-				addr = addr.Unmap()
-				cfg.Site.HostAddrs = append(cfg.Site.HostAddrs, netip.PrefixFrom(addr, addr.BitLen()))
-			}
-		}
-	}
+	cfg.Shared.SetSite(cfg.Site)
 	switch r := c.Resolver; {
 	case r == "":
 		if cfg.Resolver, err = egress.HostResolver(); err != nil {
@@ -183,6 +218,7 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 		return err
 	}
 	eg.Refused, eg.Carried = s.metrics.egressRefused, s.metrics.egressCarried
+	go watchHostAddrs(s.ctx, eg)
 	img, err := sandbox.LoadImage(mc.Image)
 	if err != nil {
 		return err
