@@ -18,7 +18,9 @@ import (
 const SniffBytes = 16 << 10
 
 // SniffTimeout is how long a connection that needs a name may take to
-// send the bytes that carry it.
+// send the bytes that carry it. A read that passes its deadline is an
+// error of Sniff's, never "no name": a guest that sends a request's
+// first bytes and waits is refused, not carried without its name.
 const SniffTimeout = 10 * time.Second
 
 // Sniff reads the start of a connection for the name it carries: the
@@ -49,9 +51,15 @@ func Sniff(r io.Reader) (name string, read []byte, err error) {
 
 // sniffHTTP reads an HTTP request head from r and returns its host.
 func sniffHTTP(r io.Reader) (string, error) {
-	req, err := http.ReadRequest(bufio.NewReaderSize(r, 4096))
+	// net/textproto reports a line cut short by a failed read as a
+	// malformed header: the read's own error is kept apart.
+	er := &errReader{r: r}
+	req, err := http.ReadRequest(bufio.NewReaderSize(er, 4096))
 	if err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		if er.err != nil {
+			err = er.err
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || timeout(err) {
 			return "", err
 		}
 		return "", nil // not HTTP: no name
@@ -61,6 +69,20 @@ func sniffHTTP(r io.Reader) (string, error) {
 		host = h
 	}
 	return strings.TrimSuffix(host, "."), nil
+}
+
+// errReader is a reader that keeps its first error.
+type errReader struct {
+	r   io.Reader
+	err error
+}
+
+func (e *errReader) Read(b []byte) (int, error) {
+	n, err := e.r.Read(b)
+	if err != nil && e.err == nil {
+		e.err = err
+	}
+	return n, err
 }
 
 // errSniffed ends a handshake once the ClientHello is read.
@@ -83,6 +105,8 @@ func sniffTLS(r io.Reader) (string, error) {
 		return name, nil
 	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 		return "", io.ErrUnexpectedEOF
+	case timeout(err):
+		return "", err
 	}
 	return "", nil // not a ClientHello crypto/tls reads: no name
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"os"
 	"testing"
 )
 
@@ -53,6 +54,25 @@ func TestSniff(t *testing.T) {
 		})
 	}
 }
+
+// TestSniffTimeout: a read's deadline passing halfway through a request
+// or a ClientHello is Sniff's error, not "no name".
+func TestSniffTimeout(t *testing.T) {
+	for name, start := range map[string][]byte{
+		"http": []byte("GET / HTTP/1.1\r\nHo"),
+		"tls":  clientHello(t, "github.com")[:40],
+	} {
+		_, _, err := Sniff(io.MultiReader(bytes.NewReader(start), stalled{}))
+		if !timeout(err) {
+			t.Errorf("%s cut short by a deadline: %v, want the time-out", name, err)
+		}
+	}
+}
+
+// stalled is a reader whose deadline has passed.
+type stalled struct{}
+
+func (stalled) Read([]byte) (int, error) { return 0, os.ErrDeadlineExceeded }
 
 // TestSniffBound: a stream that never ends is read no further than
 // SniffBytes.
