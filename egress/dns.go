@@ -59,7 +59,11 @@ func (n *Net) serveDNS() error {
 			go func() {
 				defer n.untrack()
 				defer func() { <-sem }()
-				if a := n.answer(q, udpSize(q)); a != nil {
+				m := new(dns.Msg)
+				if m.Unpack(q) != nil {
+					return
+				}
+				if a := n.answer(m, udpSize(m)); a != nil {
 					pc.WriteTo(a, from)
 				}
 			}()
@@ -68,18 +72,15 @@ func (n *Net) serveDNS() error {
 	return nil
 }
 
-// udpSize is the largest answer the asker of q takes over UDP.
-func udpSize(q []byte) int {
-	m := new(dns.Msg)
-	if m.Unpack(q) == nil {
-		if o := m.IsEdns0(); o != nil && o.UDPSize() > dns.MinMsgSize {
-			return int(min(o.UDPSize(), 4096))
-		}
+// udpSize is the largest answer the asker of m takes over UDP.
+func udpSize(m *dns.Msg) int {
+	if o := m.IsEdns0(); o != nil && o.UDPSize() > dns.MinMsgSize {
+		return int(min(o.UDPSize(), 4096))
 	}
 	return dns.MinMsgSize
 }
 
-// answer is the answer to the question q, packed; nil when q is not a
+// answer is the answer to the question m, packed; nil when m is not a
 // question worth one. Only class IN is asked on; a single-label name or
 // one under .local (which a host's resolver may ask its LAN about:
 // LLMNR, mDNS) is NXDOMAIN, and so is a reverse lookup of an address
@@ -87,9 +88,8 @@ func udpSize(q []byte) int {
 // question goes out with an id of its own, and the answer loses every
 // address the gate refuses; the addresses left are noted (saw) for
 // the connections that need a name.
-func (n *Net) answer(q []byte, size int) []byte {
-	m := new(dns.Msg)
-	if err := m.Unpack(q); err != nil || m.Response {
+func (n *Net) answer(m *dns.Msg, size int) []byte {
+	if m.Response {
 		return nil
 	}
 	reply := func(rcode int) []byte {
@@ -177,15 +177,9 @@ func (n *Net) reverseAllowed(name string) bool {
 
 // serveDNSConn answers DNS over TCP on DNSAddr:53, for answers too long
 // for UDP: questions one after another, each within dnsTimeout, until the
-// guest closes the connection. It takes a place among the connections.
+// guest closes the connection. The caller took its place among the
+// connections (admit).
 func (n *Net) serveDNSConn(r *tcp.ForwarderRequest) {
-	release, ok := n.admit()
-	if !ok {
-		n.refuse(reasonTooMany)
-		r.Complete(true)
-		return
-	}
-	defer release()
 	guest, _, err := accept(r)
 	if err != nil {
 		return
@@ -201,8 +195,7 @@ func (n *Net) serveDNSConn(r *tcp.ForwarderRequest) {
 		if err != nil {
 			return
 		}
-		b, _ := q.Pack()
-		a := n.answer(b, dns.MaxMsgSize)
+		a := n.answer(q, dns.MaxMsgSize)
 		if a == nil {
 			return
 		}

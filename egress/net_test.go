@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -251,7 +252,7 @@ func socketpair(t *testing.T) (net.Conn, net.Conn) {
 	}
 	var conns [2]net.Conn
 	for i, fd := range fds {
-		f := osFile(fd)
+		f := os.NewFile(uintptr(fd), "socketpair")
 		c, err := net.FileConn(f)
 		f.Close()
 		if err != nil {

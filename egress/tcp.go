@@ -41,6 +41,13 @@ const nameWait = time.Second
 func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
 	id := r.ID()
 	dst := netip.AddrPortFrom(netip.AddrFrom4(id.LocalAddress.As4()), id.LocalPort)
+	release, ok := n.admit()
+	if !ok {
+		n.refuse(reasonTooMany)
+		r.Complete(true)
+		return
+	}
+	defer release()
 	if guestNet.Contains(dst.Addr()) {
 		// The guest's own network: the DNS server over TCP (answers
 		// too long for UDP), else nothing, whatever allow_private says.
@@ -52,13 +59,6 @@ func (n *Net) handleTCP(r *tcp.ForwarderRequest) {
 		r.Complete(true)
 		return
 	}
-	release, ok := n.admit()
-	if !ok {
-		n.refuse(reasonTooMany)
-		r.Complete(true)
-		return
-	}
-	defer release()
 	p := n.Policy()
 	d := p.Decide(policy.Conn{Dst: dst}, n.site())
 	byAddr := d.Allow

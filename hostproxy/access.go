@@ -200,9 +200,7 @@ func (s *Server) setNetwork(c echo.Context) (any, error) {
 		return nil, err
 	}
 	if s.machines != nil {
-		if err := s.machines.RefreshNetwork(r.Context(), rec.ID); err != nil {
-			return nil, err
-		}
+		s.machines.RefreshNetwork(rec.ID)
 	}
 	return s.withUsage(sandboxView(rec)).Network, nil
 }

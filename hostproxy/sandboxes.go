@@ -218,7 +218,6 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 		return err
 	}
 	eg.Refused, eg.Carried = s.metrics.egressRefused, s.metrics.egressCarried
-	go watchHostAddrs(s.ctx, eg)
 	img, err := sandbox.LoadImage(mc.Image)
 	if err != nil {
 		return err
@@ -283,6 +282,7 @@ func (s *Server) openVMs(ctx context.Context, mc VMsConfig, publish func(*sandbo
 		m.Close()
 		return fmt.Errorf("sandboxes: %w", err)
 	}
+	go watchHostAddrs(s.ctx, eg)
 	return nil
 }
 

@@ -124,7 +124,7 @@ func (m *Manager) takeFork(ctx context.Context, p, r Record) (Record, error) {
 		m.forksAheadLater()
 		return Record{}, err
 	}
-	m.refreshNetwork(taken)
+	m.RefreshNetwork(taken.ID)
 	m.log.Info("sandbox forked", "sandbox", taken.ID, "account", taken.Account, "from", taken.From.Sandbox, "snapshot", taken.From.Snapshot, "ahead", true, "took", time.Since(t0).Round(time.Millisecond))
 	return taken, nil
 }

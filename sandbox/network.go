@@ -28,27 +28,25 @@ func NetworkPolicy(r Record) policy.Policy {
 }
 
 // startNetwork connects a running machine's NIC to a network of its own
-// on this host (package egress), under its record's policy. Without
-// Config.Egress, or for a machine without a NIC (one an earlier version
-// started), the guest's NIC stays unconnected: it reaches nothing.
+// on this host (package egress). It starts under none and then takes its
+// record's setting (applyNetwork), so that a record that cannot be read
+// leaves it reaching nothing, and a change written meanwhile is not
+// missed. Without Config.Egress, or for a machine without a NIC (one an
+// earlier version started), the guest's NIC stays unconnected: it
+// reaches nothing.
 func (m *Manager) startNetwork(mc *machine, socket string) {
 	if m.cfg.Egress == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
 	defer cancel()
-	r, err := m.cfg.Records.Get(ctx, mc.id)
-	if err != nil {
-		m.log.Warn("sandbox's network not started: no record", "sandbox", mc.id, "err", err)
-		return
-	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
 		m.log.Warn("sandbox's network not started: no NIC socket", "sandbox", mc.id, "err", err)
 		return
 	}
-	n, err := egress.Start(conn, NetworkPolicy(r), *m.cfg.Egress)
+	n, err := egress.Start(conn, policy.Policy{Mode: policy.None}, *m.cfg.Egress)
 	if err != nil {
 		conn.Close()
 		m.log.Warn("sandbox's network not started", "sandbox", mc.id, "err", err)
@@ -57,7 +55,6 @@ func (m *Manager) startNetwork(mc *machine, socket string) {
 	mc.mu.Lock()
 	mc.net = n
 	mc.mu.Unlock()
-	// A change written between the read above and now is applied here.
 	m.applyNetwork(mc)
 	go func() {
 		if err := n.Err(); err != nil {
@@ -77,18 +74,11 @@ func (mc *machine) network() *egress.Net {
 // it now, to its running machine's network: for the connections and DNS
 // questions after it. A sandbox not running has nothing to apply it to;
 // it takes it at its next start.
-func (m *Manager) RefreshNetwork(ctx context.Context, id string) error {
-	m.mu.Lock()
-	mc := m.live[id]
-	m.mu.Unlock()
-	if mc != nil {
+func (m *Manager) RefreshNetwork(id string) {
+	if mc := m.machineOf(id); mc != nil {
 		m.applyNetwork(mc)
 	}
-	return nil
 }
-
-// refreshNetwork is RefreshNetwork for a record just written (a take).
-func (m *Manager) refreshNetwork(r Record) { m.RefreshNetwork(m.ctx, r.ID) }
 
 // applyNetwork reads the machine's record and applies its setting, one
 // at a time per machine, so that the last record read is the one that
@@ -114,15 +104,10 @@ func (m *Manager) applyNetwork(mc *machine) {
 // NetworkUsage is the traffic of sandbox id's network since its machine
 // started; false when it has no network running.
 func (m *Manager) NetworkUsage(id string) (egress.Usage, bool) {
-	m.mu.Lock()
-	mc := m.live[id]
-	m.mu.Unlock()
-	if mc == nil {
-		return egress.Usage{}, false
+	if mc := m.machineOf(id); mc != nil {
+		if n := mc.network(); n != nil {
+			return n.Usage(), true
+		}
 	}
-	n := mc.network()
-	if n == nil {
-		return egress.Usage{}, false
-	}
-	return n.Usage(), true
+	return egress.Usage{}, false
 }

@@ -110,7 +110,7 @@ func (m *Manager) take(ctx context.Context, p, r Record) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	m.refreshNetwork(taken)
+	m.RefreshNetwork(taken.ID)
 	m.log.Info("sandbox created from the pool", "sandbox", taken.ID, "account", taken.Account, "took", time.Since(t0).Round(time.Millisecond))
 	return taken, nil
 }
