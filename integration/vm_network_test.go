@@ -277,8 +277,15 @@ while time.monotonic() < end:
     tcp = struct.pack("!HHLLBBHHH", random.randrange(1024, 65535), 443, 1, 0, 5 << 4, 0x02, 64240, 0, 0)
     pseudo = socket.inet_aton("10.0.2.15") + socket.inet_aton(dst) + struct.pack("!BBH", 0, 6, len(tcp))
     tcp = tcp[:16] + struct.pack("!H", csum(pseudo + tcp)) + tcp[18:]
-    r.sendto(tcp, (dst, 0))
-    sent += 1
+    try:
+        r.sendto(tcp, (dst, 0))
+        sent += 1
+    except OSError as e:
+        # The NIC's queue is full (the host's end is busy): back-pressure,
+        # as a real flood meets it.
+        if e.errno != errno.ENOBUFS:
+            raise
+        time.sleep(0.001)
 print("syns", sent)
 `, h.Addr, h.Port)
 	res := s.execFor(a, 120, "python3", "-c", flood)
